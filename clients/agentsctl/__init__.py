@@ -1,0 +1,1 @@
+"""agentsctl: the agentsd CLI and client libraries."""

@@ -1,0 +1,1 @@
+"""The agentsd daemon."""

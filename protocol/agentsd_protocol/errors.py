@@ -1,0 +1,225 @@
+"""The error taxonomy shared by the daemon and every client.
+
+Rule 1: every error on the wire is an ``RpcError`` subclass, chosen by its class-level
+``code``; ``data.kind`` is a stable string clients switch on and ``data.retryable``
+says whether the same request may succeed later unchanged.
+
+Rule 2: the mapping from exception to wire happens in exactly one place
+(``RpcError.to_wire``) and back in exactly one place (``error_from_wire``), so a client
+catches the same class the daemon raised.
+
+Rule 3: no traceback or repr of a foreign exception ever reaches the wire; unexpected
+failures become ``InternalError`` with a generic message.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import msgspec
+
+
+class ErrorObject(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The JSON-RPC 2.0 error member."""
+
+    code: int
+    message: str
+    data: dict[str, Any] | None = None
+
+
+class RpcError(Exception):
+    """Base of every error that crosses the wire.
+
+    ``details`` become extra members of ``data`` next to ``kind`` and ``retryable``
+    (for example ``currentFence`` on ``StaleFence``).
+    """
+
+    code: ClassVar[int] = -32603
+    kind: ClassVar[str] = "internal"
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_wire(self) -> ErrorObject:
+        data: dict[str, Any] = {"kind": self.kind, "retryable": self.retryable}
+        data.update(self.details)
+        return ErrorObject(code=self.code, message=self.message, data=data)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r}, {self.details!r})"
+
+
+# The five codes of the JSON-RPC 2.0 specification.
+
+
+class ParseError(RpcError):
+    code = -32700
+    kind = "parse_error"
+
+
+class InvalidRequest(RpcError):
+    code = -32600
+    kind = "invalid_request"
+
+
+class MethodNotFound(RpcError):
+    code = -32601
+    kind = "method_not_found"
+
+
+class InvalidParams(RpcError):
+    code = -32602
+    kind = "invalid_params"
+
+
+class InternalError(RpcError):
+    code = -32603
+    kind = "internal"
+
+
+# Application errors, -32000..-32099. Codes are never reused or renumbered.
+
+
+class FrameTooLarge(RpcError):
+    code = -32000
+    kind = "frame_too_large"
+
+
+class ShuttingDown(RpcError):
+    code = -32001
+    kind = "shutting_down"
+    retryable = True
+
+
+class SessionNotFound(RpcError):
+    code = -32002
+    kind = "session_not_found"
+
+
+class StaleFence(RpcError):
+    code = -32003
+    kind = "stale_fence"
+
+
+class OperationConflict(RpcError):
+    code = -32004
+    kind = "operation_conflict"
+
+
+class AlreadyResolved(RpcError):
+    code = -32005
+    kind = "already_resolved"
+
+
+class UnknownProvider(RpcError):
+    code = -32006
+    kind = "unknown_provider"
+
+
+class CwdNotFound(RpcError):
+    code = -32007
+    kind = "cwd_not_found"
+
+
+class CwdNotDirectory(RpcError):
+    code = -32008
+    kind = "cwd_not_directory"
+
+
+class StorageUnavailable(RpcError):
+    code = -32009
+    kind = "storage_unavailable"
+    retryable = True
+
+
+class InvalidState(RpcError):
+    """The session is in a state where the request cannot be honoured (for example a
+    session being deleted)."""
+
+    code = -32010
+    kind = "invalid_state"
+    retryable = True
+
+
+class ExitUnproven(RpcError):
+    """The agent child could not be proven gone; its lease stays held."""
+
+    code = -32011
+    kind = "exit_unproven"
+    retryable = True
+
+
+class AgentStartFailed(RpcError):
+    """The agent child could not be started or did not complete its handshake."""
+
+    code = -32012
+    kind = "agent_start_failed"
+    retryable = True
+
+
+class OperationLedgerFull(RpcError):
+    code = -32013
+    kind = "operation_ledger_full"
+    retryable = True
+
+
+class ApprovalNotFound(RpcError):
+    code = -32014
+    kind = "approval_not_found"
+
+
+class SubscriptionNotFound(RpcError):
+    code = -32015
+    kind = "subscription_not_found"
+
+
+class AgentNotRunning(RpcError):
+    code = -32016
+    kind = "agent_not_running"
+    retryable = True
+
+
+class Overloaded(RpcError):
+    code = -32017
+    kind = "overloaded"
+    retryable = True
+
+
+class UnsupportedSchema(RpcError):
+    code = -32018
+    kind = "unsupported_schema"
+
+
+def _all_subclasses(cls: type[RpcError]) -> list[type[RpcError]]:
+    out: list[type[RpcError]] = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+def error_classes() -> dict[int, type[RpcError]]:
+    """Every error class by its code (built on demand so late subclasses count)."""
+    table: dict[int, type[RpcError]] = {}
+    for cls in _all_subclasses(RpcError):
+        if cls.code in table and table[cls.code] is not cls:
+            raise AssertionError(f"error code {cls.code} used twice")
+        table[cls.code] = cls
+    return table
+
+
+def error_from_wire(error: ErrorObject) -> RpcError:
+    """Rebuild the exception the daemon raised from its wire form."""
+    cls = error_classes().get(error.code, RpcError)
+    details = dict(error.data or {})
+    details.pop("kind", None)
+    details.pop("retryable", None)
+    exc = cls(error.message, **details)
+    if cls is RpcError:
+        # An error this client does not know yet: keep the code and kind it carried.
+        exc.code = error.code  # type: ignore[misc]
+        exc.kind = str((error.data or {}).get("kind", "unknown"))  # type: ignore[misc]
+    return exc
