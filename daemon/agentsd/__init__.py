@@ -1,1 +1,3 @@
 """The agentsd daemon."""
+
+__version__ = "0.1.0"

@@ -94,7 +94,7 @@ class FrameDecoder:
             self._buf.clear()
             return
         del self._buf[: len(self._buf) - len(stripped)]
-        first = stripped[:1]
+        first = bytes(stripped[:1])
         if first in (b"{", b"["):
             self.framing = Framing.NDJSON
             return

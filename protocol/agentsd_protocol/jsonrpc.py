@@ -38,7 +38,7 @@ class RequestEnvelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     jsonrpc: Literal["2.0"]
     method: str
     params: Raw = Raw(b"{}")
-    id: RequestId | None | UnsetType = UNSET
+    id: RequestId | UnsetType | None = UNSET
 
     @property
     def is_notification(self) -> bool:
@@ -80,7 +80,7 @@ class ClientIncoming(msgspec.Struct, frozen=True):
     """What a client may receive: a response (id + result/error) or a notification."""
 
     jsonrpc: Literal["2.0"]
-    id: RequestId | None | UnsetType = UNSET
+    id: RequestId | UnsetType | None = UNSET
     result: Raw | UnsetType = UNSET
     error: ErrorObject | UnsetType = UNSET
     method: str | UnsetType = UNSET
@@ -127,9 +127,7 @@ def _decode_one(raw: bytes | Raw) -> Incoming:
     try:
         envelope = _envelope_decoder.decode(raw)
     except msgspec.ValidationError as exc:
-        return InvalidEntry(
-            id=_salvage_id(raw), error=InvalidRequest(f"Invalid request: {exc}")
-        )
+        return InvalidEntry(id=_salvage_id(raw), error=InvalidRequest(f"Invalid request: {exc}"))
     except msgspec.DecodeError as exc:
         return InvalidEntry(id=None, error=ParseError(f"Parse error: {exc}"))
     first = bytes(envelope.params)[:1]
@@ -142,7 +140,7 @@ def _decode_one(raw: bytes | Raw) -> Incoming:
 
 
 def _request_id(envelope: RequestEnvelope) -> RequestId | None:
-    return None if envelope.id is UNSET else envelope.id  # type: ignore[return-value]
+    return None if isinstance(envelope.id, UnsetType) else envelope.id
 
 
 def decode_frame(frame: bytes) -> DecodedFrame:
@@ -161,7 +159,9 @@ def decode_frame(frame: bytes) -> DecodedFrame:
             )
         if not members:
             return DecodedFrame(
-                entries=[InvalidEntry(id=None, error=InvalidRequest("Invalid request: empty batch"))],
+                entries=[
+                    InvalidEntry(id=None, error=InvalidRequest("Invalid request: empty batch"))
+                ],
                 is_batch=False,
             )
         return DecodedFrame(entries=[_decode_one(m) for m in members], is_batch=True)

@@ -21,9 +21,7 @@ def build_openrpc(version: str) -> dict[str, Any]:
         types.extend([m.params, m.result])
     schemas, components = msgspec.json.schema_components(types, ref_template=_REF_TEMPLATE)
     out_methods = []
-    for m, params_schema, result_schema in zip(
-        methods, schemas[0::2], schemas[1::2], strict=True
-    ):
+    for m, params_schema, result_schema in zip(methods, schemas[0::2], schemas[1::2], strict=True):
         params_def = _resolve(params_schema, components)
         required = set(params_def.get("required", []))
         params = [

@@ -1,0 +1,3 @@
+from agentsd.main import main
+
+main()

@@ -1,0 +1,52 @@
+"""The daemon's shared state, owned by the root task of ``serve_daemon``.
+
+Handlers reach everything through ``App``: configuration, paths, the live
+connections, the store and the session supervisor. Shutdown is cancellation:
+``request_shutdown`` cancels the serving scope and every task cleans up in its own
+``finally``.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from agentsd import __version__
+from agentsd.config import Config
+from agentsd.connection import Call, Connection
+from agentsd.dispatch import dispatch
+from agentsd_protocol.api.daemon import RecoveryReport, SessionCounts
+from agentsd_protocol.jsonrpc import RequestEnvelope
+from agentsd_protocol.openrpc import build_openrpc
+
+
+class App:
+    def __init__(self, config: Config, *, socket_path: Path, state_dir: Path) -> None:
+        self.config = config
+        self.socket_path = socket_path
+        self.state_dir = state_dir
+        self.version = __version__
+        self.started_at = time.monotonic()
+        self.connections: set[Connection] = set()
+        self.recovery = RecoveryReport()
+        self.serving_scope = trio.CancelScope()
+
+    async def dispatch(self, call: Call, envelope: RequestEnvelope) -> Any:
+        return await dispatch(call, envelope)
+
+    def request_shutdown(self) -> None:
+        self.serving_scope.cancel()
+
+    def session_counts(self) -> SessionCounts:
+        return SessionCounts()
+
+    @cached_property
+    def _openrpc(self) -> dict[str, Any]:
+        return build_openrpc(self.version)
+
+    def openrpc_document(self) -> dict[str, Any]:
+        return self._openrpc

@@ -1,0 +1,62 @@
+"""Daemon configuration: embedded defaults, the TOML file, then command-line options.
+
+The file is ``$XDG_CONFIG_HOME/agentsd/config.toml`` (or ``--config``); a missing
+default file is fine, a missing explicit one is an error. Unknown keys are refused
+with msgspec's message naming the key, so a typo never silently does nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+
+class LadderConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The close ladder: stdin EOF, SIGTERM, SIGKILL; each step waits at most this long."""
+
+    eof_grace_s: float = 2.0  # codex and claude exit on EOF within milliseconds
+    term_grace_s: float = 3.0  # long enough for an agent to end its own tool processes
+    kill_wait_s: float = 2.0  # SIGKILL cannot be ignored; this only covers reaping
+
+
+class ProviderConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    command: list[str] | None = None  # overrides the provider's default program
+    env: dict[str, str] = {}
+
+
+class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    socket: str | None = None
+    state_dir: str | None = None
+    log_level: str = "info"
+    idle_timeout_s: float = 1800.0  # an agent idle for 30 min is stopped; the record stays
+    handshake_timeout_s: float = (
+        30.0  # real agents start in about a second; 30 s covers cold caches
+    )
+    max_frame_bytes: int = 8 * 1024 * 1024
+    ladder: LadderConfig = LadderConfig()
+    providers: dict[str, ProviderConfig] = {}
+
+
+class ConfigError(Exception):
+    """The configuration file cannot be used; the message says which file and why."""
+
+
+def load_config(path: Path, *, required: bool) -> Config:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(f"config file {path} does not exist") from None
+        return Config()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        config = msgspec.toml.decode(data, type=Config)
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
+    if config.log_level.lower() not in {"debug", "info", "warning", "error", "critical"}:
+        raise ConfigError(
+            f"config file {path}: log_level must be one of debug, info, warning, error, critical"
+        )
+    return config

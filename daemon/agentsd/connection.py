@@ -1,0 +1,208 @@
+"""One client connection: framing, decoding, concurrent dispatch, bounded replies.
+
+Rule 1: the first bytes choose the framing; every reply and notification uses it.
+
+Rule 2: requests on one connection run concurrently (at most ``MAX_IN_FLIGHT``; past
+that the connection simply stops reading, which pushes back on the client). Replies
+carry their request ids, so order does not matter.
+
+Rule 3: outbound data is bounded. A client that does not read its replies is
+disconnected when ``MAX_OUTBOUND_BYTES`` are queued for it; the daemon's memory does
+not grow with a slow or dead client, and nothing else waits for it.
+
+Rule 4: a framing error (garbage, an oversized frame) gets one error reply with id
+null and then the connection is closed; other connections never notice.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import trio
+
+from agentsd_protocol.errors import FrameTooLarge, InternalError, ParseError, RpcError
+from agentsd_protocol.framing import FrameDecoder, Framing, encode_frame
+from agentsd_protocol.jsonrpc import (
+    InvalidEntry,
+    RequestEnvelope,
+    RequestId,
+    decode_frame,
+    encode_batch,
+    encode_error,
+    encode_notification,
+    encode_success,
+)
+
+if TYPE_CHECKING:
+    from agentsd.app import App
+
+log = logging.getLogger(__name__)
+
+RECEIVE_BYTES = 64 * 1024  # one read; large frames arrive over several
+MAX_IN_FLIGHT = 64  # concurrent requests per connection before we stop reading
+MAX_OUTBOUND_BYTES = 16 * 1024 * 1024  # queued for one client before it is cut off
+MAX_OUTBOUND_MESSAGES = 4096  # the same bound counted in messages
+SEND_TIMEOUT_S = 30.0  # a client that accepts no bytes for this long is gone
+FLUSH_TIMEOUT_S = 2.0  # how long a reply that must precede an action may take
+
+_ids = itertools.count(1)
+
+
+class Call:
+    """What a handler may use besides its params: the daemon and the connection."""
+
+    def __init__(self, app: App, connection: Connection) -> None:
+        self.app = app
+        self.connection = connection
+        self.after_reply: list[Callable[[], None]] = []
+
+
+class Connection:
+    """Owned by the task running ``serve``; other tasks only call ``send_*``."""
+
+    def __init__(self, app: App, stream: trio.SocketStream) -> None:
+        self.id = next(_ids)
+        self.app = app
+        self._stream = stream
+        self._decoder = FrameDecoder(max_frame_bytes=app.config.max_frame_bytes)
+        self._send, self._receive = trio.open_memory_channel[tuple[bytes, trio.Event | None]](
+            MAX_OUTBOUND_MESSAGES
+        )
+        self._queued_bytes = 0
+        self._in_flight = trio.Semaphore(MAX_IN_FLIGHT)
+        self._scope = trio.CancelScope()
+        self.closed_reason: str | None = None
+        self.on_close: list[Callable[[], None]] = []
+
+    @property
+    def framing(self) -> Framing:
+        return self._decoder.framing or Framing.NDJSON
+
+    # ---- outbound -------------------------------------------------------------
+
+    def send_message(self, body: bytes, flushed: trio.Event | None = None) -> bool:
+        """Queue one encoded message; never blocks. Returns False (and closes the
+        connection) when the client is too far behind."""
+        if self.closed_reason is not None:
+            return False
+        frame = encode_frame(self.framing, body)
+        if self._queued_bytes + len(frame) > MAX_OUTBOUND_BYTES:
+            self.close("client is not reading its replies (outbound bound reached)")
+            return False
+        try:
+            self._send.send_nowait((frame, flushed))
+        except trio.WouldBlock:
+            self.close("client is not reading its replies (outbound queue full)")
+            return False
+        self._queued_bytes += len(frame)
+        return True
+
+    def notify(self, method: str, params: object) -> bool:
+        return self.send_message(encode_notification(method, params))
+
+    def close(self, reason: str) -> None:
+        if self.closed_reason is None:
+            self.closed_reason = reason
+            log.info("closing connection %d: %s", self.id, reason)
+        self._scope.cancel()
+
+    async def _run_writer(self) -> None:
+        async for frame, flushed in self._receive:
+            with trio.move_on_after(SEND_TIMEOUT_S) as timeout:
+                await self._stream.send_all(frame)
+            if timeout.cancelled_caught:
+                self.close("client accepted no bytes for too long")
+                return
+            self._queued_bytes -= len(frame)
+            if flushed is not None:
+                flushed.set()
+
+    # ---- inbound --------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Run until the client disconnects, misbehaves, or the daemon stops.
+
+        On return every handler task of this connection has finished and the
+        ``on_close`` callbacks (subscriptions and the like) have run.
+        """
+        try:
+            with self._scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._run_writer)
+                    async with trio.open_nursery() as handlers:
+                        await self._read_loop(handlers)
+                    # The client half-closed and every request was answered: flush, stop.
+                    await self._send.aclose()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            for callback in self.on_close:
+                callback()
+            with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                await self._stream.aclose()
+
+    async def _read_loop(self, nursery: trio.Nursery) -> None:
+        while True:
+            data = await self._stream.receive_some(RECEIVE_BYTES)
+            if not data:
+                return
+            try:
+                self._decoder.feed(data)
+                for frame in self._decoder.frames():
+                    await self._in_flight.acquire()
+                    nursery.start_soon(self._handle_frame, frame)
+            except (ParseError, FrameTooLarge) as exc:
+                flushed = trio.Event()
+                self.send_message(encode_error(None, exc), flushed)
+                with trio.move_on_after(FLUSH_TIMEOUT_S):
+                    await flushed.wait()
+                self.close(f"framing error: {exc.message}")
+                return
+
+    async def _handle_frame(self, frame: bytes) -> None:
+        try:
+            decoded = decode_frame(frame)
+            replies: list[bytes] = []
+            after: list[Callable[[], None]] = []
+            for entry in decoded.entries:
+                reply = await self._handle_entry(entry, after)
+                if reply is not None:
+                    replies.append(reply)
+            if not replies:
+                return
+            body = encode_batch(replies) if decoded.is_batch else replies[0]
+            if after:
+                flushed = trio.Event()
+                self.send_message(body, flushed)
+                with trio.move_on_after(FLUSH_TIMEOUT_S):
+                    await flushed.wait()
+                for action in after:
+                    action()
+            else:
+                self.send_message(body)
+        finally:
+            self._in_flight.release()
+
+    async def _handle_entry(
+        self, entry: RequestEnvelope | InvalidEntry, after: list[Callable[[], None]]
+    ) -> bytes | None:
+        if isinstance(entry, InvalidEntry):
+            return encode_error(entry.id, entry.error)
+        request_id: RequestId | None = None if entry.is_notification else entry.id  # type: ignore[assignment]
+        call = Call(self.app, self)
+        try:
+            result = await self.app.dispatch(call, entry)
+        except RpcError as exc:
+            return None if entry.is_notification else encode_error(request_id, exc)
+        except Exception:
+            # The one place an unexpected failure is mapped: logged here, generic on the wire.
+            log.exception("internal error in %s", entry.method)
+            error = InternalError("internal error; see the daemon log")
+            return None if entry.is_notification else encode_error(request_id, error)
+        after.extend(call.after_reply)
+        if entry.is_notification:
+            return None
+        return encode_success(request_id, result)

@@ -1,0 +1,36 @@
+"""From a decoded request to its handler: the one table of methods the daemon serves.
+
+Rule 1: the table covers exactly the registry in ``agentsd_protocol.methods``; a test
+checks both ways. Handlers live one module per method family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from agentsd.connection import Call
+from agentsd.handlers import daemon as daemon_handlers
+from agentsd_protocol.errors import MethodNotFound
+from agentsd_protocol.jsonrpc import RequestEnvelope, decode_params
+from agentsd_protocol.methods import METHODS
+
+Handler = Callable[[Call, Any], Awaitable[Any]]
+
+HANDLERS: dict[str, Handler] = {
+    **daemon_handlers.HANDLERS,
+}
+
+
+async def dispatch(call: Call, envelope: RequestEnvelope) -> Any:
+    """Decode the params for ``envelope.method`` and run its handler.
+
+    Raises ``MethodNotFound`` (-32601), ``InvalidParams`` (-32602, with msgspec's
+    JSON path) or whatever ``RpcError`` the handler raises.
+    """
+    method = METHODS.get(envelope.method)
+    handler = HANDLERS.get(envelope.method)
+    if method is None or handler is None:
+        raise MethodNotFound(f"Method not found: {envelope.method}")
+    params = decode_params(envelope, method.params)
+    return await handler(call, params)

@@ -1,0 +1,1 @@
+"""RPC handlers, one module per method family; each exports ``HANDLERS``."""

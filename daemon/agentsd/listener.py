@@ -1,0 +1,82 @@
+"""The Unix socket the daemon listens on.
+
+Rule 1: the socket is created 0600 inside a checked 0700 directory, with no window in
+which it exists with wider permissions (bind under umask 0177, then chmod anyway).
+
+Rule 2: an existing socket file is removed only after confirming that nothing answers
+on it; a live daemon there is an error naming the path. A non-socket file is never
+removed.
+
+Rule 3: every accepted connection is checked with SO_PEERCRED before a byte is read;
+another uid is refused.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import stat
+import struct
+from pathlib import Path
+
+import trio
+
+from agentsd.paths import ensure_private_dir
+
+_UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
+LISTEN_BACKLOG = 512  # bursts of CLI invocations and editor reconnects
+
+
+class SocketInUse(Exception):
+    pass
+
+
+def _probe(path: Path) -> bool:
+    """True when something accepts connections on ``path``."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def bind_socket(path: Path) -> socket.socket:
+    """Bind and listen on ``path`` (blocking; called once at start-up)."""
+    ensure_private_dir(path.parent)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(st.st_mode):
+            raise SocketInUse(f"{path} exists and is not a socket; refusing to remove it")
+        if _probe(path):
+            raise SocketInUse(f"another daemon is answering on {path}")
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    except OSError:
+        sock.close()
+        raise
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+    sock.listen(LISTEN_BACKLOG)
+    return sock
+
+
+def peer_uid(sock: trio.socket.SocketType) -> int:
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    _pid, uid, _gid = _UCRED.unpack(raw)
+    return int(uid)
+
+
+# accept() failures that mean "out of resources for now", not "listener broken".
+TRANSIENT_ACCEPT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})

@@ -1,0 +1,78 @@
+"""``agentsd``: parse options, merge configuration, run the daemon under trio."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import resource
+import sys
+from pathlib import Path
+
+import trio
+
+from agentsd import __version__
+from agentsd.config import Config, ConfigError, load_config
+from agentsd.listener import SocketInUse
+from agentsd.paths import AlreadyRunning, UnsafeDirectory
+from agentsd.server import serve_daemon
+from agentsd_protocol.paths import default_config_path, default_socket_path, default_state_dir
+
+log = logging.getLogger("agentsd")
+
+EXIT_OK = 0
+EXIT_FAILURE = 1  # could not start: another daemon, unsafe directory, bad config
+EXIT_USAGE = 2
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="agentsd",
+        description="Keep AI coding-agent sessions supervised and durable; serve them "
+        "over JSON-RPC 2.0 on a Unix socket.",
+    )
+    parser.add_argument(
+        "--socket", help="socket path (default $XDG_RUNTIME_DIR/agentsd/agentsd.sock)"
+    )
+    parser.add_argument("--state-dir", help="state directory (default $XDG_STATE_HOME/agentsd)")
+    parser.add_argument("--log-level", help="debug, info, warning, error (default info)")
+    parser.add_argument(
+        "--config", help="config file (default $XDG_CONFIG_HOME/agentsd/config.toml)"
+    )
+    parser.add_argument("--version", action="version", version=f"agentsd {__version__}")
+    return parser.parse_args(argv)
+
+
+def raise_nofile_limit() -> None:
+    """Every supervised child holds a pidfd; the common soft limit of 1024 would cap
+    the number of sessions, so take the hard limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        config_path = Path(args.config) if args.config else default_config_path()
+        config = load_config(config_path, required=args.config is not None)
+    except ConfigError as exc:
+        print(f"agentsd: {exc}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    state_dir = Path(args.state_dir or config.state_dir or default_state_dir())
+    socket_path = Path(args.socket or config.socket or default_socket_path(state_dir=state_dir))
+    level = (args.log_level or config.log_level).upper()
+    if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+        print(f"agentsd: unknown log level {args.log_level!r}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    raise_nofile_limit()
+    try:
+        trio.run(_run, config, socket_path, state_dir)
+    except (AlreadyRunning, UnsafeDirectory, SocketInUse) as exc:
+        print(f"agentsd: {exc}", file=sys.stderr)
+        sys.exit(EXIT_FAILURE)
+    sys.exit(EXIT_OK)
+
+
+async def _run(config: Config, socket_path: Path, state_dir: Path) -> None:
+    await serve_daemon(config, socket_path=socket_path, state_dir=state_dir)
