@@ -1,0 +1,238 @@
+"""Opening the SQLite database and migrating its schema forward.
+
+Rule 1: an existing file is never changed before its schema version was read through
+a read-only connection. A file written by a newer agentsd raises ``SchemaTooNew`` and
+stays byte-for-byte as it was.
+
+Rule 2: migrations only go forward, one version per function, each in its own
+transaction together with the ``PRAGMA user_version`` bump, so a crash mid-migration
+leaves the file at the last complete version.
+
+Rule 3: every connection this module returns runs in autocommit mode
+(``isolation_level=None``): transactions are opened explicitly by the caller (the
+store's writer), never implicitly by the ``sqlite3`` module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import urllib.parse
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+__all__ = [
+    "BUSY_TIMEOUT_MS",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "SchemaTooNew",
+    "open_database",
+]
+
+# How long a statement waits for a lock held by another connection before failing
+# with SQLITE_BUSY. Only our own read connection and tools like `sqlite3` share the
+# file (one daemon per state dir), so contention is brief; five seconds rides out a
+# checkpoint or a human poking at the file without hanging a write forever.
+BUSY_TIMEOUT_MS = 5000
+
+
+class SchemaTooNew(Exception):
+    """The database was written by a newer agentsd than this one.
+
+    Raised before anything in the file was changed. ``found`` and ``supported`` are
+    schema versions (``PRAGMA user_version``).
+    """
+
+    def __init__(self, found: int, supported: int, *, path: Path | str) -> None:
+        super().__init__(
+            f"database {path} has schema version {found}, newer than this agentsd "
+            f"supports ({supported}); upgrade agentsd or point --state-dir elsewhere"
+        )
+        self.found = found
+        self.supported = supported
+        self.path = Path(path)
+
+
+def _migrate_0_to_1(conn: sqlite3.Connection) -> None:
+    # One statement per execute(): executescript() would COMMIT the migration's
+    # transaction behind our back.
+    statements = (
+        """
+        CREATE TABLE sessions (
+            id TEXT PRIMARY KEY,
+            host_id TEXT NOT NULL,
+            provider TEXT NOT NULL,
+            cwd TEXT NOT NULL,
+            title TEXT,
+            options TEXT NOT NULL,
+            env TEXT NOT NULL,
+            command TEXT,
+            provider_handle TEXT,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            fence INTEGER NOT NULL DEFAULT 0,
+            head_seq INTEGER NOT NULL DEFAULT 0,
+            last_exit TEXT,
+            error TEXT
+        )
+        """,
+        """
+        CREATE TABLE leases (
+            session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+            fence INTEGER NOT NULL,
+            generation TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('reserved', 'live', 'released')),
+            token TEXT NOT NULL,
+            pid INTEGER,
+            start_time INTEGER,
+            pgid INTEGER,
+            acquired_at REAL NOT NULL,
+            live_at REAL,
+            released_at REAL,
+            death TEXT,
+            PRIMARY KEY (session_id, fence)
+        )
+        """,
+        """
+        CREATE INDEX leases_held ON leases (session_id) WHERE state != 'released'
+        """,
+        """
+        CREATE TABLE events (
+            session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+            seq INTEGER NOT NULL,
+            ts REAL NOT NULL,
+            fence INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            body BLOB NOT NULL,
+            PRIMARY KEY (session_id, seq)
+        ) WITHOUT ROWID
+        """,
+        """
+        CREATE TABLE operations (
+            op_id TEXT PRIMARY KEY,
+            method TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            result BLOB NOT NULL,
+            created_at REAL NOT NULL,
+            expires_at REAL NOT NULL
+        )
+        """,
+        """
+        CREATE INDEX operations_expiry ON operations (expires_at)
+        """,
+    )
+    for statement in statements:
+        conn.execute(statement)
+
+
+# MIGRATIONS[n] takes a database from version n to n + 1. Append only: a released
+# migration is never edited, because files in the field already ran it.
+MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (_migrate_0_to_1,)
+
+SCHEMA_VERSION = 1
+
+
+def _ro_uri(path: Path, *, immutable: bool) -> str:
+    uri = "file:" + urllib.parse.quote(str(path.absolute())) + "?mode=ro"
+    return uri + "&immutable=1" if immutable else uri
+
+
+def _probe_version(path: Path) -> int:
+    """Read ``user_version`` of an existing file without writing anything.
+
+    A plain ``mode=ro`` connection to a WAL file creates empty ``-wal``/``-shm``
+    files next to it. When no ``-wal`` or ``-journal`` file exists the main file
+    alone holds every committed page, so ``immutable=1`` reads it with no side
+    files at all; otherwise those side files exist already and SQLite must read
+    them to see the latest commit.
+    """
+    side_files = (path.with_name(path.name + suffix) for suffix in ("-wal", "-journal"))
+    immutable = not any(p.exists() for p in side_files)
+    probe = sqlite3.connect(
+        _ro_uri(path, immutable=immutable), uri=True, timeout=BUSY_TIMEOUT_MS / 1000
+    )
+    try:
+        version: int = probe.execute("PRAGMA user_version").fetchone()[0]
+    finally:
+        probe.close()
+    return version
+
+
+def _migrate(conn: sqlite3.Connection, path: Path) -> None:
+    while True:
+        # BEGIN IMMEDIATE takes the write lock before reading the version, so the
+        # version we migrate from is the one we commit on top of.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version: int = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise SchemaTooNew(version, SCHEMA_VERSION, path=path)
+            if version == SCHEMA_VERSION:
+                conn.execute("COMMIT")
+                return
+            MIGRATIONS[version](conn)
+            # PRAGMA takes no bound parameters; the value is an int we computed.
+            conn.execute(f"PRAGMA user_version = {version + 1:d}")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+
+def open_database(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
+    """Open (creating and migrating if needed) the database at ``path``.
+
+    Read-write: creates the parent directory (mode 0700) and the file (mode 0600,
+    which SQLite copies to ``-wal``/``-shm``), switches to WAL with
+    ``synchronous=FULL``, enables foreign keys and applies pending migrations.
+
+    ``readonly=True`` opens with ``mode=ro``: it never creates, migrates or writes,
+    so it expects a file already migrated by a read-write open.
+
+    The connection is in autocommit mode (``isolation_level=None``) and may be used
+    from any thread, one thread at a time (``check_same_thread=False``). The caller
+    closes it.
+
+    Raises ``SchemaTooNew`` (file untouched) if the file's schema is newer than
+    ``SCHEMA_VERSION``, and ``sqlite3.Error`` if SQLite cannot open or migrate it.
+    """
+    if path.exists():
+        found = _probe_version(path)
+        if found > SCHEMA_VERSION:
+            raise SchemaTooNew(found, SCHEMA_VERSION, path=path)
+    elif readonly:
+        raise FileNotFoundError(f"database {path} does not exist")
+
+    timeout_s = BUSY_TIMEOUT_MS / 1000
+    if readonly:
+        conn = sqlite3.connect(
+            _ro_uri(path, immutable=False),
+            uri=True,
+            timeout=timeout_s,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+    else:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Sessions carry their environment (API keys among it): keep the file
+        # private even if the directory's mode was loosened.
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        conn = sqlite3.connect(
+            path, timeout=timeout_s, isolation_level=None, check_same_thread=False
+        )
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS:d}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        if not readonly:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode != "wal":
+                raise sqlite3.OperationalError(f"cannot switch {path} to WAL (got {mode!r})")
+            conn.execute("PRAGMA synchronous = FULL")
+            _migrate(conn, path)
+    except BaseException:
+        conn.close()
+        raise
+    return conn

@@ -1,0 +1,204 @@
+"""The event journal: append-only, contiguous seq per session.
+
+Rule 1: seq is assigned inside the writing transaction by bumping
+``sessions.head_seq``. A rolled-back savepoint rolls the bump back with the rows, so
+seqs never have gaps and never repeat: the events of a session are exactly
+``1..head_seq``.
+
+Rule 2: ordering is by seq, never by time; ``ts`` is informational.
+
+Rule 3: the functions here are synchronous and take a connection: they run inside
+``Store.write`` (appends) or ``Store.read`` (pages), which own the transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+__all__ = [
+    "StoredEvent",
+    "UnknownSession",
+    "append_events",
+    "bounded_payload",
+    "read_events",
+]
+
+
+class UnknownSession(KeyError):
+    """No session row with this id exists."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(session_id)
+        self.session_id = session_id
+
+    def __str__(self) -> str:
+        return f"unknown session {self.session_id!r}"
+
+
+@attrs.frozen
+class StoredEvent:
+    """One journaled event; ``body`` is its JSON encoding."""
+
+    session_id: str
+    seq: int
+    ts: float
+    fence: int
+    kind: str
+    body: bytes
+
+
+_INSERT_EVENT = (
+    "INSERT INTO events (session_id, seq, ts, fence, kind, body) VALUES (?, ?, ?, ?, ?, ?)"
+)
+
+
+def append_events(
+    conn: sqlite3.Connection,
+    session_id: str,
+    fence: int,
+    items: Sequence[tuple[str, bytes]],
+    ts: float,
+) -> list[StoredEvent]:
+    """Append ``items`` (kind, JSON body) to the session's journal with consecutive
+    seqs, in order, and bump the session's ``head_seq`` and ``updated_at``.
+
+    Must run inside a transaction (``Store.write``) so the seq reservation and the
+    rows commit or roll back together. Raises ``UnknownSession`` if the session row
+    does not exist. An empty ``items`` writes nothing.
+    """
+    if not items:
+        if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+            raise UnknownSession(session_id)
+        return []
+    # fetchall() steps the statement to its end, so it is not left in progress.
+    rows = conn.execute(
+        "UPDATE sessions SET head_seq = head_seq + ?, updated_at = ? WHERE id = ?"
+        " RETURNING head_seq",
+        (len(items), ts, session_id),
+    ).fetchall()
+    if not rows:
+        raise UnknownSession(session_id)
+    first_seq = rows[0][0] - len(items) + 1
+    events = [
+        StoredEvent(session_id, first_seq + i, ts, fence, kind, body)
+        for i, (kind, body) in enumerate(items)
+    ]
+    conn.executemany(
+        _INSERT_EVENT, [(e.session_id, e.seq, e.ts, e.fence, e.kind, e.body) for e in events]
+    )
+    return events
+
+
+def read_events(
+    conn: sqlite3.Connection,
+    session_id: str,
+    *,
+    after_seq: int | None = None,
+    before_seq: int | None = None,
+    limit: int,
+    max_bytes: int,
+) -> tuple[list[StoredEvent], bool]:
+    """One page of the session's events, in ascending seq order, and whether more
+    exist beyond the page in the direction of paging.
+
+    ``after_seq`` (default 0, so from the start) pages forward: the first events with
+    seq > after_seq. ``before_seq`` pages backward: the events just before it, the
+    nearest ones kept. Give at most one of them.
+
+    A page holds at most ``limit`` events and at most ``max_bytes`` of bodies, but
+    always at least one event when any exists (a single large event is never stuck
+    behind the byte bound). An unknown session reads as empty.
+    Raises ``ValueError`` for a limit below 1, a negative max_bytes, or both bounds.
+    """
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    if max_bytes < 0:
+        raise ValueError(f"max_bytes must not be negative, got {max_bytes}")
+    if after_seq is not None and before_seq is not None:
+        raise ValueError("give after_seq or before_seq, not both")
+    columns = "seq, ts, fence, kind, body"
+    if before_seq is None:
+        query = (
+            f"SELECT {columns} FROM events WHERE session_id = ? AND seq > ?"
+            " ORDER BY seq ASC LIMIT ?"
+        )
+        bound = 0 if after_seq is None else after_seq
+    else:
+        query = (
+            f"SELECT {columns} FROM events WHERE session_id = ? AND seq < ?"
+            " ORDER BY seq DESC LIMIT ?"
+        )
+        bound = before_seq
+    # One row beyond the limit tells whether more exist; rows are fetched lazily so
+    # bodies past the byte bound are never loaded.
+    cursor = conn.execute(query, (session_id, bound, limit + 1))
+    page: list[StoredEvent] = []
+    used = 0
+    more = False
+    try:
+        for seq, ts, fence, kind, body in cursor:
+            body = bytes(body)
+            if len(page) == limit or (page and used + len(body) > max_bytes):
+                more = True
+                break
+            page.append(StoredEvent(session_id, seq, ts, fence, kind, body))
+            used += len(body)
+    finally:
+        # Reset the statement now rather than when the cursor is collected: an
+        # unfinished statement would hold the read transaction's snapshot busy.
+        cursor.close()
+    if before_seq is not None:
+        page.reverse()
+    return page, more
+
+
+def _utf8_head(data: bytes, max_bytes: int) -> bytes:
+    """The longest prefix of ``data`` of at most ``max_bytes`` that does not end
+    inside a UTF-8 sequence."""
+    if len(data) <= max_bytes:
+        return data
+    cut = max_bytes
+    # A character is at most 4 bytes, so at most 3 continuation bytes (0b10xxxxxx)
+    # sit between the cut and the lead byte of the character it would split.
+    while cut > max(0, max_bytes - 3) and data[cut] & 0xC0 == 0x80:
+        cut -= 1
+    return data[:cut]
+
+
+def bounded_payload(data: str | bytes, max_bytes: int) -> dict[str, Any]:
+    """Bound a large payload (tool output, a diff) for the journal.
+
+    Returns ``{"text", "byteLength", "truncated"}``: ``text`` is the payload, or
+    when its UTF-8 encoding exceeds ``max_bytes`` its longest head that fits and
+    ends on a character boundary; ``byteLength`` is the full payload's length in
+    bytes; ``truncated`` says whether it was cut. A cut payload also records
+    ``sha256`` (hex) of the full payload, so a client holding the original can
+    tell whether it is the same.
+
+    ``bytes`` that are not valid UTF-8 are decoded with U+FFFD for each invalid
+    sequence (``byteLength`` and ``sha256`` still describe the original bytes);
+    ``text`` never exceeds ``max_bytes`` once encoded. Raises ``ValueError`` for a
+    negative ``max_bytes``.
+    """
+    if max_bytes < 0:
+        raise ValueError(f"max_bytes must not be negative, got {max_bytes}")
+    # surrogatepass: a str with lone surrogates still has a definite byte form.
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    head = _utf8_head(raw, max_bytes)
+    truncated = len(head) < len(raw)
+    text = head.decode("utf-8", "replace")
+    encoded = text.encode("utf-8")
+    if len(encoded) > max_bytes:
+        # U+FFFD (3 bytes) replaced shorter invalid sequences and grew the text past
+        # the bound: cut again, on the now valid UTF-8.
+        text = _utf8_head(encoded, max_bytes).decode("utf-8")
+        truncated = True
+    payload: dict[str, Any] = {"text": text, "byteLength": len(raw), "truncated": truncated}
+    if truncated:
+        payload["sha256"] = hashlib.sha256(raw).hexdigest()
+    return payload

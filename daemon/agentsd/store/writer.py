@@ -1,0 +1,465 @@
+"""The store: one writer task that group-commits, and a serialized reader.
+
+Rule 1: every write goes through ``Store.write``; one writer task owns the write
+connection and runs ops in batches, one transaction per batch, one savepoint per op.
+Many small appends therefore cost one fsync.
+
+Rule 2: a caller's ``write`` returns only after the COMMIT of its batch returned, so
+"acknowledged" always means "durable" (``synchronous=FULL``).
+
+Rule 3: an op's own failure rolls back its savepoint only and reaches that caller
+unchanged; a failure of the transaction itself (BEGIN, COMMIT, or SQLite discarding
+the transaction on a full disk or an I/O error) fails the whole batch with
+``StorageUnavailable``, and the writer carries on with the next batch.
+
+Rule 4: ``sqlite3`` errors that mean "the storage is not usable right now" (disk
+full, I/O error, read-only, cannot open) are translated to ``StorageUnavailable`` here
+and nowhere else; every other exception an op raises passes through as it is.
+
+Rule 5: every queue is bounded. ``write`` blocks while ``QUEUE_CAPACITY`` ops wait,
+which is the backpressure a flooding agent feels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Generic, TypeVar, cast
+
+import attrs
+import trio
+
+from agentsd.store.database import open_database
+from agentsd_protocol.errors import ShuttingDown, StorageUnavailable
+
+__all__ = [
+    "CLOSE_DRAIN_S",
+    "MAX_BATCH_OPS",
+    "QUEUE_CAPACITY",
+    "WRITER_STALL_S",
+    "Store",
+    "open_store",
+]
+
+T = TypeVar("T")
+
+# Ops waiting for the writer. Enough to absorb a burst from hundreds of sessions
+# while a batch commits; small enough that a flood blocks its producer quickly
+# instead of growing memory.
+QUEUE_CAPACITY = 4096
+
+# Ops in one transaction. Bounds how long one batch holds the write lock and how
+# long the first op in it waits for the last (1000 small appends take ~10 ms).
+MAX_BATCH_OPS = 1000
+
+# A batch pending for longer than this means the writer is stuck (a hung disk, a
+# wedged thread): a healthy batch takes milliseconds, a WAL checkpoint well under a
+# second. Below systemd's usual WatchdogSec so the watchdog can act on it.
+WRITER_STALL_S = 20.0
+
+# On close, how long the writer may keep committing what was already submitted
+# (at most QUEUE_CAPACITY ops, a handful of batches) before the rest is refused.
+CLOSE_DRAIN_S = 10.0
+
+# How long closing a connection (the last one checkpoints the WAL) may hold up
+# shutdown before its worker thread is abandoned to finish on its own.
+CLOSE_CONNECTION_S = 5.0
+
+_READONLY = "database is read-only"
+
+# sqlite3 primary result codes that mean the storage, not the statement, failed.
+_STORAGE_FAILURES = {
+    sqlite3.SQLITE_FULL: "disk full",
+    sqlite3.SQLITE_IOERR: "I/O error",
+    sqlite3.SQLITE_READONLY: _READONLY,
+    sqlite3.SQLITE_CANTOPEN: "cannot open the database file",
+}
+
+
+def _storage_failure(exc: BaseException) -> str | None:
+    """Why the storage is unusable, if ``exc`` says it is."""
+    if not isinstance(exc, sqlite3.Error):
+        return None
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:
+        return None
+    # Extended codes (SQLITE_IOERR_FSYNC, ...) carry the primary code in the low byte.
+    return _STORAGE_FAILURES.get(code & 0xFF)
+
+
+def _translate(exc: BaseException, *, readonly_is_failure: bool = True) -> BaseException:
+    """``StorageUnavailable`` for storage failures, ``exc`` itself otherwise."""
+    reason = _storage_failure(exc)
+    if reason is None or (not readonly_is_failure and reason == _READONLY):
+        return exc
+    unavailable = StorageUnavailable(f"storage unavailable: {reason} ({exc})")
+    unavailable.__cause__ = exc
+    return unavailable
+
+
+def _batch_failed(exc: BaseException) -> StorageUnavailable:
+    """The error each caller of a batch gets when its transaction failed."""
+    reason = _storage_failure(exc)
+    if reason is None and getattr(exc, "sqlite_errorcode", None) in (
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+    ):
+        reason = "database is locked by another connection"
+    failure = StorageUnavailable(f"storage unavailable: {reason or exc}; the write was rolled back")
+    failure.__cause__ = exc
+    return failure
+
+
+@attrs.define(eq=False)
+class _Request(Generic[T]):
+    """One submitted op. The writer thread fills in the outcome; the writer task
+    sets ``done`` after the batch's transaction ended."""
+
+    op: Callable[[sqlite3.Connection], T]
+    done: trio.Event = attrs.Factory(trio.Event)
+    ok: bool = False
+    value: T | None = None
+    error: BaseException | None = None
+
+    def fail(self, error: BaseException) -> None:
+        self.ok = False
+        self.value = None
+        self.error = error
+
+
+class Store:
+    """The durable store: ``write`` through the group-committing writer, ``read`` on a
+    separate read-only connection. Made by ``open_store``, which owns its lifetime.
+
+    Counters (read-only for callers, updated by the writer task only):
+    ``batches_committed``, ``ops_committed`` (ops whose changes committed),
+    ``batches_failed`` (transactions that were rolled back as a whole), and
+    ``last_progress``, trio's clock when the writer last picked up or finished a
+    batch (see ``writer_healthy``).
+    """
+
+    def __init__(self, write_conn: sqlite3.Connection, read_conn: sqlite3.Connection) -> None:
+        self._write_conn = write_conn
+        self._read_conn = read_conn
+        self._send, self._receive = trio.open_memory_channel[_Request[Any]](QUEUE_CAPACITY)
+        # Dedicated limiters: the writer and the reader never wait for a token of
+        # trio's shared default limiter behind unrelated blocking work.
+        self._write_limiter = trio.CapacityLimiter(1)
+        self._read_limiter = trio.CapacityLimiter(1)
+        self._read_lock = trio.Lock()
+        self._read_closed = False
+        self._closing = False
+        self._writer_scope: trio.CancelScope | None = None
+        self._in_flight: list[_Request[Any]] = []
+        self.batches_committed = 0
+        self.ops_committed = 0
+        self.batches_failed = 0
+        self.last_progress = trio.current_time()
+
+    async def write(self, op: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``op(conn)`` in the writer's thread, inside a savepoint of the current
+        batch's transaction, and return its result once that transaction committed.
+
+        ``op`` must not begin, commit or roll back transactions itself, and must not
+        keep ``conn`` beyond its call.
+
+        Raises whatever ``op`` raised (its savepoint rolled back, the rest of the
+        batch unaffected), translated to ``StorageUnavailable`` if it is a storage
+        failure; ``StorageUnavailable`` if the batch's transaction failed (nothing of
+        the batch was kept); ``ShuttingDown`` if the store is closing and the op was
+        not run.
+
+        Cancellation: while waiting for queue space, cancellation means the op was
+        not queued and will never run. Once queued, cancelling the caller does not
+        withdraw the op: it may still run and commit, the caller just does not
+        learn the outcome.
+
+        An op that raises a ``BaseException`` that is not an ``Exception`` stops the
+        writer: its batch is rolled back, every pending caller gets
+        ``StorageUnavailable``, and the exception leaves ``open_store``.
+        """
+        request = _Request(op)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            try:
+                # The fast path does not yield here (send() would, once more per
+                # write); waiting for the commit below is this call's schedule point.
+                self._send.send_nowait(request)
+            except trio.WouldBlock:
+                await self._send.send(request)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise ShuttingDown("the store is closed; the write was not made") from None
+        await request.done.wait()
+        if not request.ok:
+            assert request.error is not None
+            raise request.error
+        return cast(T, request.value)
+
+    async def read(self, op: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``op(conn)`` on the read-only connection in a worker thread, inside one
+        read transaction, so every statement in ``op`` sees the same committed
+        snapshot (never a batch still being written).
+
+        Reads run one at a time. Raises what ``op`` raised (storage failures as
+        ``StorageUnavailable``, except that an op trying to write gets SQLite's
+        "readonly" error unchanged: that is a bug in the op), or ``ShuttingDown``
+        once the store closed.
+        Cancellation while waiting for the reader aborts the read; once ``op``
+        runs, the caller waits for it to finish.
+        """
+        async with self._read_lock:
+            if self._read_closed:
+                raise ShuttingDown("the store is closed")
+            try:
+                return await trio.to_thread.run_sync(self._run_read, op, limiter=self._read_limiter)
+            except sqlite3.Error as exc:
+                # The read connection is read-only by construction: SQLITE_READONLY
+                # there is an op that tried to write, a bug, not unusable storage.
+                translated = _translate(exc, readonly_is_failure=False)
+                if translated is exc:
+                    raise
+                raise translated from exc
+
+    @property
+    def queued_writes(self) -> int:
+        """Ops waiting for the writer, not counting the batch being committed."""
+        return self._send.statistics().current_buffer_used
+
+    def writer_healthy(self, *, stall_s: float = WRITER_STALL_S) -> bool:
+        """False when work is pending and the writer has not made progress for more
+        than ``stall_s`` seconds (trio's clock).
+
+        Progress is picking up a batch or finishing one, committed or failed: a
+        writer that answers "disk full" is alive; one stuck inside a commit is not.
+        An idle writer with nothing queued is healthy however long it idled.
+        """
+        pending = bool(self._in_flight) or self.queued_writes > 0
+        return not pending or trio.current_time() - self.last_progress <= stall_s
+
+    # The writer task and its thread.
+
+    async def _run_writer(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        # Shielded: cancelling the surrounding code must not drop writes that callers
+        # already queued. The bound comes from ``_stop``, which closes the queue and
+        # sets this scope's deadline; it takes effect between batches, because a
+        # batch's thread cannot be interrupted while it holds the connection. A
+        # batch that never returns (a hung disk) is what ``writer_healthy`` reports
+        # to the watchdog.
+        with trio.CancelScope(shield=True) as scope:
+            self._writer_scope = scope
+            task_status.started()
+            try:
+                async for first in self._receive:
+                    self._in_flight = [first]
+                    self.last_progress = trio.current_time()
+                    # Let every task that is runnable in this tick submit before the
+                    # batch is cut: that is what makes concurrent writes share a commit.
+                    await trio.lowlevel.checkpoint()
+                    self._collect_batch()
+                    committed = await trio.to_thread.run_sync(
+                        self._run_batch, self._in_flight, limiter=self._write_limiter
+                    )
+                    if committed is None:
+                        self.batches_failed += 1
+                    else:
+                        self.batches_committed += 1
+                        self.ops_committed += committed
+                    batch, self._in_flight = self._in_flight, []
+                    self.last_progress = trio.current_time()
+                    for request in batch:
+                        request.done.set()
+            finally:
+                self._refuse_pending()
+
+    def _collect_batch(self) -> None:
+        while len(self._in_flight) < MAX_BATCH_OPS:
+            try:
+                self._in_flight.append(self._receive.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return
+
+    def _refuse_pending(self) -> None:
+        """Wake every caller whose op will not run (or whose batch was interrupted)
+        with an error, and make later ``write`` calls fail fast."""
+
+        def refusal() -> BaseException:
+            if self._closing:
+                return ShuttingDown("the store closed before this write was made")
+            return StorageUnavailable("storage unavailable: the store's writer stopped")
+
+        # A batch still marked in flight here never reported back from its thread
+        # (the thread raised), so its transaction was rolled back.
+        for request in self._in_flight:
+            request.fail(refusal())
+            request.done.set()
+        self._in_flight = []
+        while True:
+            try:
+                request = self._receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            request.fail(refusal())
+            request.done.set()
+        # Senders blocked on a full queue get BrokenResourceError -> ShuttingDown.
+        self._receive.close()
+
+    def _run_batch(self, batch: list[_Request[Any]]) -> int | None:
+        """Run one batch in one transaction (worker thread). Returns how many ops
+        committed, or None when the transaction failed and every request in the
+        batch was failed with ``StorageUnavailable``."""
+        conn = self._write_conn
+        # A transaction left over from a batch whose ROLLBACK failed would make
+        # every later BEGIN fail: retry that rollback first.
+        self._rollback_quietly()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            self._fail_batch(batch, exc)
+            return None
+        try:
+            ok = 0
+            for request in batch:
+                conn.execute("SAVEPOINT op")
+                try:
+                    value = request.op(conn)
+                except Exception as exc:
+                    if not conn.in_transaction:
+                        # SQLite discarded the whole transaction itself (it does on
+                        # SQLITE_FULL and SQLITE_IOERR): the ops before this one in
+                        # the batch are gone too.
+                        self._fail_batch(batch, exc)
+                        return None
+                    conn.execute("ROLLBACK TO op")
+                    conn.execute("RELEASE op")
+                    request.fail(_translate(exc))
+                else:
+                    conn.execute("RELEASE op")
+                    request.ok, request.value = True, value
+                    ok += 1
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            # SAVEPOINT, RELEASE, ROLLBACK TO or COMMIT failed: the batch cannot be
+            # trusted, so none of it is kept.
+            self._rollback_quietly()
+            self._fail_batch(batch, exc)
+            return None
+        except BaseException:
+            self._rollback_quietly()
+            raise
+        return ok
+
+    def _rollback_quietly(self) -> None:
+        if not self._write_conn.in_transaction:
+            return
+        # If the rollback fails too (the disk is gone), the next batch retries it
+        # before its BEGIN; SQLite never commits a transaction nobody committed.
+        with contextlib.suppress(sqlite3.Error):
+            self._write_conn.execute("ROLLBACK")
+
+    @staticmethod
+    def _fail_batch(batch: list[_Request[Any]], cause: BaseException) -> None:
+        # A fresh exception per caller: one instance raised in many tasks would
+        # share (and scramble) its traceback.
+        for request in batch:
+            request.fail(_batch_failed(cause))
+
+    def _run_read(self, op: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self._read_conn
+        conn.execute("BEGIN")
+        try:
+            return op(conn)
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+
+    def _stop(self) -> None:
+        """Stop accepting writes; let the writer finish what is queued, within
+        ``CLOSE_DRAIN_S``."""
+        self._closing = True
+        self._send.close()
+        if self._writer_scope is not None:
+            self._writer_scope.deadline = min(
+                self._writer_scope.deadline, trio.current_time() + CLOSE_DRAIN_S
+            )
+
+    async def _close_reader(self) -> None:
+        # Bounded and shielded: waits for a read in progress, then closes.
+        with trio.move_on_after(CLOSE_CONNECTION_S, shield=True):
+            async with self._read_lock:
+                self._read_closed = True
+                await _close_connection(self._read_conn)
+        # If the bound expired with a read still running, the connection is left
+        # for the garbage collector; later reads are refused either way.
+        self._read_closed = True
+
+
+async def _close_connection(conn: sqlite3.Connection) -> None:
+    """Close ``conn`` in a worker thread, shielded and bounded. The thread cannot be
+    interrupted, so on timeout it is abandoned and finishes the close on its own
+    (an interrupted WAL checkpoint is safe: it is redone on the next open)."""
+    with trio.move_on_after(CLOSE_CONNECTION_S, shield=True):
+        await trio.to_thread.run_sync(conn.close, abandon_on_cancel=True)
+
+
+async def _open_connection(path: Path, *, readonly: bool) -> sqlite3.Connection:
+    try:
+        return await trio.to_thread.run_sync(
+            functools.partial(open_database, path, readonly=readonly)
+        )
+    except sqlite3.Error as exc:
+        translated = _translate(exc)
+        if translated is exc:
+            raise
+        raise translated from exc
+
+
+@asynccontextmanager
+async def open_store(path: Path) -> AsyncIterator[Store]:
+    """Open the database at ``path`` (creating and migrating it) and run its writer.
+
+    On exit, normal or by exception or cancellation, the writer first commits every
+    write already submitted (bounded by ``CLOSE_DRAIN_S``; ops still queued after
+    that fail with ``ShuttingDown``), later ``write``/``read`` calls raise
+    ``ShuttingDown``, and both connections are closed.
+
+    Raises ``SchemaTooNew`` (file untouched) if the database is newer than this code,
+    ``StorageUnavailable`` if it cannot be opened for storage reasons (for example
+    an unwritable directory), ``sqlite3.Error`` for anything else SQLite refuses.
+    An exception from the body propagates unchanged (not wrapped in a group).
+    """
+    write_conn = await _open_connection(path, readonly=False)
+    try:
+        read_conn = await _open_connection(path, readonly=True)
+        store = Store(write_conn, read_conn)
+        try:
+            body_error: BaseException | None = None
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(store._run_writer)
+                    try:
+                        yield store
+                    except BaseException as exc:
+                        body_error = exc
+                        raise
+                    finally:
+                        store._stop()
+            except BaseExceptionGroup as group:
+                # The nursery wraps the body's exception in a group; when it is the
+                # only failure, hand it back as it was raised (below, outside this
+                # handler, so its __context__ does not become the group).
+                if body_error is None or group.exceptions != (body_error,):
+                    raise
+            else:
+                body_error = None
+            if body_error is not None:
+                raise body_error
+        finally:
+            await store._close_reader()
+    finally:
+        await _close_connection(write_conn)

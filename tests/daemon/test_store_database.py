@@ -1,0 +1,239 @@
+"""Opening, migrating and refusing databases (real SQLite files, no mocks)."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import stat
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from agentsd.store import database
+from agentsd.store.database import SCHEMA_VERSION, SchemaTooNew, open_database
+
+EXPECTED_COLUMNS = {
+    "sessions": [
+        "id",
+        "host_id",
+        "provider",
+        "cwd",
+        "title",
+        "options",
+        "env",
+        "command",
+        "provider_handle",
+        "created_at",
+        "updated_at",
+        "fence",
+        "head_seq",
+        "last_exit",
+        "error",
+    ],
+    "leases": [
+        "session_id",
+        "fence",
+        "generation",
+        "state",
+        "token",
+        "pid",
+        "start_time",
+        "pgid",
+        "acquired_at",
+        "live_at",
+        "released_at",
+        "death",
+    ],
+    "events": ["session_id", "seq", "ts", "fence", "kind", "body"],
+    "operations": ["op_id", "method", "fingerprint", "result", "created_at", "expires_at"],
+}
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _listing(directory: Path) -> dict[str, str]:
+    return {p.name: _digest(p) for p in sorted(directory.iterdir())}
+
+
+def _schema(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
+    return conn.execute(
+        "SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY name"
+    ).fetchall()
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "state" / "agentsd" / "agentsd.sqlite3"
+
+
+@pytest.fixture
+def opened(db_path: Path) -> Iterator[sqlite3.Connection]:
+    with closing(open_database(db_path)) as conn:
+        yield conn
+
+
+def _insert_session(conn: sqlite3.Connection, session_id: str = "s1") -> None:
+    conn.execute(
+        "INSERT INTO sessions (id, host_id, provider, cwd, options, env, created_at, updated_at)"
+        " VALUES (?, 'h', 'mock', '/', '{}', '{}', 0, 0)",
+        (session_id,),
+    )
+
+
+def test_open_creates_directory_file_and_schema_v1(db_path: Path) -> None:
+    with closing(open_database(db_path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 1
+        for table, columns in EXPECTED_COLUMNS.items():
+            found = [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
+            assert found == columns, table
+        indexes = {row[1]: row[4] for row in conn.execute("SELECT * FROM sqlite_master")}
+        assert "WHERE state != 'released'" in indexes["leases_held"]
+        assert "expires_at" in indexes["operations_expiry"]
+        assert "WITHOUT ROWID" in indexes["events"]
+    assert stat.S_IMODE(db_path.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(db_path.stat().st_mode) == 0o600
+
+
+def test_connection_settings(opened: sqlite3.Connection) -> None:
+    assert opened.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert opened.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert opened.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+    assert opened.execute("PRAGMA busy_timeout").fetchone()[0] == database.BUSY_TIMEOUT_MS
+    assert opened.isolation_level is None
+    assert not opened.in_transaction
+
+
+def test_connection_usable_from_another_thread(opened: sqlite3.Connection) -> None:
+    import threading
+
+    seen: list[int] = []
+    thread = threading.Thread(target=lambda: seen.append(opened.execute("SELECT 1").fetchone()[0]))
+    thread.start()
+    thread.join()
+    assert seen == [1]
+
+
+def test_reopen_is_a_no_op(db_path: Path) -> None:
+    with closing(open_database(db_path)) as conn:
+        _insert_session(conn)
+        before = _schema(conn)
+    digest = _digest(db_path)
+    with closing(open_database(db_path)) as conn:
+        assert _schema(conn) == before
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert conn.execute("SELECT id FROM sessions").fetchall() == [("s1",)]
+    assert _digest(db_path) == digest
+
+
+def test_migrations_run_in_order_each_in_one_transaction(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    applied: list[int] = []
+
+    def v1_to_v2(conn: sqlite3.Connection) -> None:
+        applied.append(1)
+        assert conn.in_transaction
+        conn.execute("ALTER TABLE sessions ADD COLUMN extra TEXT")
+
+    def v2_to_v3(conn: sqlite3.Connection) -> None:
+        applied.append(2)
+        conn.execute("CREATE TABLE half_done (x)")
+        raise RuntimeError("migration bug")
+
+    with closing(open_database(db_path)):
+        pass
+    monkeypatch.setattr(database, "MIGRATIONS", (*database.MIGRATIONS, v1_to_v2, v2_to_v3))
+    monkeypatch.setattr(database, "SCHEMA_VERSION", 3)
+    with pytest.raises(RuntimeError, match="migration bug"):
+        open_database(db_path)
+    assert applied == [1, 2]
+    with closing(sqlite3.connect(db_path)) as check:
+        # v2 committed with its version bump; the failed v3 left nothing behind.
+        assert check.execute("PRAGMA user_version").fetchone()[0] == 2
+        columns = [row[1] for row in check.execute("PRAGMA table_info(sessions)")]
+        assert columns[-1] == "extra"
+        tables = {row[0] for row in check.execute("SELECT name FROM sqlite_master")}
+        assert "half_done" not in tables
+
+
+def _make_future_file(path: Path, journal_mode: str) -> None:
+    path.parent.mkdir(parents=True)
+    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute(f"PRAGMA journal_mode = {journal_mode}")
+        conn.execute("CREATE TABLE from_the_future (x)")
+        conn.execute("INSERT INTO from_the_future VALUES (1)")
+        conn.execute("PRAGMA user_version = 99")
+
+
+@pytest.mark.parametrize("journal_mode", ["wal", "delete"])
+@pytest.mark.parametrize("readonly", [False, True])
+def test_schema_too_new_is_refused_and_file_unchanged(
+    db_path: Path, journal_mode: str, readonly: bool
+) -> None:
+    _make_future_file(db_path, journal_mode)
+    before = _listing(db_path.parent)
+    with pytest.raises(SchemaTooNew) as caught:
+        open_database(db_path, readonly=readonly)
+    assert (caught.value.found, caught.value.supported) == (99, SCHEMA_VERSION)
+    assert str(caught.value) == (
+        f"database {db_path} has schema version 99, newer than this agentsd supports "
+        f"({SCHEMA_VERSION}); upgrade agentsd or point --state-dir elsewhere"
+    )
+    # Byte for byte, and no -wal/-shm left behind.
+    assert _listing(db_path.parent) == before
+
+
+def test_schema_too_new_seen_through_a_live_wal(db_path: Path) -> None:
+    # The newer version sits only in the -wal of a connection that is still open.
+    db_path.parent.mkdir(parents=True)
+    with closing(sqlite3.connect(db_path, isolation_level=None)) as other:
+        other.execute("PRAGMA journal_mode = wal")
+        other.execute("PRAGMA wal_autocheckpoint = 0")
+        other.execute("CREATE TABLE t (x)")
+        other.execute("PRAGMA user_version = 7")
+        main_before = _digest(db_path)
+        with pytest.raises(SchemaTooNew) as caught:
+            open_database(db_path)
+        assert caught.value.found == 7
+        assert _digest(db_path) == main_before
+
+
+def test_readonly_connection_refuses_writes(db_path: Path) -> None:
+    with closing(open_database(db_path)):
+        pass
+    with closing(open_database(db_path, readonly=True)) as ro:
+        assert ro.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            _insert_session(ro)
+
+
+def test_readonly_open_of_missing_file_creates_nothing(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        open_database(tmp_path / "nope" / "db.sqlite3", readonly=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_foreign_keys_cascade_and_lease_state_is_checked(opened: sqlite3.Connection) -> None:
+    def insert_lease(state: str) -> None:
+        opened.execute(
+            "INSERT INTO leases (session_id, fence, generation, state, token, acquired_at)"
+            " VALUES ('s1', 1, 'g', ?, 't', 0)",
+            (state,),
+        )
+
+    with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
+        insert_lease("reserved")
+    _insert_session(opened)
+    with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+        insert_lease("borrowed")
+    insert_lease("reserved")
+    opened.execute(
+        "INSERT INTO events (session_id, seq, ts, fence, kind, body) VALUES ('s1', 1, 0, 1, 'k', x'7b7d')"
+    )
+    opened.execute("DELETE FROM sessions WHERE id = 's1'")
+    assert opened.execute("SELECT count(*) FROM leases").fetchone()[0] == 0
+    assert opened.execute("SELECT count(*) FROM events").fetchone()[0] == 0
