@@ -1,0 +1,244 @@
+"""What Linux ``/proc`` says about processes: start times, groups, spawn tokens.
+
+Everything here except `ProcScanner` is blocking (it reads files under ``/proc``);
+callers in trio run it through `trio.to_thread.run_sync`. `ProcScanner` is the trio
+face: it runs `scan_processes` in a worker thread and shares each scan among all the
+tasks that asked for one while it was pending.
+
+Rules this module keeps:
+
+1. A pid alone never identifies a process. Identity is (pid, start time), and a
+   zombie is dead: it can neither run nor be signalled into doing anything.
+2. Processes that vanish or that we may not inspect while a scan runs are skipped
+   silently; a scan never fails because the process table changed under it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Collection, Iterable, Mapping
+from functools import partial
+
+import attrs
+import trio
+
+SPAWN_TOKEN_ENV = "AGENTSD_SPAWN_TOKEN"
+
+_PROC = "/proc"
+_TOKEN_PREFIX = SPAWN_TOKEN_ENV.encode() + b"="
+# Fields after the ")" that closes comm, counted from field 3 (state) of proc(5).
+_STATE, _PPID, _PGRP, _STARTTIME = 0, 1, 2, 19
+
+
+@attrs.frozen
+class ProcInfo:
+    """One line of the process table, as ``/proc/<pid>/stat`` showed it."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    state: str  # one character: R, S, D, Z, T, ...
+    start_time: int  # clock ticks after boot; with pid, the process's identity
+
+    @property
+    def is_zombie(self) -> bool:
+        return self.state == "Z"
+
+
+def parse_stat(pid: int, raw: bytes) -> ProcInfo:
+    """Parse the contents of ``/proc/<pid>/stat``; ValueError if it is not one."""
+    # comm (field 2) may hold spaces and parentheses: split after the last ")".
+    fields = raw[raw.rindex(b")") + 2 :].split()
+    if len(fields) <= _STARTTIME:
+        raise ValueError(f"not a stat line: {raw[:100]!r}")
+    return ProcInfo(
+        pid=pid,
+        ppid=int(fields[_PPID]),
+        pgid=int(fields[_PGRP]),
+        state=fields[_STATE].decode("ascii", "replace"),
+        start_time=int(fields[_STARTTIME]),
+    )
+
+
+def read_proc_info(pid: int) -> ProcInfo | None:
+    """The stat line of ``pid``, or None if no such process exists (any more)."""
+    try:
+        with open(f"{_PROC}/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    if not raw:  # the process was reaped while we read
+        return None
+    return parse_stat(pid, raw)
+
+
+def read_start_time(pid: int) -> int | None:
+    """Field 22 of ``/proc/<pid>/stat`` (start time in clock ticks), None if gone.
+
+    A zombie still has a start time: an unreaped child can always be identified.
+    """
+    info = read_proc_info(pid)
+    return None if info is None else info.start_time
+
+
+def is_same_process(pid: int, start_time: int) -> bool:
+    """True iff ``pid`` is alive (not a zombie) and started at ``start_time``."""
+    info = read_proc_info(pid)
+    return info is not None and not info.is_zombie and info.start_time == start_time
+
+
+def _read_token(pid: int, wanted: Collection[bytes]) -> str | None:
+    """The spawn token in the environment of ``pid`` if it is one of ``wanted``."""
+    try:
+        with open(f"{_PROC}/{pid}/environ", "rb") as f:
+            environ = f.read()
+    except OSError:  # gone, another user's, or a kernel thread: not ours either way
+        return None
+    start = 0
+    while (at := environ.find(_TOKEN_PREFIX, start)) != -1:
+        start = at + len(_TOKEN_PREFIX)
+        if at > 0 and environ[at - 1] != 0:
+            continue  # the prefix is the tail of another variable, e.g. X_AGENTSD_...
+        end = environ.find(b"\0", start)
+        value = environ[start:] if end == -1 else environ[start:end]
+        if value in wanted:
+            return value.decode()
+    return None
+
+
+@attrs.frozen
+class ProcessTable:
+    """A snapshot of every process, with the spawn tokens that were asked about.
+
+    A snapshot is stale the moment it is taken; it is evidence of what existed, and
+    emptiness is evidence only for a scan that started after the last signal.
+    """
+
+    processes: Mapping[int, ProcInfo]
+    tokens: Mapping[int, str]  # pid -> spawn token, only for tokens asked about
+
+    def get(self, pid: int) -> ProcInfo | None:
+        return self.processes.get(pid)
+
+    def group_members(self, pgid: int) -> list[ProcInfo]:
+        """Live (non-zombie) members of process group ``pgid``."""
+        return [p for p in self.processes.values() if p.pgid == pgid and not p.is_zombie]
+
+    def carrying(self, token: str) -> list[ProcInfo]:
+        """Live processes whose environment carries ``AGENTSD_SPAWN_TOKEN=token``.
+
+        Only tokens passed to the scan are known; any other token yields [].
+        """
+        return [
+            self.processes[pid]
+            for pid, t in self.tokens.items()
+            if t == token and not self.processes[pid].is_zombie
+        ]
+
+
+def scan_processes(tokens: Collection[str] = ()) -> ProcessTable:
+    """Read the stat line of every process, and the environment of each live one
+    when ``tokens`` are given (a process listing its token is recorded).
+
+    Raises OSError only if ``/proc`` itself cannot be listed.
+    """
+    wanted = frozenset(t.encode() for t in tokens)
+    processes: dict[int, ProcInfo] = {}
+    carriers: dict[int, str] = {}
+    for name in os.listdir(_PROC):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        info = read_proc_info(pid)
+        if info is None:
+            continue
+        processes[pid] = info
+        if wanted and not info.is_zombie and (token := _read_token(pid, wanted)) is not None:
+            carriers[pid] = token
+    return ProcessTable(processes=processes, tokens=carriers)
+
+
+@attrs.define(eq=False)
+class _Batch:
+    tokens: set[str] = attrs.Factory(set)
+    done: trio.Event = attrs.Factory(trio.Event)
+    table: ProcessTable | None = None
+    error: BaseException | None = None
+
+
+class ProcScanFailed(OSError):
+    """A coalesced /proc scan failed; the cause is chained."""
+
+
+class ProcScanner:
+    """Coalesces /proc scans: concurrent callers share one scan in a worker thread.
+
+    A caller always gets a scan that *started after it asked* (it may have just
+    sent a signal, and only a later scan is evidence of the result), and that
+    includes its tokens. While one scan runs, every new request joins the next
+    batch; when the running scan ends, one waiter of that batch runs it for all.
+    So N simultaneous callers cause at most two scans, never N.
+
+    Cancellation: a caller waiting for someone else's scan leaves at once. The
+    caller that runs a scan is not interrupted mid-scan (a worker thread cannot
+    be, and the scan takes milliseconds); it publishes the result to the others,
+    then sees its own cancellation at its next checkpoint.
+    """
+
+    def __init__(self, scan: Callable[[frozenset[str]], ProcessTable] = scan_processes) -> None:
+        self._scan = scan  # replaceable so tests can control when a scan ends
+        self._running: _Batch | None = None
+        self._pending: _Batch | None = None
+        # One thread at most, and never queued behind other work's threads.
+        self._limiter = trio.CapacityLimiter(1)
+        self.scans_completed = 0
+
+    async def scan(self, tokens: Iterable[str] = ()) -> ProcessTable:
+        """A fresh `ProcessTable` that knows at least ``tokens``.
+
+        Raises `ProcScanFailed` if ``/proc`` cannot be read.
+        """
+        if self._pending is None:
+            self._pending = _Batch()
+        batch = self._pending
+        batch.tokens.update(tokens)
+        while not batch.done.is_set():
+            running = self._running
+            if running is None:
+                await self._run(batch)
+            else:
+                await running.done.wait()
+        if batch.table is None:
+            raise ProcScanFailed("scanning /proc failed") from batch.error
+        return batch.table
+
+    async def _run(self, batch: _Batch) -> None:
+        self._pending = None
+        self._running = batch
+        try:
+            # Shielded so that the batch others wait on always completes; bounded
+            # because the thread only reads /proc (milliseconds) and the private
+            # limiter never waits behind another thread.
+            with trio.CancelScope(shield=True):
+                batch.table = await trio.to_thread.run_sync(
+                    partial(self._scan, frozenset(batch.tokens)), limiter=self._limiter
+                )
+        except OSError as exc:
+            batch.error = exc
+        finally:
+            self._running = None
+            self.scans_completed += 1
+            batch.done.set()
+
+
+_DEFAULT_SCANNER: trio.lowlevel.RunVar[ProcScanner] = trio.lowlevel.RunVar("agentsd_proc_scanner")
+
+
+def current_scanner() -> ProcScanner:
+    """The scanner shared by everything in this trio run (created on first use)."""
+    try:
+        return _DEFAULT_SCANNER.get()
+    except LookupError:
+        scanner = ProcScanner()
+        _DEFAULT_SCANNER.set(scanner)
+        return scanner
