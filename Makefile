@@ -36,3 +36,60 @@ bench: $(VENV)/.installed-test
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis dist build
+
+# The user service. Debian 12's python3 refuses `pip install --user` (PEP 668), so
+# agentsd goes into a private virtualenv and its console scripts are linked into
+# ~/.local/bin, where agentsd.service's ExecStart=%h/.local/bin/agentsd looks (that
+# path is fixed by the unit; the virtualenv follows XDG_DATA_HOME). Recipe variables
+# are shell text, so they honour XDG_* as set when make runs. A virtualenv without a
+# working pip (python3-venv was missing on Debian, a removed interpreter) is rebuilt.
+USER_BIN       = $$HOME/.local/bin
+USER_VENV      = $${XDG_DATA_HOME:-$$HOME/.local/share}/agentsd/venv
+USER_UNIT_DIR  = $${XDG_CONFIG_HOME:-$$HOME/.config}/systemd/user
+USER_STATE_DIR = $${XDG_STATE_HOME:-$$HOME/.local/state}/agentsd
+USER_SCRIPTS   = agentsd agentsctl
+
+install-user-service:
+	@set -eu; : "$${HOME:?HOME is not set}"; \
+	venv="$(USER_VENV)"; bin="$(USER_BIN)"; units="$(USER_UNIT_DIR)"; \
+	for exe in $(USER_SCRIPTS); do \
+	  if [ -e "$$bin/$$exe" ] && [ ! -L "$$bin/$$exe" ]; then \
+	    echo "error: $$bin/$$exe exists and is not a symlink (an earlier pip --user install?); remove it first" >&2; \
+	    exit 1; \
+	  fi; \
+	done; \
+	echo "installing agentsd into $$venv"; \
+	"$$venv/bin/python" -m pip --version >/dev/null 2>&1 || $(PYTHON) -m venv --clear "$$venv"; \
+	"$$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade "$(CURDIR)"; \
+	mkdir -p "$$bin" "$$units"; \
+	for exe in $(USER_SCRIPTS); do ln -sfn "$$venv/bin/$$exe" "$$bin/$$exe"; done; \
+	install -m 0644 systemd/agentsd.socket systemd/agentsd.service "$$units/"; \
+	echo "installed agentsd.socket and agentsd.service in $$units"; \
+	systemctl --user daemon-reload; \
+	systemctl --user enable --now agentsd.socket; \
+	if systemctl --user --quiet is-active agentsd.service; then \
+	  echo "note: the running daemon keeps its old code until 'systemctl --user restart agentsd.service'"; \
+	  echo "      (a restart ends the running agents; their sessions resume on the next send)"; \
+	fi; \
+	user="$${USER:-$$(id -un)}"; \
+	if [ "$$(loginctl show-user "$$user" -p Linger 2>/dev/null)" = "Linger=no" ]; then \
+	  echo "warning: lingering is off for $$user: systemd stops agentsd, and every agent it runs, when you log out."; \
+	  echo "         to keep sessions running after logout: loginctl enable-linger $$user"; \
+	fi
+
+uninstall-user-service:
+	@set -eu; : "$${HOME:?HOME is not set}"; \
+	venv="$(USER_VENV)"; bin="$(USER_BIN)"; units="$(USER_UNIT_DIR)"; \
+	if [ -e "$$units/agentsd.socket" ] || [ -e "$$units/agentsd.service" ]; then \
+	  systemctl --user disable --now agentsd.socket agentsd.service; \
+	  rm -f "$$units/agentsd.socket" "$$units/agentsd.service"; \
+	  echo "removed agentsd.socket and agentsd.service from $$units"; \
+	fi; \
+	systemctl --user daemon-reload; \
+	systemctl --user reset-failed agentsd.socket agentsd.service 2>/dev/null || true; \
+	for exe in $(USER_SCRIPTS); do \
+	  if [ "$$(readlink "$$bin/$$exe" 2>/dev/null)" = "$$venv/bin/$$exe" ]; then rm -f "$$bin/$$exe"; fi; \
+	done; \
+	rm -rf "$$venv"; \
+	rmdir "$$(dirname "$$venv")" 2>/dev/null || true; \
+	echo "uninstalled agentsd; its state (sessions and journals) is kept in $(USER_STATE_DIR)"
