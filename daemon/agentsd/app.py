@@ -19,7 +19,10 @@ from agentsd import __version__
 from agentsd.config import Config
 from agentsd.connection import Call, Connection
 from agentsd.dispatch import dispatch
+from agentsd.operations import Ledger
+from agentsd.supervisor import Supervisor
 from agentsd_protocol.api.daemon import RecoveryReport, SessionCounts
+from agentsd_protocol.errors import ShuttingDown
 from agentsd_protocol.jsonrpc import RequestEnvelope
 from agentsd_protocol.openrpc import build_openrpc
 
@@ -34,6 +37,24 @@ class App:
         self.connections: set[Connection] = set()
         self.recovery = RecoveryReport()
         self.serving_scope = trio.CancelScope()
+        self._supervisor: Supervisor | None = None
+        self._ledger: Ledger | None = None
+
+    def attach(self, supervisor: Supervisor, ledger: Ledger) -> None:
+        self._supervisor = supervisor
+        self._ledger = ledger
+
+    @property
+    def supervisor(self) -> Supervisor:
+        if self._supervisor is None:
+            raise ShuttingDown("the daemon is not serving sessions")
+        return self._supervisor
+
+    @property
+    def ledger(self) -> Ledger:
+        if self._ledger is None:
+            raise ShuttingDown("the daemon is not serving sessions")
+        return self._ledger
 
     async def dispatch(self, call: Call, envelope: RequestEnvelope) -> Any:
         return await dispatch(call, envelope)
@@ -42,7 +63,7 @@ class App:
         self.serving_scope.cancel()
 
     def session_counts(self) -> SessionCounts:
-        return SessionCounts()
+        return SessionCounts() if self._supervisor is None else self._supervisor.counts()
 
     @cached_property
     def _openrpc(self) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -38,6 +38,7 @@ from agentsd_protocol.jsonrpc import (
 
 if TYPE_CHECKING:
     from agentsd.app import App
+    from agentsd.operations import Operation
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class Call:
         self.app = app
         self.connection = connection
         self.after_reply: list[Callable[[], None]] = []
+        self.operation: Operation | None = None  # set by dispatch for an idempotent mutation
 
 
 class Connection:
@@ -74,6 +76,8 @@ class Connection:
         self._queued_bytes = 0
         self._in_flight = trio.Semaphore(MAX_IN_FLIGHT)
         self._scope = trio.CancelScope()
+        self._progress = trio.lowlevel.ParkingLot()
+        self._nursery: trio.Nursery | None = None
         self.closed_reason: str | None = None
         self.on_close: list[Callable[[], None]] = []
 
@@ -97,11 +101,29 @@ class Connection:
         except trio.WouldBlock:
             self.close("client is not reading its replies (outbound queue full)")
             return False
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            return False
         self._queued_bytes += len(frame)
         return True
 
     def notify(self, method: str, params: object) -> bool:
         return self.send_message(encode_notification(method, params))
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._queued_bytes
+
+    async def wait_outbound_below(self, limit: int) -> None:
+        """Wait until less than ``limit`` bytes are queued for this client (how a
+        subscription pump yields to a slow reader instead of flooding it)."""
+        while self._queued_bytes >= limit:
+            await self._progress.park()
+
+    def spawn(self, fn: Callable[..., Awaitable[None]], *args: object) -> None:
+        """Run a task that lives as long as this connection (a subscription pump)."""
+        if self._nursery is None or self.closed_reason is not None:
+            return
+        self._nursery.start_soon(fn, *args)
 
     def close(self, reason: str) -> None:
         if self.closed_reason is None:
@@ -117,6 +139,7 @@ class Connection:
                 self.close("client accepted no bytes for too long")
                 return
             self._queued_bytes -= len(frame)
+            self._progress.unpark_all()
             if flushed is not None:
                 flushed.set()
 
@@ -132,11 +155,19 @@ class Connection:
             with self._scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._run_writer)
-                    async with trio.open_nursery() as handlers:
-                        await self._read_loop(handlers)
-                    # The client half-closed and every request was answered: flush, stop.
-                    await self._send.aclose()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    async with trio.open_nursery() as tasks:
+                        self._nursery = tasks
+                        async with trio.open_nursery() as handlers:
+                            await self._read_loop(handlers)
+                        # The client half-closed and every request was answered; what it
+                        # subscribed to ends with it.
+                        self._nursery = None
+                        tasks.cancel_scope.cancel()
+                    await self._send.aclose()  # the writer flushes what is queued, then stops
+        except* (trio.BrokenResourceError, trio.ClosedResourceError):
+            # The client went away (EPIPE, ECONNRESET). Nurseries wrap this in an
+            # ExceptionGroup, hence except*: a plain except would let it escape and
+            # take the whole daemon down.
             pass
         finally:
             for callback in self.on_close:

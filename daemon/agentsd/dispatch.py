@@ -10,8 +10,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agentsd.connection import Call
+from agentsd.handlers import conversation as conversation_handlers
 from agentsd.handlers import daemon as daemon_handlers
-from agentsd_protocol.errors import MethodNotFound
+from agentsd.handlers import session as session_handlers
+from agentsd.handlers import stream as stream_handlers
+from agentsd.operations import MAX_OPERATION_ID_CHARS, Operation, fingerprint
+from agentsd_protocol.errors import InvalidParams, MethodNotFound
 from agentsd_protocol.jsonrpc import RequestEnvelope, decode_params
 from agentsd_protocol.methods import METHODS
 
@@ -19,6 +23,9 @@ Handler = Callable[[Call, Any], Awaitable[Any]]
 
 HANDLERS: dict[str, Handler] = {
     **daemon_handlers.HANDLERS,
+    **session_handlers.HANDLERS,
+    **conversation_handlers.HANDLERS,
+    **stream_handlers.HANDLERS,
 }
 
 
@@ -33,4 +40,15 @@ async def dispatch(call: Call, envelope: RequestEnvelope) -> Any:
     if method is None or handler is None:
         raise MethodNotFound(f"Method not found: {envelope.method}")
     params = decode_params(envelope, method.params)
-    return await handler(call, params)
+    op_id = getattr(params, "client_operation_id", None)
+    if not method.mutation or op_id is None:
+        return await handler(call, params)
+    if not op_id or len(op_id) > MAX_OPERATION_ID_CHARS:
+        raise InvalidParams(
+            f"Invalid params: clientOperationId must have 1 to {MAX_OPERATION_ID_CHARS} characters"
+        )
+    call.operation = Operation(
+        op_id=op_id, method=method.name, fingerprint=fingerprint(method.name, params)
+    )
+    replay = not getattr(params, "retry_unknown", False)
+    return await call.app.ledger.run(call.operation, lambda: handler(call, params), replay=replay)

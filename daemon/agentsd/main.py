@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import resource
 import sys
@@ -13,8 +14,11 @@ import trio
 from agentsd import __version__
 from agentsd.config import Config, ConfigError, load_config
 from agentsd.listener import SocketInUse
+from agentsd.logging_setup import configure_logging
 from agentsd.paths import AlreadyRunning, UnsafeDirectory
-from agentsd.server import serve_daemon
+from agentsd.server import ServiceManager, serve_daemon
+from agentsd.store.database import SchemaTooNew
+from agentsd.systemd import SystemdEnvError
 from agentsd_protocol.paths import default_config_path, default_socket_path, default_state_dir
 
 log = logging.getLogger("agentsd")
@@ -64,15 +68,33 @@ def main(argv: list[str] | None = None) -> None:
     if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
         print(f"agentsd: unknown log level {args.log_level!r}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    raise_nofile_limit()
+    configure_logging(level)
+    faulthandler.enable()  # a watchdog kill (SIGABRT) leaves every thread's traceback
     try:
-        trio.run(_run, config, socket_path, state_dir)
-    except (AlreadyRunning, UnsafeDirectory, SocketInUse) as exc:
+        service = ServiceManager.from_env()
+    except SystemdEnvError as exc:
         print(f"agentsd: {exc}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    raise_nofile_limit()
+    refusals: list[BaseException] = []
+    try:
+        trio.run(_run, config, socket_path, state_dir, service)
+    except* (AlreadyRunning, UnsafeDirectory, SocketInUse, SchemaTooNew) as group:
+        # Raised inside the daemon's nurseries, these arrive wrapped in (nested)
+        # exception groups; a plain except would let a traceback through.
+        refusals.extend(_leaves(group))
+    if refusals:
+        for refusal in refusals:
+            print(f"agentsd: {refusal}", file=sys.stderr)
         sys.exit(EXIT_FAILURE)
     sys.exit(EXIT_OK)
 
 
-async def _run(config: Config, socket_path: Path, state_dir: Path) -> None:
-    await serve_daemon(config, socket_path=socket_path, state_dir=state_dir)
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+async def _run(config: Config, socket_path: Path, state_dir: Path, service: ServiceManager) -> None:
+    await serve_daemon(config, socket_path=socket_path, state_dir=state_dir, service=service)

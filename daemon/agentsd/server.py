@@ -14,21 +14,60 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import attrs
 import trio
 
 from agentsd.app import App
 from agentsd.config import Config
 from agentsd.connection import Connection
 from agentsd.listener import TRANSIENT_ACCEPT_ERRNOS, bind_socket, peer_uid
+from agentsd.operations import Ledger
 from agentsd.paths import StateLock, ensure_private_dir
+from agentsd.providers import provider_registry
+from agentsd.recovery import recover
+from agentsd.store.writer import open_store
+from agentsd.supervisor import ladder_from, open_supervisor
+from agentsd.systemd import (
+    InheritedSocket,
+    Notifier,
+    listen_fds,
+    run_watchdog,
+    watchdog_interval_s,
+)
 
 log = logging.getLogger(__name__)
 
+DATABASE_NAME = "agentsd.db"
+SOCKET_UNIT_NAME = "agentsd.socket"  # LISTEN_FDNAMES entry of systemd/agentsd.socket
+STATUS_INTERVAL_S = 5.0  # how stale `systemctl status` may be
 MAX_CONNECTIONS = 4096  # each costs a few KiB; far beyond any real set of clients
 ACCEPT_RETRY_S = 0.1  # back off when out of file descriptors, as trio's serve_listeners does
+
+
+@attrs.frozen
+class ServiceManager:
+    """What systemd handed us (all empty when not run by systemd)."""
+
+    notifier: Notifier = attrs.field(factory=lambda: Notifier.from_env({}))
+    inherited: list[InheritedSocket] = attrs.field(factory=list)
+    watchdog_s: float | None = None
+
+    @classmethod
+    def from_env(cls) -> ServiceManager:
+        """Read and consume the systemd environment; ``SystemdEnvError`` if malformed."""
+        return cls(
+            notifier=Notifier.from_env(), inherited=listen_fds(), watchdog_s=watchdog_interval_s()
+        )
+
+    def listener(self) -> socket.socket | None:
+        for inherited in self.inherited:
+            if inherited.name in (SOCKET_UNIT_NAME, "unknown"):
+                return inherited.sock
+        return None
 
 
 async def serve_daemon(
@@ -36,31 +75,65 @@ async def serve_daemon(
     *,
     socket_path: Path,
     state_dir: Path,
+    service: ServiceManager | None = None,
     task_status: trio.TaskStatus[App] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the daemon until shutdown is requested. ``task_status.started(app)`` is
-    called once the socket accepts connections."""
+    called once the socket accepts connections (and systemd is told READY=1)."""
+    service = service or ServiceManager()
     ensure_private_dir(state_dir)
     lock = StateLock(state_dir, socket_path)
     lock.acquire()
     try:
         app = App(config, socket_path=socket_path, state_dir=state_dir)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            listen_sock = bind_socket(socket_path)
+            async with trio.open_nursery() as root:
+                root.start_soon(_watch_signals, signals, app, service.notifier)
+                await _serve_sessions(app, service, task_status)
+                root.cancel_scope.cancel()
+        log.info("agentsd stopped")
+    finally:
+        lock.release()
+
+
+async def _serve_sessions(
+    app: App, service: ServiceManager, task_status: trio.TaskStatus[App]
+) -> None:
+    config = app.config
+    async with open_store(app.state_dir / DATABASE_NAME) as store:
+        # Rule 1: the previous daemon's children are dealt with before anything is served.
+        app.recovery = await recover(store, ladder_from(config))
+        providers = provider_registry()
+        async with open_supervisor(store, config, app.state_dir, providers) as supervisor:
+            app.attach(supervisor, Ledger(store))
+            inherited = service.listener()
+            # A socket-activated listener belongs to the socket unit: used as is,
+            # never bound, chmod-ed or unlinked by us.
+            listen_sock = inherited if inherited is not None else bind_socket(app.socket_path)
+            notifier = service.notifier
             try:
                 listener = trio.socket.from_stdlib_socket(listen_sock)
                 with app.serving_scope:
                     async with trio.open_nursery() as nursery:
-                        nursery.start_soon(_watch_signals, signals, app)
                         nursery.start_soon(_serve_connections, listener, app, nursery)
-                        log.info("agentsd %s serving on %s", app.version, socket_path)
+                        if service.watchdog_s is not None:
+                            await nursery.start(
+                                run_watchdog, notifier, service.watchdog_s, store.writer_healthy
+                            )
+                        log.info("agentsd %s serving on %s", app.version, app.socket_path)
+                        if app.recovery.summary:
+                            log.info("recovery: %s", app.recovery.summary)
+                        notifier.ready()
+                        nursery.start_soon(_report_status, app, notifier)
                         task_status.started(app)
             finally:
-                listen_sock.close()
-                _unlink_socket(socket_path)
-        log.info("agentsd stopped")
-    finally:
-        lock.release()
+                if inherited is None:
+                    listen_sock.close()
+                    _unlink_socket(app.socket_path)
+            running = supervisor.counts().running
+            notifier.stopping()
+            notifier.status(f"closing {running} running sessions")
+            log.info("closing %d running sessions", running)
 
 
 def _unlink_socket(path: Path) -> None:
@@ -68,11 +141,29 @@ def _unlink_socket(path: Path) -> None:
         path.unlink()
 
 
-async def _watch_signals(signals: AsyncIterator[int], app: App) -> None:
+async def _watch_signals(signals: AsyncIterator[int], app: App, notifier: Notifier) -> None:
     async for signum in signals:
         log.info("received %s; shutting down", signal.Signals(signum).name)
+        notifier.stopping()
         app.request_shutdown()
         return
+
+
+async def _report_status(app: App, notifier: Notifier) -> None:
+    """Keep systemd's STATUS= line current (``systemctl --user status agentsd``)."""
+    if not notifier.active:
+        return
+    last = ""
+    while True:
+        counts = app.session_counts()
+        text = (
+            f"{counts.total} sessions, {counts.running} running, {counts.working} working, "
+            f"{counts.attention} need attention; {len(app.connections)} clients"
+        )
+        if text != last:
+            notifier.status(text)
+            last = text
+        await trio.sleep(STATUS_INTERVAL_S)
 
 
 async def _serve_connections(
@@ -105,5 +196,9 @@ async def _run_connection(app: App, stream: trio.SocketStream) -> None:
     app.connections.add(connection)
     try:
         await connection.serve()
+    except Exception:
+        # The connection boundary: a bug met by one client ends that connection only;
+        # it must never cancel the serving nursery and with it the daemon.
+        log.exception("connection %d failed", connection.id)
     finally:
         app.connections.discard(connection)

@@ -193,6 +193,34 @@ class UnsupportedSchema(RpcError):
     kind = "unsupported_schema"
 
 
+class AgentNotFound(RpcError):
+    """The agent's program is not installed (the message says how to install it)."""
+
+    code = -32019
+    kind = "agent_not_found"
+
+
+class HandshakeTimeout(RpcError):
+    code = -32020
+    kind = "handshake_timeout"
+    retryable = True
+
+
+class AgentProtocolError(RpcError):
+    """The agent wrote something its protocol does not allow."""
+
+    code = -32021
+    kind = "agent_protocol_error"
+
+
+class AgentExited(RpcError):
+    """The agent exited before it was ready."""
+
+    code = -32022
+    kind = "agent_exited"
+    retryable = True
+
+
 def _all_subclasses(cls: type[RpcError]) -> list[type[RpcError]]:
     out: list[type[RpcError]] = []
     for sub in cls.__subclasses__():

@@ -110,13 +110,17 @@ class DecodedFrame(msgspec.Struct, frozen=True):
 _envelope_decoder = msgspec.json.Decoder(RequestEnvelope)
 _batch_decoder = msgspec.json.Decoder(list[Raw])
 _probe_decoder = msgspec.json.Decoder(_IdProbe)
+_json_checker = msgspec.json.Decoder()  # any well-formed JSON text
 _encoder = msgspec.json.Encoder()
+# msgspec raises RecursionError (not DecodeError) past the interpreter's recursion
+# limit, e.g. for "[[[[..." from a hostile client; it is still a parse error.
+_TOO_DEEP = "Parse error: JSON nested too deeply"
 
 
 def _salvage_id(raw: bytes | Raw) -> RequestId | None:
     try:
         probe = _probe_decoder.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     if isinstance(probe.id, int | str) and not isinstance(probe.id, bool):
         return probe.id
@@ -127,9 +131,19 @@ def _decode_one(raw: bytes | Raw) -> Incoming:
     try:
         envelope = _envelope_decoder.decode(raw)
     except msgspec.ValidationError as exc:
+        # msgspec validates before it reaches a syntax error later in the text (e.g.
+        # trailing garbage); the spec wants malformed JSON to be a parse error.
+        try:
+            _json_checker.decode(raw)
+        except msgspec.DecodeError as syntax:
+            return InvalidEntry(id=None, error=ParseError(f"Parse error: {syntax}"))
+        except RecursionError:
+            return InvalidEntry(id=None, error=ParseError(_TOO_DEEP))
         return InvalidEntry(id=_salvage_id(raw), error=InvalidRequest(f"Invalid request: {exc}"))
     except msgspec.DecodeError as exc:
         return InvalidEntry(id=None, error=ParseError(f"Parse error: {exc}"))
+    except RecursionError:
+        return InvalidEntry(id=None, error=ParseError(_TOO_DEEP))
     first = bytes(envelope.params)[:1]
     if first not in (b"{", b"["):
         return InvalidEntry(
@@ -157,6 +171,10 @@ def decode_frame(frame: bytes) -> DecodedFrame:
                 entries=[InvalidEntry(id=None, error=ParseError(f"Parse error: {exc}"))],
                 is_batch=False,
             )
+        except RecursionError:
+            return DecodedFrame(
+                entries=[InvalidEntry(id=None, error=ParseError(_TOO_DEEP))], is_batch=False
+            )
         if not members:
             return DecodedFrame(
                 entries=[
@@ -179,6 +197,8 @@ def decode_params(envelope: RequestEnvelope, params_type: type[T]) -> T:
         raise InvalidParams(f"Invalid params: {exc}") from None
     except msgspec.DecodeError as exc:
         raise InvalidParams(f"Invalid params: {exc}") from None
+    except RecursionError:
+        raise InvalidParams("Invalid params: JSON nested too deeply") from None
 
 
 def encode_success(request_id: RequestId | None, result: Any) -> bytes:
@@ -214,4 +234,6 @@ def decode_client_frame(frame: bytes) -> list[ClientIncoming]:
         decoded = _client_decoder.decode(frame)
     except msgspec.DecodeError as exc:
         raise ParseError(f"Parse error in a message from the daemon: {exc}") from None
+    except RecursionError:
+        raise ParseError(_TOO_DEEP) from None
     return decoded if isinstance(decoded, list) else [decoded]

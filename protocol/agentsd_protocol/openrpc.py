@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from agentsd_protocol.methods import METHODS
+from agentsd_protocol.methods import METHODS, NOTIFICATIONS
 
 OPENRPC_VERSION = "1.3.2"
 _REF_TEMPLATE = "#/components/schemas/{name}"
@@ -19,9 +19,16 @@ def build_openrpc(version: str) -> dict[str, Any]:
     types: list[Any] = []
     for m in methods:
         types.extend([m.params, m.result])
+    notifications = list(NOTIFICATIONS.values())
+    types.extend(n.params for n in notifications)
     schemas, components = msgspec.json.schema_components(types, ref_template=_REF_TEMPLATE)
     out_methods = []
-    for m, params_schema, result_schema in zip(methods, schemas[0::2], schemas[1::2], strict=True):
+    for m, params_schema, result_schema in zip(
+        methods,
+        schemas[0 : 2 * len(methods) : 2],
+        schemas[1 : 2 * len(methods) : 2],
+        strict=True,
+    ):
         params_def = _resolve(params_schema, components)
         required = set(params_def.get("required", []))
         params = [
@@ -42,6 +49,11 @@ def build_openrpc(version: str) -> dict[str, Any]:
         "info": {"title": "agentsd", "version": version},
         "methods": out_methods,
         "components": {"schemas": components},
+        # OpenRPC has no notion of server-to-client notifications; list them here.
+        "x-notifications": [
+            {"name": n.name, "summary": n.summary, "params": schema}
+            for n, schema in zip(notifications, schemas[2 * len(methods) :], strict=True)
+        ],
     }
 
 

@@ -1,0 +1,237 @@
+"""Live fan-out of journal events and streaming deltas to subscribers.
+
+Rule 1 (exactly once, in order): each subscription keeps a cursor, the last seq it
+delivered. A live event at or below the cursor is a duplicate and is skipped; one
+beyond ``cursor + 1`` means something is missing (catch-up not finished, or a
+publisher that committed but was cancelled before publishing), and the gap is read
+from the store before the event is delivered. So catch-up and live switch over with
+no gap and no duplicate, whatever order publishers run in.
+
+Rule 2 (bounded): each subscription's live queue holds at most ``MAX_QUEUED`` items.
+When a subscriber falls behind, it is sent ``agentSession.lagged`` with the seq to
+resume after, and dropped; the session and other subscribers never wait for it. The
+pump also stops feeding a connection whose outbound buffer is above
+``CONNECTION_HIGH_WATER_BYTES``, so a slow reader lags instead of being cut off.
+
+Rule 3: a subscription ends with its connection.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+import msgspec
+import trio
+
+from agentsd.store.journal import StoredEvent, read_events
+from agentsd_protocol.api.stream import (
+    DeltaNotification,
+    EventNotification,
+    JournalEvent,
+    LaggedNotification,
+)
+
+if TYPE_CHECKING:
+    from agentsd.connection import Connection
+    from agentsd.store.writer import Store
+
+log = logging.getLogger(__name__)
+
+MAX_QUEUED = 2048  # live items per subscriber before it counts as lagging
+CATCH_UP_PAGE_EVENTS = 500  # events per catch-up read
+CATCH_UP_PAGE_BYTES = 1024 * 1024  # bytes per catch-up read
+CONNECTION_HIGH_WATER_BYTES = 1024 * 1024  # stop feeding a connection this far behind
+
+_sub_ids = itertools.count(1)
+
+
+@attrs.frozen
+class Delta:
+    item_id: str
+    offset: int
+    text: str
+    after_seq: int
+
+
+Item = StoredEvent | Delta
+
+
+def journal_event(event: StoredEvent) -> JournalEvent:
+    return JournalEvent(
+        seq=event.seq,
+        ts=event.ts,
+        fence=event.fence,
+        kind=event.kind,
+        body=msgspec.Raw(event.body),
+    )
+
+
+class Subscription:
+    """One subscriber of one session; its pump task is owned by the connection."""
+
+    def __init__(self, feed: Feed, session_id: str, connection: Connection, after_seq: int) -> None:
+        self.id = f"sub-{next(_sub_ids)}"
+        self.session_id = session_id
+        self.connection = connection
+        self.cursor = after_seq
+        self._feed = feed
+        self._queue: deque[Item] = deque()
+        self._wakeup = trio.Event()
+        self._lagged = False
+        self._catching_up = True
+        self._refill = False
+        self.ended = False
+        self.scope = trio.CancelScope()
+
+    def offer(self, item: Item) -> None:
+        if self.ended or self._lagged:
+            return
+        if len(self._queue) >= MAX_QUEUED:
+            self._queue.clear()
+            if self._catching_up:
+                # Everything dropped here is in the store; read it from there.
+                self._refill = True
+            else:
+                self._lagged = True
+        else:
+            self._queue.append(item)
+        self._wakeup.set()
+
+    def end(self) -> None:
+        self.ended = True
+        self.scope.cancel()
+        self._feed.remove(self)
+
+    async def run(self, store: Store, head_seq: Callable[[], int]) -> None:
+        """Catch up from the store, then deliver live items until ended or lagged."""
+        with self.scope:
+            try:
+                await self._fill_to(store, head_seq())
+                while self._refill:
+                    self._refill = False
+                    await self._fill_to(store, head_seq())
+                self._catching_up = False
+                while True:
+                    while self._queue:
+                        await self._below_high_water()
+                        item = self._queue.popleft()
+                        if isinstance(item, Delta):
+                            self._send_delta(item)
+                            continue
+                        if item.seq <= self.cursor:
+                            continue
+                        if item.seq > self.cursor + 1:
+                            await self._fill_to(store, item.seq - 1)
+                        self._send_event(item)
+                    if self._lagged:
+                        self._send_lagged()
+                        return
+                    self._wakeup = trio.Event()
+                    if self._queue or self._lagged:
+                        continue
+                    await self._wakeup.wait()
+            finally:
+                self.ended = True
+                self._feed.remove(self)
+
+    async def _below_high_water(self) -> None:
+        await self.connection.wait_outbound_below(CONNECTION_HIGH_WATER_BYTES)
+        if self._lagged:
+            # Lagged while waiting: what is queued is gone; resume from the cursor.
+            self._queue.clear()
+
+    async def _fill_to(self, store: Store, last_seq: int) -> None:
+        while self.cursor < last_seq:
+            page, _more = await store.read(
+                functools.partial(
+                    read_events,
+                    session_id=self.session_id,
+                    after_seq=self.cursor,
+                    limit=CATCH_UP_PAGE_EVENTS,
+                    max_bytes=CATCH_UP_PAGE_BYTES,
+                )
+            )
+            if not page:
+                return  # deleted meanwhile
+            for event in page:
+                if event.seq > last_seq:
+                    return  # the rest arrives live (or by the next fill)
+                if event.seq > self.cursor:
+                    await self.connection.wait_outbound_below(CONNECTION_HIGH_WATER_BYTES)
+                    self._send_event(event)
+
+    def _send_event(self, event: StoredEvent) -> None:
+        self.cursor = event.seq
+        self.connection.notify(
+            "agentSession.event",
+            EventNotification(
+                subscription_id=self.id,
+                session_id=self.session_id,
+                seq=event.seq,
+                event=journal_event(event),
+            ),
+        )
+
+    def _send_delta(self, delta: Delta) -> None:
+        self.connection.notify(
+            "agentSession.delta",
+            DeltaNotification(
+                subscription_id=self.id,
+                session_id=self.session_id,
+                item_id=delta.item_id,
+                offset=delta.offset,
+                text=delta.text,
+                after_seq=delta.after_seq,
+            ),
+        )
+
+    def _send_lagged(self) -> None:
+        log.info("subscription %s on %s lagged at seq %d", self.id, self.session_id, self.cursor)
+        self.connection.notify(
+            "agentSession.lagged",
+            LaggedNotification(
+                subscription_id=self.id, session_id=self.session_id, resume_after_seq=self.cursor
+            ),
+        )
+
+
+class Feed:
+    """Every live subscription, by session."""
+
+    def __init__(self) -> None:
+        self._by_session: dict[str, set[Subscription]] = {}
+        self.by_id: dict[str, Subscription] = {}
+
+    def add(self, subscription: Subscription) -> None:
+        self._by_session.setdefault(subscription.session_id, set()).add(subscription)
+        self.by_id[subscription.id] = subscription
+
+    def remove(self, subscription: Subscription) -> None:
+        subs = self._by_session.get(subscription.session_id)
+        if subs is not None:
+            subs.discard(subscription)
+            if not subs:
+                del self._by_session[subscription.session_id]
+        self.by_id.pop(subscription.id, None)
+
+    def publish(self, session_id: str, events: Sequence[StoredEvent]) -> None:
+        for sub in tuple(self._by_session.get(session_id, ())):
+            for event in events:
+                sub.offer(event)
+
+    def publish_delta(self, session_id: str, delta: Delta) -> None:
+        for sub in tuple(self._by_session.get(session_id, ())):
+            sub.offer(delta)
+
+    def end_session(self, session_id: str) -> None:
+        for sub in tuple(self._by_session.get(session_id, ())):
+            sub.end()
+
+    def subscriber_count(self, session_id: str) -> int:
+        return len(self._by_session.get(session_id, ()))

@@ -1,0 +1,174 @@
+"""The provider interface: one agent protocol translated to journal events and back.
+
+A ``Provider`` is a stateless description of one kind of agent (how to launch it);
+an ``Adapter`` speaks to one running child. The session task owns both:
+
+    spec = provider.launch(session)                # what to spawn
+    adapter = provider.adapter(link, sink, session)
+    handle = await adapter.handshake(resume)       # under the handshake deadline
+    await adapter.run()                            # translate frames until EOF
+    # meanwhile, from RPC handlers: send / interrupt / answer_approval
+
+Rule 1: adapters never touch the store; they report through ``SessionSink``, which
+journals (with the fence check) and fans out.
+
+Rule 2: an agent request the adapter cannot record or does not understand gets a
+safe refusal, never silence.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from typing import Any, ClassVar, Protocol
+
+import attrs
+import msgspec
+import trio
+
+from agentsd.records import SessionRow
+from agentsd_protocol.errors import AgentProtocolError
+
+MAX_LINE_BYTES = 16 * 1024 * 1024  # a tool result can be big; a line past this is broken
+READ_BYTES = 64 * 1024
+
+
+@attrs.frozen
+class LaunchSpec:
+    argv: list[str]
+    env: Mapping[str, str] = attrs.field(factory=dict)  # merged over the daemon's env
+
+
+@attrs.frozen
+class Submission:
+    """A prompt the daemon journaled (write-ahead) and now hands to the agent."""
+
+    client_message_id: str
+    text: str
+
+
+@attrs.frozen
+class Dispatch:
+    """What became of a submission: ``accepted`` (the agent confirmed it), ``rejected``
+    (the agent refused it, with a reason) or ``unknown`` (no confirmation)."""
+
+    outcome: str
+    reason: str | None = None
+    turn_id: str | None = None
+
+
+class SessionSink(Protocol):
+    """How an adapter reports what its agent does."""
+
+    async def emit(self, kind: str, body: Mapping[str, Any]) -> int:
+        """Journal one event (durable when this returns) and return its seq."""
+        ...
+
+    def delta(self, item_id: str, text: str) -> None:
+        """Ephemeral streaming text of an item; coalesced into the journal."""
+        ...
+
+    async def approval_requested(
+        self, native_id: str, kind: str, title: str, detail: str, options: list[str]
+    ) -> str:
+        """Record an approval durably and return its stable approval id."""
+        ...
+
+    async def approval_cancelled(self, native_id: str) -> None: ...
+
+
+class LineLink:
+    """Newline-delimited JSON over the child's pipes, with a bound on line length.
+
+    ``receive`` returns None at end of output. Sending after the child died raises
+    ``trio.BrokenResourceError``.
+    """
+
+    def __init__(self, send: trio.abc.SendStream, receive: trio.abc.ReceiveStream) -> None:
+        self._send_stream = send
+        self._receive_stream = receive
+        self._buf = bytearray()
+        self._scan_from = 0
+        self._send_lock = trio.Lock()
+        self._encoder = msgspec.json.Encoder()
+
+    async def send(self, message: Any) -> None:
+        data = self._encoder.encode(message) + b"\n"
+        async with self._send_lock:
+            await self._send_stream.send_all(data)
+
+    async def receive_line(self) -> bytes | None:
+        while True:
+            newline = self._buf.find(b"\n", self._scan_from)
+            if newline >= 0:
+                line = bytes(self._buf[:newline])
+                del self._buf[: newline + 1]
+                self._scan_from = 0
+                if line.strip():
+                    return line
+                continue
+            self._scan_from = len(self._buf)
+            if len(self._buf) > MAX_LINE_BYTES:
+                raise AgentProtocolError(
+                    f"the agent wrote a line longer than {MAX_LINE_BYTES} bytes"
+                )
+            data = await self._receive_stream.receive_some(READ_BYTES)
+            if not data:
+                if self._buf.strip():
+                    line = bytes(self._buf)
+                    self._buf.clear()
+                    return line
+                return None
+            self._buf += data
+
+    async def receive(self) -> dict[str, Any] | None:
+        """The next JSON object, or None at end of output; a line that is not a JSON
+        object raises ``AgentProtocolError``."""
+        line = await self.receive_line()
+        if line is None:
+            return None
+        try:
+            message = msgspec.json.decode(line)
+        except msgspec.DecodeError:
+            raise AgentProtocolError(
+                f"the agent wrote a line that is not JSON: {line[:200]!r}"
+            ) from None
+        if not isinstance(message, dict):
+            raise AgentProtocolError(f"the agent wrote JSON that is not an object: {line[:200]!r}")
+        return message
+
+
+class Adapter(abc.ABC):
+    """Speaks to one running agent child."""
+
+    @abc.abstractmethod
+    async def handshake(self, resume_handle: str | None) -> str:
+        """Initialize the agent (resuming natively when ``resume_handle`` is given) and
+        return the provider handle to store. Raise an ``RpcError`` on failure."""
+
+    @abc.abstractmethod
+    async def run(self) -> None:
+        """Read and translate frames until the agent's output ends."""
+
+    @abc.abstractmethod
+    async def send(self, submission: Submission) -> Dispatch:
+        """Start a turn, or steer the running one."""
+
+    @abc.abstractmethod
+    async def interrupt(self, turn_id: str | None) -> bool:
+        """Interrupt the running turn; False when none runs."""
+
+    @abc.abstractmethod
+    async def answer_approval(self, native_id: str, decision: str) -> None:
+        """Deliver a committed approval decision to the agent."""
+
+
+class Provider(abc.ABC):
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def launch(self, session: SessionRow, state_dir: Any) -> LaunchSpec:
+        """What to spawn for ``session`` (``session.command`` overrides the program)."""
+
+    @abc.abstractmethod
+    def adapter(self, link: LineLink, sink: SessionSink, session: SessionRow) -> Adapter: ...

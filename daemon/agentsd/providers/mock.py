@@ -1,0 +1,179 @@
+"""The mock provider: the agent program in ``mock_agent.py`` behind the same adapter
+path as the real providers. Tests and demos use it; its create-time options make it
+misbehave on purpose (see ``mock_agent``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+
+from agentsd.providers.base import (
+    Adapter,
+    Dispatch,
+    LaunchSpec,
+    LineLink,
+    Provider,
+    SessionSink,
+    Submission,
+)
+from agentsd.records import SessionRow
+from agentsd_protocol.errors import AgentExited, AgentProtocolError
+
+ACK_TIMEOUT_S = 10.0  # the mock acks at once; past this the dispatch is unknown
+
+
+class MockProvider(Provider):
+    name = "mock"
+
+    def launch(self, session: SessionRow, state_dir: Any) -> LaunchSpec:
+        argv = list(session.command or [sys.executable, "-m", "agentsd.providers.mock_agent"])
+        options = dict(session.options)
+        options.setdefault("stateDir", str(Path(state_dir) / "mock"))
+        return LaunchSpec(
+            argv=argv, env={"AGENTSD_MOCK_OPTIONS": msgspec.json.encode(options).decode()}
+        )
+
+    def adapter(self, link: LineLink, sink: SessionSink, session: SessionRow) -> Adapter:
+        return MockAdapter(link, sink)
+
+
+class MockAdapter(Adapter):
+    def __init__(self, link: LineLink, sink: SessionSink) -> None:
+        self._link = link
+        self._sink = sink
+        self._acks: dict[str, trio.Event] = {}
+        self._interrupt_replies: list[trio.Event] = []
+        self._interrupt_running = False
+        self._turn_id: str | None = None
+        self._open_items: set[str] = set()
+
+    async def handshake(self, resume_handle: str | None) -> str:
+        await self._link.send({"type": "initialize", "handle": resume_handle})
+        reply = await self._link.receive()
+        if reply is None:
+            raise AgentExited("the mock agent exited during its handshake")
+        if reply.get("type") != "initialized" or not isinstance(reply.get("handle"), str):
+            raise AgentProtocolError(f"unexpected handshake reply from the mock agent: {reply!r}")
+        handle: str = reply["handle"]
+        if resume_handle is not None and handle != resume_handle:
+            raise AgentProtocolError(
+                f"the mock agent resumed {handle!r} instead of {resume_handle!r}"
+            )
+        return handle
+
+    async def run(self) -> None:
+        while True:
+            try:
+                frame = await self._link.receive()
+            except AgentProtocolError as exc:
+                # One bad line is reported and skipped; the agent may still be healthy.
+                await self._sink.emit("agent.error", {"message": exc.message})
+                continue
+            if frame is None:
+                return
+            await self._translate(frame)
+
+    async def _translate(self, frame: dict[str, Any]) -> None:
+        sink = self._sink
+        match frame.get("type"):
+            case "ack":
+                event = self._acks.pop(str(frame.get("id")), None)
+                if event is not None:
+                    event.set()
+            case "turn_started":
+                self._turn_id = str(frame.get("turnId"))
+                await sink.emit("turn.started", {"turnId": self._turn_id})
+            case "delta":
+                item_id = str(frame.get("itemId"))
+                if item_id not in self._open_items:
+                    self._open_items.add(item_id)
+                    await sink.emit(
+                        "item.started",
+                        {"itemId": item_id, "turnId": frame.get("turnId"), "type": "agentMessage"},
+                    )
+                sink.delta(item_id, str(frame.get("text", "")))
+            case "message":
+                item_id = str(frame.get("itemId"))
+                self._open_items.discard(item_id)
+                await sink.emit(
+                    "item.completed",
+                    {
+                        "itemId": item_id,
+                        "turnId": frame.get("turnId"),
+                        "type": "agentMessage",
+                        "text": str(frame.get("text", "")),
+                    },
+                )
+            case "tool_call":
+                await sink.emit(
+                    "item.completed",
+                    {
+                        "itemId": str(frame.get("itemId")),
+                        "turnId": frame.get("turnId"),
+                        "type": "toolCall",
+                        "name": frame.get("name"),
+                        "input": frame.get("input"),
+                        "status": frame.get("status"),
+                    },
+                )
+            case "turn_completed":
+                outcome = frame.get("outcome")
+                if outcome not in ("completed", "interrupted", "failed"):
+                    outcome = "unknown"
+                await sink.emit(
+                    "turn.completed", {"turnId": frame.get("turnId"), "outcome": outcome}
+                )
+                self._turn_id = None
+            case "approval_request":
+                options = frame.get("options")
+                await sink.approval_requested(
+                    native_id=str(frame.get("requestId")),
+                    kind=str(frame.get("kind", "command")),
+                    title=str(frame.get("title", "")),
+                    detail=str(frame.get("detail", "")),
+                    options=[str(o) for o in options]
+                    if isinstance(options, list)
+                    else ["accept", "decline"],
+                )
+            case "interrupt_result":
+                self._interrupt_running = bool(frame.get("running"))
+                for waiter in self._interrupt_replies:
+                    waiter.set()
+                self._interrupt_replies.clear()
+            case "error":
+                await sink.emit("agent.error", {"message": str(frame.get("message", ""))})
+            case other:
+                await sink.emit(
+                    "agent.error", {"message": f"unknown frame type {other!r} from the mock agent"}
+                )
+
+    async def send(self, submission: Submission) -> Dispatch:
+        acked = trio.Event()
+        self._acks[submission.client_message_id] = acked
+        try:
+            await self._link.send(
+                {"type": "prompt", "id": submission.client_message_id, "text": submission.text}
+            )
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._acks.pop(submission.client_message_id, None)
+            return Dispatch(outcome="rejected", reason="the agent is not running")
+        with trio.move_on_after(ACK_TIMEOUT_S):
+            await acked.wait()
+            return Dispatch(outcome="accepted", turn_id=self._turn_id)
+        self._acks.pop(submission.client_message_id, None)
+        return Dispatch(outcome="unknown", reason="the agent did not confirm delivery")
+
+    async def interrupt(self, turn_id: str | None) -> bool:
+        if self._turn_id is None:
+            return False
+        await self._link.send({"type": "interrupt", "turnId": turn_id or self._turn_id})
+        return True
+
+    async def answer_approval(self, native_id: str, decision: str) -> None:
+        await self._link.send(
+            {"type": "approval_response", "requestId": native_id, "decision": decision}
+        )

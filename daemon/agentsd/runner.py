@@ -1,0 +1,456 @@
+"""The session task: one trio task per live agent child (DESIGN.md section 2).
+
+    run_session:
+        lease = acquire (fence + 1, durable)          # before any spawn
+        async with open_child(spec, on_spawned=...)   # identity durable before handshake
+            adapter.handshake, then serve until stopped, idle, or the child exits
+        # open_child's exit: the shielded, bounded close ladder; the child is reaped
+        settle: release the lease with the exit proof (or keep it held: exit-unproven)
+
+Rule 1 (reap before release): the lease is released only in ``_settle``, which runs
+after ``open_child`` returned, and only with an ``ExitProof``.
+
+Rule 2 (bounded cleanup): ``_settle`` runs under a shield with a time bound; a store
+that cannot take the release leaves the lease held in the database (the next start
+retries the release, and recovery at the next daemon start re-proves the exit).
+
+Rule 3: a session task never raises into the supervisor's nursery. Failures are
+journaled, recorded on the session and reported to whoever waits for the start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import msgspec
+import trio
+
+from agentsd import records
+from agentsd.child import Child, ChildIdentity, ExitProof, open_child
+from agentsd.child import ChildSpec as ProcessSpec
+from agentsd.feed import Delta
+from agentsd.leases import ExitEvidence, Identity, Lease, is_current
+from agentsd.providers.base import Adapter, LineLink
+from agentsd.session import Session
+from agentsd_protocol.api.session import ChildInfo, ExitCause, ExitInfo, SessionError
+from agentsd_protocol.errors import (
+    AgentExited,
+    AgentNotFound,
+    AgentStartFailed,
+    HandshakeTimeout,
+    RpcError,
+)
+
+if TYPE_CHECKING:
+    from agentsd.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+SETTLE_TIMEOUT_S = 10.0  # a release is one small commit; this covers a slow disk
+SNAPSHOT_INTERVAL_S = 0.05  # streaming text reaches the journal at most this stale
+
+
+@attrs.define(eq=False)
+class SessionTask:
+    """The control handle of one running session task."""
+
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    ready: trio.Event = attrs.field(factory=trio.Event)
+    done: trio.Event = attrs.field(factory=trio.Event)
+    start_error: RpcError | None = None
+    stop_cause: ExitCause | None = None
+    adapter: Adapter | None = None
+    last_activity: float = attrs.field(factory=time.monotonic)
+
+    def stop(self, cause: ExitCause) -> None:
+        if self.stop_cause is None:
+            self.stop_cause = cause
+        self.scope.cancel()
+
+    def touch(self) -> None:
+        self.last_activity = time.monotonic()
+
+
+class ItemText:
+    """Streaming text of one item: what subscribers saw, and what the journal has."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.length = 0
+        self.journaled_length = 0
+
+    def add(self, text: str) -> int:
+        offset = self.length
+        self.parts.append(text)
+        self.length += len(text)
+        return offset
+
+    @property
+    def text(self) -> str:
+        joined = "".join(self.parts)
+        self.parts = [joined]
+        return joined
+
+
+class Sink:
+    """The ``SessionSink`` of one child: journals with the fence check, fans out,
+    and coalesces streaming text into ``item.updated`` snapshots."""
+
+    def __init__(
+        self, supervisor: Supervisor, session: Session, lease: Lease, task: SessionTask
+    ) -> None:
+        self._supervisor = supervisor
+        self._session = session
+        self._lease = lease
+        self._task = task
+        self._items: dict[str, ItemText] = {}
+        self._dirty: set[str] = set()
+
+    def _current(self) -> bool:
+        return is_current(self._session.lease, self._lease.fence, self._lease.generation)
+
+    def _snapshots(self) -> list[tuple[str, Any]]:
+        out: list[tuple[str, Any]] = []
+        for item_id in sorted(self._dirty):
+            item = self._items.get(item_id)
+            if item is not None and item.length != item.journaled_length:
+                out.append(("item.updated", {"itemId": item_id, "text": item.text}))
+                item.journaled_length = item.length
+        self._dirty.clear()
+        return out
+
+    async def emit(self, kind: str, body: Mapping[str, Any]) -> int:
+        if not self._current():
+            log.warning("dropped %s from a stale child of %s", kind, self._session.id)
+            return self._session.head_seq
+        self._task.touch()
+        events = self._snapshots()
+        if kind == "item.completed":
+            self._items.pop(str(body.get("itemId")), None)
+        events.append((kind, dict(body)))
+        stored = await self._supervisor.append(self._session, events, fence=self._lease.fence)
+        return stored[-1].seq
+
+    def delta(self, item_id: str, text: str) -> None:
+        if not self._current() or not text:
+            return
+        self._task.touch()
+        item = self._items.setdefault(item_id, ItemText())
+        offset = item.add(text)
+        self._dirty.add(item_id)
+        self._supervisor.feed.publish_delta(
+            self._session.id,
+            Delta(item_id=item_id, offset=offset, text=text, after_seq=self._session.head_seq),
+        )
+
+    async def flush_snapshots(self) -> None:
+        events = self._snapshots()
+        if events and self._current():
+            await self._supervisor.append(self._session, events, fence=self._lease.fence)
+
+    async def approval_requested(
+        self, native_id: str, kind: str, title: str, detail: str, options: list[str]
+    ) -> str:
+        approval_id = f"ap-{self._lease.fence}-{native_id}"
+        await self.emit(
+            "approval.requested",
+            {
+                "approvalId": approval_id,
+                "nativeId": native_id,
+                "kind": kind,
+                "title": title,
+                "detail": detail,
+                "options": options,
+            },
+        )
+        return approval_id
+
+    async def approval_cancelled(self, native_id: str) -> None:
+        for approval in list(self._session.conversation.approvals.values()):
+            if approval.native_id == native_id:
+                await self.emit(
+                    "approval.resolved",
+                    {"approvalId": approval.approval_id, "decision": "cancelled", "by": "agent"},
+                )
+
+
+def _classify_start_failure(exc: BaseException, program: str) -> RpcError:
+    if isinstance(exc, RpcError):
+        return exc
+    if isinstance(exc, FileNotFoundError):
+        return AgentNotFound(f"cannot start the agent: {program!r} was not found")
+    if isinstance(exc, PermissionError):
+        return AgentNotFound(f"cannot start the agent: {program!r} is not executable")
+    if isinstance(exc, trio.TooSlowError):
+        return HandshakeTimeout("the agent did not complete its handshake in time")
+    if isinstance(exc, OSError):
+        return AgentStartFailed(f"cannot start the agent: {exc.strerror or exc}")
+    return AgentStartFailed(f"the agent failed to start: {type(exc).__name__}")
+
+
+async def run_session(supervisor: Supervisor, session: Session, task: SessionTask) -> None:
+    """The task body. Returns when the child is gone and its lease settled."""
+    try:
+        with task.scope:
+            await _run(supervisor, session, task)
+    except Exception as exc:
+        # Rule 3: the session boundary. The failure is already journaled by _run
+        # when it concerns the agent; anything else is a bug, logged here.
+        log.exception("session %s task failed", session.id)
+        if task.start_error is None and not task.ready.is_set():
+            task.start_error = _classify_start_failure(exc, "")
+    finally:
+        if not task.ready.is_set():
+            if task.start_error is None:
+                task.start_error = AgentExited("the session stopped before its agent was ready")
+            task.ready.set()
+        session.task = None
+        task.done.set()
+        supervisor.status_maybe_changed(session)
+
+
+async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> None:
+    provider = supervisor.provider(session.row.provider)
+    # Shielded: once the fence is taken durably, this task must learn it, so that
+    # the lease is settled below even if a close arrived meanwhile.
+    with trio.CancelScope(shield=True), trio.fail_after(SETTLE_TIMEOUT_S):
+        lease, _ = await supervisor.write_events(
+            session, lambda conn: records.acquire_lease(conn, session.id, time.time())
+        )
+    session.lease = lease
+    session.row = attrs.evolve(session.row, fence=lease.fence)
+    session.phase = "starting"
+    session.error = None
+    supervisor.status_maybe_changed(session)
+
+    failure: RpcError | None = None
+    child: Child | None = None
+    program = "agent"
+    try:
+        spec = provider.launch(session.row, supervisor.state_dir)
+        program = spec.argv[0]
+        process_spec = ProcessSpec(
+            argv=list(spec.argv),
+            cwd=session.row.cwd,
+            env={**os.environ, **spec.env, **session.row.env},
+            token=lease.token,
+            stderr_path=supervisor.stderr_path(session.id),
+        )
+
+        async def on_spawned(identity: ChildIdentity) -> None:
+            ident = Identity(pid=identity.pid, pgid=identity.pgid, start_time=identity.start_time)
+            live, _ = await supervisor.write_events(
+                session, lambda conn: records.lease_live(conn, lease, ident, time.time())
+            )
+            session.lease = live
+            session.child = ChildInfo(
+                pid=identity.pid,
+                pgid=identity.pgid,
+                generation=lease.generation,
+                started_at=time.time(),
+            )
+
+        async with open_child(process_spec, supervisor.ladder, on_spawned) as child:
+            sink = Sink(supervisor, session, lease, task)
+            adapter = provider.adapter(LineLink(child.stdin, child.stdout), sink, session.row)
+            await _handshake(supervisor, session, lease, task, adapter)
+            failure = await _serve(supervisor, task, adapter, sink)
+    except RpcError as exc:
+        failure = exc
+    except (OSError, trio.TooSlowError) as exc:
+        failure = _classify_start_failure(exc, program)
+    finally:
+        task.adapter = None
+        session.phase = "stopping"
+        cause: ExitCause = task.stop_cause or ("failed" if failure else "unexpected")
+        if failure is not None and not task.ready.is_set():
+            task.start_error = failure
+        with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S) as bound:
+            await _settle(supervisor, session, lease, child, cause, failure)
+        if bound.cancelled_caught:
+            log.error("session %s: settling the lease timed out; it stays held", session.id)
+
+
+async def _handshake(
+    supervisor: Supervisor, session: Session, lease: Lease, task: SessionTask, adapter: Adapter
+) -> None:
+    timeout_s = supervisor.config.handshake_timeout_s
+    try:
+        with trio.fail_after(timeout_s):
+            handle = await adapter.handshake(session.row.provider_handle)
+    except trio.TooSlowError:
+        raise HandshakeTimeout(
+            f"the agent did not complete its handshake within {timeout_s:g} s"
+        ) from None
+    await supervisor.append(
+        session,
+        [("child.ready", {"providerHandle": handle, "generation": lease.generation})],
+        fence=lease.fence,
+        provider_handle=handle,
+    )
+    session.row = attrs.evolve(session.row, provider_handle=handle)
+    session.phase = "running"
+    task.adapter = adapter
+    task.touch()
+    task.ready.set()
+    supervisor.status_maybe_changed(session)
+
+
+async def _serve(
+    supervisor: Supervisor, task: SessionTask, adapter: Adapter, sink: Sink
+) -> RpcError | None:
+    """Translate the agent's output until it ends or the task is stopped. Returns the
+    failure that ended it, if any; never raises anything but cancellation, so the
+    nursery below never wraps an error in a group."""
+    failure: list[RpcError] = []
+
+    async def read_agent() -> None:
+        try:
+            await adapter.run()
+        except RpcError as exc:
+            failure.append(exc)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the pipe broke: the child is gone, the ladder proves it
+        if task.stop_cause is None:
+            task.stop_cause = "failed" if failure else "unexpected"
+        nursery.cancel_scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_idle, supervisor, task)
+        nursery.start_soon(_flush_snapshots, sink)
+        nursery.start_soon(read_agent)
+    task.adapter = None
+    with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
+        try:
+            await sink.flush_snapshots()
+        except RpcError as exc:
+            log.warning("could not journal the last streamed text: %s", exc.message)
+    return failure[0] if failure else None
+
+
+async def _watch_idle(supervisor: Supervisor, task: SessionTask) -> None:
+    idle_s = supervisor.config.idle_timeout_s
+    while True:
+        deadline = task.last_activity + idle_s
+        await trio.sleep(max(0.0, deadline - time.monotonic()))
+        if time.monotonic() - task.last_activity >= idle_s:
+            log.info("stopping an agent idle for %g s", idle_s)
+            task.stop("idle")
+            return
+
+
+async def _flush_snapshots(sink: Sink) -> None:
+    while True:
+        await trio.sleep(SNAPSHOT_INTERVAL_S)
+        try:
+            await sink.flush_snapshots()
+        except RpcError as exc:
+            # A snapshot is only a cache of streamed text; the next one retries.
+            log.warning("could not journal streamed text: %s", exc.message)
+
+
+def _evidence(child: Child | None, cause: ExitCause) -> ExitEvidence:
+    if child is None:
+        return ExitEvidence(cause=cause, proven=True, detail="the agent was never started")
+    proof: ExitProof | None = child.exit_proof
+    if proof is None:
+        return ExitEvidence(cause=cause, proven=False, detail=child.unproven_reason or "")
+    return ExitEvidence(
+        cause=cause,
+        proven=True,
+        returncode=proof.returncode,
+        signal=proof.signal,
+        detail=f"{proof.stragglers_killed} stragglers killed" if proof.stragglers_killed else "",
+    )
+
+
+def settle_events(session: Session, cause: str) -> list[tuple[str, Any]]:
+    """What a child's end settles in the conversation: its open turn and its pending
+    approvals (absent evidence is ``unknown``/``interrupted``, never success)."""
+    convo = session.conversation
+    events: list[tuple[str, Any]] = []
+    for approval in convo.approvals.values():
+        if approval.approval_id in session.claims:
+            continue  # a client's answer is being committed; it wins
+        events.append(
+            (
+                "approval.resolved",
+                {"approvalId": approval.approval_id, "decision": "cancelled", "by": "daemon"},
+            )
+        )
+    if convo.turn_open:
+        outcome = (
+            "interrupted"
+            if cause in ("requested", "shutdown", "idle", "daemon-restart")
+            else "unknown"
+        )
+        events.append(
+            ("turn.completed", {"turnId": convo.turn_id, "outcome": outcome, "reason": cause})
+        )
+    for cmid in sorted(convo.undispatched):
+        events.append(
+            (
+                "submission.dispatched",
+                {"clientMessageId": cmid, "outcome": "unknown", "reason": cause},
+            )
+        )
+    return events
+
+
+async def _settle(
+    supervisor: Supervisor,
+    session: Session,
+    lease: Lease,
+    child: Child | None,
+    cause: ExitCause,
+    failure: RpcError | None,
+) -> None:
+    now = time.time()
+    evidence = _evidence(child, cause)
+    exited: dict[str, Any] = {
+        "cause": cause,
+        "returncode": evidence.returncode,
+        "signal": evidence.signal,
+    }
+    error = None
+    if failure is not None:
+        error = SessionError(kind=failure.kind, message=failure.message, at=now)
+        exited["error"] = {"kind": failure.kind, "message": failure.message}
+    session.error = error
+    current = session.lease or lease
+    if evidence.proven:
+        events = [*settle_events(session, cause), ("child.exited", exited)]
+        last_exit = ExitInfo(
+            cause=cause, returncode=evidence.returncode, signal=evidence.signal, at=now
+        )
+        released, _ = await supervisor.write_events(
+            session,
+            lambda conn: records.lease_released(
+                conn,
+                current,
+                evidence,
+                now,
+                events,
+                last_exit=msgspec.to_builtins(last_exit),
+                error=None if error is None else msgspec.to_builtins(error),
+            ),
+        )
+        session.lease = released
+        session.child = None
+        session.last_exit = last_exit
+        session.phase = "stopped"
+    else:
+        log.error(
+            "session %s: exit of its agent could not be proven: %s", session.id, evidence.detail
+        )
+        events = [("child.exit-unproven", {"cause": cause, "detail": evidence.detail})]
+        held, _ = await supervisor.write_events(
+            session, lambda conn: records.lease_unproven(conn, current, evidence, now, events)
+        )
+        session.lease = held
+        session.phase = "exit-unproven"

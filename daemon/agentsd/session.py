@@ -1,0 +1,172 @@
+"""A session's in-memory state and the status derived from its journal.
+
+Rule 1: ``Session`` is owned by the supervisor; only the session's own task changes
+``phase``, ``lease`` and ``child``; handlers change the record under ``lock``.
+
+Rule 2: ``status`` is never set directly. It is derived by ``Conversation.apply``
+from journal events, in seq order: ``attention`` while an approval is pending,
+``working`` while a turn runs or a submission has no dispatch outcome, else ``idle``.
+Replaying the journal tail after a restart gives the same answer.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import msgspec
+import trio
+
+from agentsd.leases import Lease
+from agentsd.records import SessionRow
+from agentsd.store.journal import read_events
+from agentsd_protocol.api.session import (
+    ChildInfo,
+    ExitInfo,
+    Phase,
+    SessionError,
+    SessionInfo,
+    Status,
+)
+
+if TYPE_CHECKING:
+    from agentsd.runner import SessionTask
+
+
+MAX_RECENT_RESOLUTIONS = 256  # per session; enough for every client racing on recent ones
+
+
+@attrs.define
+class PendingApproval:
+    approval_id: str
+    native_id: str
+    seq: int
+    kind: str
+    options: list[str]
+
+
+@attrs.define
+class Conversation:
+    """The part of the journal that decides status: a pure reducer over events."""
+
+    turn_id: str | None = None
+    turn_open: bool = False
+    undispatched: set[str] = attrs.field(factory=set)  # clientMessageIds
+    approvals: dict[str, PendingApproval] = attrs.field(factory=dict)
+    # Recent resolutions (approvalId -> body), for ``already_resolved`` answers; older
+    # ones are looked up in the journal.
+    resolved: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+
+    @property
+    def status(self) -> Status:
+        if self.approvals:
+            return "attention"
+        if self.turn_open or self.undispatched:
+            return "working"
+        return "idle"
+
+    def apply(self, seq: int, kind: str, body: dict[str, Any]) -> None:
+        match kind:
+            case "submission":
+                self.undispatched.add(str(body.get("clientMessageId")))
+            case "submission.dispatched":
+                self.undispatched.discard(str(body.get("clientMessageId")))
+            case "turn.started":
+                self.turn_open = True
+                self.turn_id = body.get("turnId")
+            case "turn.completed":
+                self.turn_open = False
+                self.turn_id = None
+            case "approval.requested":
+                approval_id = str(body.get("approvalId"))
+                self.approvals[approval_id] = PendingApproval(
+                    approval_id=approval_id,
+                    native_id=str(body.get("nativeId")),
+                    seq=seq,
+                    kind=str(body.get("kind")),
+                    options=list(body.get("options") or []),
+                )
+            case "approval.resolved":
+                approval_id = str(body.get("approvalId"))
+                self.approvals.pop(approval_id, None)
+                self.resolved[approval_id] = body
+                if len(self.resolved) > MAX_RECENT_RESOLUTIONS:
+                    del self.resolved[next(iter(self.resolved))]
+            case "child.exited":
+                # A child's end settles its turn and approvals (journaled just before).
+                self.turn_open = False
+                self.turn_id = None
+                self.approvals.clear()
+            case _:
+                pass
+
+
+@attrs.define(eq=False)
+class Session:
+    row: SessionRow
+    head_seq: int
+    phase: Phase = "stopped"
+    lease: Lease | None = None
+    child: ChildInfo | None = None
+    last_exit: ExitInfo | None = None
+    error: SessionError | None = None
+    conversation: Conversation = attrs.field(factory=Conversation)
+    task: SessionTask | None = None
+    # Approvals answered but not yet committed: the first answer's claim (Rule 2 of
+    # ``handlers.conversation``).
+    claims: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    deleting: bool = False
+    lock: trio.Lock = attrs.field(factory=trio.Lock)
+
+    @property
+    def id(self) -> str:
+        return self.row.id
+
+    @property
+    def fence(self) -> int:
+        return self.row.fence
+
+    @property
+    def status(self) -> Status:
+        return self.conversation.status
+
+    def info(self) -> SessionInfo:
+        row = self.row
+        return SessionInfo(
+            session_id=row.id,
+            provider=row.provider,
+            cwd=row.cwd,
+            title=row.title,
+            options=row.options,
+            env=row.env,
+            command=row.command,
+            provider_handle=row.provider_handle,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            fence=row.fence,
+            phase=self.phase,
+            status=self.status,
+            head_seq=self.head_seq,
+            child=self.child,
+            last_exit=self.last_exit,
+            error=self.error,
+        )
+
+
+def derive_conversation(conn: sqlite3.Connection, session_id: str) -> Conversation:
+    """The conversation state since the session's last child exit, replayed from the
+    journal (everything before that exit was settled by it)."""
+    row = conn.execute(
+        "SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = ? AND kind = 'child.exited'",
+        (session_id,),
+    ).fetchone()
+    convo = Conversation()
+    after = int(row[0])
+    while True:
+        page, more = read_events(conn, session_id, after_seq=after, limit=1000, max_bytes=4 << 20)
+        for event in page:
+            convo.apply(event.seq, event.kind, msgspec.json.decode(event.body))
+            after = event.seq
+        if not more or not page:
+            return convo

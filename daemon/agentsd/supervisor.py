@@ -1,0 +1,379 @@
+"""The supervisor: owner of the session registry and the session nursery.
+
+Rule 1: every session task runs in the supervisor's nursery; nothing else spawns
+agent children. Leaving ``open_supervisor`` stops every session concurrently (cause
+``shutdown``) and returns only when every child was reaped and every lease settled.
+
+Rule 2: every journal append goes through ``append``/``write_events``: the store
+commits first, then the in-memory session (head seq, conversation, status) is
+updated and the events are published to subscribers. Nothing is published that is
+not durable.
+
+Rule 3: ``start`` and ``delete`` take the session's lock to check-and-act; waiting
+for an agent to become ready or to be reaped happens outside it, so a close is never
+stuck behind a slow start.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sqlite3
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+import msgspec
+import trio
+
+from agentsd import records
+from agentsd.child import ChildIdentity, EndOutcome, Ladder, end_processes
+from agentsd.config import Config
+from agentsd.feed import Feed
+from agentsd.leases import ExitEvidence
+from agentsd.operations import Operation, record_provisional
+from agentsd.procfs import current_scanner
+from agentsd.providers.base import Provider
+from agentsd.runner import SessionTask, run_session, settle_events
+from agentsd.session import Session, derive_conversation
+from agentsd.store.journal import StoredEvent
+from agentsd.store.writer import Store
+from agentsd_protocol.api.daemon import SessionCounts
+from agentsd_protocol.api.session import ExitCause, ExitInfo, SessionError, SessionInfo
+from agentsd_protocol.api.stream import SessionStatus, StatusNotification
+from agentsd_protocol.errors import (
+    ExitUnproven,
+    InvalidState,
+    SessionNotFound,
+    StaleFence,
+    UnknownProvider,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+HOST_ID_FILE = "host-id"
+
+
+def ladder_from(config: Config) -> Ladder:
+    return Ladder(
+        eof_grace_s=config.ladder.eof_grace_s,
+        term_grace_s=config.ladder.term_grace_s,
+        kill_wait_s=config.ladder.kill_wait_s,
+    )
+
+
+@attrs.define(eq=False)
+class Watch:
+    id: str
+    notify: Callable[[StatusNotification], bool]
+
+
+class Supervisor:
+    def __init__(
+        self,
+        store: Store,
+        config: Config,
+        state_dir: Path,
+        providers: dict[str, Provider],
+        nursery: trio.Nursery,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.state_dir = state_dir
+        self.ladder = ladder_from(config)
+        self.feed = Feed()
+        self.sessions: dict[str, Session] = {}
+        self.watches: dict[str, Watch] = {}
+        self._providers = providers
+        self._nursery = nursery
+        self._notified: dict[str, tuple[str, str]] = {}
+        self.host_id = _host_id(state_dir)
+
+    # ---- lookup -------------------------------------------------------------------
+
+    def provider(self, name: str) -> Provider:
+        try:
+            return self._providers[name]
+        except KeyError:
+            known = ", ".join(sorted(self._providers))
+            raise UnknownProvider(f"unknown provider {name!r} (known: {known})") from None
+
+    @property
+    def provider_names(self) -> list[str]:
+        return sorted(self._providers)
+
+    def get(self, session_id: str, expected_fence: int | None = None) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise SessionNotFound(f"no session {session_id!r}", sessionId=session_id)
+        if expected_fence is not None and expected_fence != session.fence:
+            raise StaleFence(
+                f"session {session_id} is at fence {session.fence}, not {expected_fence}",
+                currentFence=session.fence,
+            )
+        return session
+
+    def stderr_path(self, session_id: str) -> Path:
+        return self.state_dir / "logs" / f"{session_id}.stderr.log"
+
+    def counts(self) -> SessionCounts:
+        sessions = self.sessions.values()
+        return SessionCounts(
+            total=len(self.sessions),
+            running=sum(1 for s in sessions if s.phase == "running"),
+            working=sum(1 for s in sessions if s.status == "working"),
+            attention=sum(1 for s in sessions if s.status == "attention"),
+        )
+
+    # ---- journal ------------------------------------------------------------------
+
+    async def write_events(
+        self,
+        session: Session,
+        op: Callable[[Any], tuple[T, list[StoredEvent]]],
+    ) -> tuple[T, list[StoredEvent]]:
+        """Run a store op that returns ``(value, stored_events)``; after the commit,
+        apply and publish the events."""
+        value, stored = await self.store.write(op)
+        self._after_commit(session, stored)
+        return value, stored
+
+    async def append(
+        self,
+        session: Session,
+        events: Sequence[tuple[str, Any]],
+        *,
+        fence: int | None = None,
+        **fields: Any,
+    ) -> list[StoredEvent]:
+        """Journal ``events`` (and update session columns ``fields``) durably."""
+        fence = session.fence if fence is None else fence
+        now = time.time()
+        stored = await self.store.write(
+            lambda conn: records.update_session(conn, session.id, fence, now, events, **fields)
+        )
+        self._after_commit(session, stored)
+        return stored
+
+    def _after_commit(self, session: Session, stored: Sequence[StoredEvent]) -> None:
+        if not stored:
+            return
+        for event in stored:
+            if event.seq > session.head_seq:
+                session.head_seq = event.seq
+            session.conversation.apply(event.seq, event.kind, msgspec.json.decode(event.body))
+        session.row = attrs.evolve(session.row, updated_at=stored[-1].ts)
+        self.feed.publish(session.id, stored)
+        self.status_maybe_changed(session)
+
+    # ---- watch --------------------------------------------------------------------
+
+    def session_status(self, session: Session) -> SessionStatus:
+        return SessionStatus(
+            session_id=session.id,
+            title=session.row.title,
+            provider=session.row.provider,
+            phase=session.phase,
+            status=session.status,
+            head_seq=session.head_seq,
+        )
+
+    def status_maybe_changed(self, session: Session, *, deleted: bool = False) -> None:
+        key = (session.phase, session.status)
+        if not deleted and self._notified.get(session.id) == key:
+            return
+        if deleted:
+            self._notified.pop(session.id, None)
+        else:
+            self._notified[session.id] = key
+        if not self.watches:
+            return
+        status = self.session_status(session)
+        for watch in tuple(self.watches.values()):
+            ok = watch.notify(
+                StatusNotification(watch_id=watch.id, session=status, deleted=deleted)
+            )
+            if not ok:
+                self.watches.pop(watch.id, None)
+
+    # ---- lifecycle ----------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Load every session (after recovery settled the previous daemon's leases)."""
+        rows = await self.store.read(records.load_sessions)
+        for row in rows:
+            convo = await self.store.read(functools.partial(derive_conversation, session_id=row.id))
+            lease = await self.store.read(
+                functools.partial(records.latest_lease, session_id=row.id)
+            )
+            session = Session(row=row, head_seq=row.head_seq, conversation=convo, lease=lease)
+            if row.last_exit is not None:
+                session.last_exit = msgspec.convert(row.last_exit, ExitInfo)
+            if row.error is not None:
+                session.error = msgspec.convert(row.error, SessionError)
+            if lease is not None and lease.held:
+                session.phase = "exit-unproven"
+            self.sessions[row.id] = session
+
+    async def create(
+        self,
+        *,
+        provider: str,
+        cwd: str,
+        title: str | None,
+        options: dict[str, Any],
+        env: dict[str, str],
+        command: list[str] | None,
+        operation: Operation | None = None,
+        provisional: Callable[[SessionInfo], Any] | None = None,
+    ) -> Session:
+        """Insert the record and its ``session.created`` event; with ``operation``,
+        the ledger's provisional entry commits in the same transaction, so a retry
+        after a crash finds this session instead of creating another."""
+        self.provider(provider)
+        now = time.time()
+        row = records.SessionRow(
+            id=uuid.uuid4().hex[:12],
+            host_id=self.host_id,
+            provider=provider,
+            cwd=cwd,
+            title=title,
+            options=options,
+            env=env,
+            command=command,
+            provider_handle=None,
+            created_at=now,
+            updated_at=now,
+        )
+        created = {"provider": provider, "cwd": cwd, "title": title}
+        session = Session(row=row, head_seq=0)
+
+        def insert(conn: sqlite3.Connection) -> list[StoredEvent]:
+            stored = records.insert_session(conn, row, [("session.created", created)])
+            if operation is not None and provisional is not None:
+                info = attrs.evolve(session, head_seq=stored[-1].seq).info()
+                record_provisional(conn, operation, provisional(info))
+            return stored
+
+        stored = await self.store.write(insert)
+        self.sessions[row.id] = session
+        self._after_commit(session, stored)
+        return session
+
+    async def start(self, session: Session) -> None:
+        """Start the session's agent unless it runs; return once it is ready.
+
+        Raises the start failure (``AgentNotFound``, ``HandshakeTimeout``, ...), or
+        ``ExitUnproven`` when a previous child still cannot be proven gone.
+        """
+        async with session.lock:
+            if session.deleting:
+                raise InvalidState(f"session {session.id} is being deleted")
+            task = session.task
+            if task is None:
+                if session.phase == "exit-unproven":
+                    await self._retry_unproven(session)
+                task = SessionTask()
+                session.task = task
+                self._nursery.start_soon(run_session, self, session, task)
+        await task.ready.wait()
+        if task.start_error is not None:
+            raise task.start_error
+
+    async def close(self, session: Session, cause: ExitCause = "requested") -> bool:
+        """Stop the agent and wait until it is reaped and its lease settled.
+
+        Returns whether an agent was running. Raises ``ExitUnproven`` when its exit
+        cannot be proven (the lease stays held; a later close retries).
+        """
+        task = session.task
+        if task is None:
+            if session.phase == "exit-unproven":
+                async with session.lock:
+                    await self._retry_unproven(session)
+            return False
+        task.stop(cause)
+        await task.done.wait()
+        if session.phase == "exit-unproven":
+            raise ExitUnproven(
+                f"the agent of session {session.id} could not be proven gone; close again to retry"
+            )
+        return True
+
+    async def delete(self, session: Session) -> None:
+        async with session.lock:
+            session.deleting = True
+        try:
+            await self.close(session)
+            if session.task is not None:
+                raise InvalidState(f"session {session.id} was started again while being deleted")
+            await self.store.write(lambda conn: records.delete_session(conn, session.id))
+        except BaseException:
+            session.deleting = False
+            raise
+        self.sessions.pop(session.id, None)
+        self.feed.end_session(session.id)
+        self.status_maybe_changed(session, deleted=True)
+
+    async def _retry_unproven(self, session: Session) -> None:
+        lease = session.lease
+        if lease is None or not lease.held:
+            session.phase = "stopped"
+            return
+        ident = lease.identity
+        identity = ChildIdentity(
+            pid=ident.pid if ident else 0,
+            pgid=ident.pgid if ident else 0,
+            start_time=ident.start_time if ident else -1,
+            token=lease.token,
+        )
+        report = await end_processes([identity], self.ladder, current_scanner())
+        if report.outcomes.get(identity) is EndOutcome.UNPROVEN:
+            raise ExitUnproven(f"the agent of session {session.id} still cannot be proven gone")
+        evidence = ExitEvidence(cause="requested", proven=True, detail="ended on retry")
+        now = time.time()
+        events = [*settle_events(session, "requested"), ("child.exited", {"cause": "requested"})]
+        released, _ = await self.write_events(
+            session, lambda conn: records.lease_released(conn, lease, evidence, now, events)
+        )
+        session.lease = released
+        session.child = None
+        session.phase = "stopped"
+        self.status_maybe_changed(session)
+
+    def stop_all(self, cause: ExitCause) -> None:
+        for session in self.sessions.values():
+            if session.task is not None:
+                session.task.stop(cause)
+
+
+def _host_id(state_dir: Path) -> str:
+    path = state_dir / HOST_ID_FILE
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        host_id = uuid.uuid4().hex
+        path.write_text(host_id + "\n")
+        return host_id
+
+
+@asynccontextmanager
+async def open_supervisor(
+    store: Store, config: Config, state_dir: Path, providers: dict[str, Provider]
+) -> AsyncIterator[Supervisor]:
+    """Yield a loaded supervisor. On exit every session is stopped concurrently
+    (cause ``shutdown``); returns once every child was reaped and lease settled."""
+    (state_dir / "logs").mkdir(mode=0o700, exist_ok=True)
+    async with trio.open_nursery() as nursery:
+        supervisor = Supervisor(store, config, state_dir, providers, nursery)
+        await supervisor.load()
+        try:
+            yield supervisor
+        finally:
+            supervisor.stop_all("shutdown")

@@ -1,0 +1,109 @@
+"""Wire types for following a session: subscribe, history, watch, and the
+notifications they produce."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentsd_protocol.api.base import Params, Result
+from agentsd_protocol.api.session import Phase, Status
+
+
+class JournalEvent(Result, frozen=True, kw_only=True):
+    """One journal entry. ``seq`` is contiguous per session; order is by seq."""
+
+    seq: int
+    ts: float
+    fence: int
+    kind: str
+    body: Any
+
+
+class SubscribeParams(Params, frozen=True, kw_only=True):
+    session_id: str
+    after_seq: int | None = None  # None: live only, from the current head
+
+
+class SubscribeResult(Result, frozen=True, kw_only=True):
+    subscription_id: str
+    head_seq: int
+
+
+class UnsubscribeParams(Params, frozen=True, kw_only=True):
+    subscription_id: str
+
+
+class UnsubscribeResult(Result, frozen=True, kw_only=True):
+    subscription_id: str
+    was_active: bool
+
+
+class HistoryParams(Params, frozen=True, kw_only=True):
+    session_id: str
+    after_seq: int | None = None
+    before_seq: int | None = None
+    limit: int = 200
+
+
+class HistoryResult(Result, frozen=True, kw_only=True):
+    events: list[JournalEvent]
+    has_more: bool
+    head_seq: int
+
+
+class WatchParams(Params, frozen=True, kw_only=True):
+    pass
+
+
+class SessionStatus(Result, frozen=True, kw_only=True):
+    session_id: str
+    title: str | None
+    provider: str
+    phase: Phase
+    status: Status
+    head_seq: int
+
+
+class WatchResult(Result, frozen=True, kw_only=True):
+    watch_id: str
+    sessions: list[SessionStatus]
+
+
+class EventNotification(Result, frozen=True, kw_only=True):
+    """``agentSession.event``: one journaled event for a subscription."""
+
+    subscription_id: str
+    session_id: str
+    seq: int
+    event: JournalEvent
+
+
+class DeltaNotification(Result, frozen=True, kw_only=True):
+    """``agentSession.delta``: ephemeral streaming text. ``offset`` is where ``text``
+    starts in the item's full text, so a client that caught up from an
+    ``item.updated`` snapshot can drop what it already has."""
+
+    subscription_id: str
+    session_id: str
+    item_id: str
+    offset: int
+    text: str
+    after_seq: int
+
+
+class LaggedNotification(Result, frozen=True, kw_only=True):
+    """``agentSession.lagged``: the subscription ended; resubscribe with
+    ``afterSeq = resumeAfterSeq``."""
+
+    subscription_id: str
+    session_id: str
+    resume_after_seq: int
+
+
+class StatusNotification(Result, frozen=True, kw_only=True):
+    """``agentSession.status``: a session's phase or status changed (or it was
+    deleted: ``deleted`` true)."""
+
+    watch_id: str
+    session: SessionStatus
+    deleted: bool = False

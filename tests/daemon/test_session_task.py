@@ -1,0 +1,294 @@
+"""The session task against a real store and real mock agent children, in process.
+
+Named after DESIGN.md section 2: reap before release, bounded cleanup, fencing,
+single owner; plus the misbehaving agents of the mock provider."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import msgspec
+import pytest
+import trio
+
+from agentsd import records
+from agentsd.config import Config, LadderConfig
+from agentsd.procfs import is_same_process, scan_processes
+from agentsd.providers import provider_registry
+from agentsd.session import Session
+from agentsd.store.journal import read_events
+from agentsd.store.writer import Store, open_store
+from agentsd.supervisor import Supervisor, open_supervisor
+from agentsd_protocol.errors import AgentExited, HandshakeTimeout
+from tests.polling import eventually
+
+FAST_LADDER = LadderConfig(eof_grace_s=0.5, term_grace_s=0.5, kill_wait_s=1.0)
+
+
+def make_config(**overrides: Any) -> Config:
+    base: dict[str, Any] = {"ladder": FAST_LADDER, "handshake_timeout_s": 10.0}
+    base.update(overrides)
+    return Config(**base)
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    async with open_store(tmp_path / "agentsd.db") as store:
+        yield store
+
+
+async def _supervisor(store: Store, tmp_path: Path, config: Config) -> Any:
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True, mode=0o700)
+    return open_supervisor(store, config, state, provider_registry())
+
+
+async def create(sup: Supervisor, cwd: Path, **options: Any) -> Session:
+    return await sup.create(
+        provider="mock", cwd=str(cwd), title=None, options=options, env={}, command=None
+    )
+
+
+async def journal(store: Store, session_id: str) -> list[tuple[int, str, dict[str, Any]]]:
+    events, _ = await store.read(
+        lambda conn: read_events(conn, session_id, after_seq=0, limit=10_000, max_bytes=1 << 30)
+    )
+    return [(e.seq, e.kind, msgspec.json.decode(e.body)) for e in events]
+
+
+def token_carriers(token: str) -> list[int]:
+    return [p.pid for p in scan_processes([token]).carrying(token)]
+
+
+def assert_contiguous(events: list[tuple[int, str, dict[str, Any]]]) -> None:
+    assert [seq for seq, _, _ in events] == list(range(1, len(events) + 1))
+
+
+class StepCounter(trio.abc.Instrument):
+    """Counts the steps (await points passed) of the session task and sets
+    ``reached`` when the count hits ``target``, or once the agent is ready (after
+    that the task itself waits, and only its children step)."""
+
+    def __init__(self, session: Session, target: int) -> None:
+        self.session = session
+        self.target = target
+        self.steps = 0
+        self.reached = trio.Event()
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name.endswith("run_session"):
+            self.steps += 1
+            if self.steps >= self.target:
+                self.reached.set()
+        running = self.session.task
+        if running is not None and running.ready.is_set():
+            self.reached.set()
+
+
+async def test_reap_before_release_under_cancellation_at_every_await_point(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stop the session task after 1, 2, 3, ... of its steps (spawn, identity,
+    handshake, serving, closing). Whenever a lease is released, its child is already
+    reaped and its process group is empty."""
+    checked: list[tuple[bool, list[int]]] = []
+    original = records.lease_released
+
+    def checking_release(conn: Any, lease: Any, *args: Any, **kwargs: Any) -> Any:
+        ident = lease.identity
+        if ident is not None:
+            alive = is_same_process(ident.pid, ident.start_time)
+            group = [p.pid for p in scan_processes().group_members(ident.pgid)]
+            checked.append((alive, group))
+        return original(conn, lease, *args, **kwargs)
+
+    monkeypatch.setattr(records, "lease_released", checking_release)
+    with trio.fail_after(240):
+        async with await _supervisor(store, tmp_path, make_config()) as sup:
+            session = await create(sup, tmp_path)
+            target = 1
+            reached_ready = 0
+            while reached_ready < 3:
+                counter = StepCounter(session, target)
+                trio.lowlevel.add_instrument(counter)
+                try:
+                    async with trio.open_nursery() as nursery:
+
+                        async def start() -> None:
+                            # Stopped before ready: expected for early targets.
+                            with contextlib.suppress(AgentExited):
+                                await sup.start(session)
+
+                        nursery.start_soon(start)
+                        await counter.reached.wait()
+                        task = session.task
+                        if task is not None:
+                            if task.ready.is_set():
+                                reached_ready += 1
+                            task.stop("requested")
+                            await task.done.wait()
+                finally:
+                    trio.lowlevel.remove_instrument(counter)
+                assert session.task is None
+                assert session.phase == "stopped", (target, session.phase)
+                assert session.lease is not None and not session.lease.held
+                assert token_carriers(session.lease.token) == []
+                target += 1
+            assert target > 5
+    assert checked, "no lease with a spawned child was released"
+    for alive, group in checked:
+        assert not alive and group == []
+    assert_contiguous(await journal(store, session.id))
+
+
+async def test_fence_increments_durably_before_each_spawn(store: Store, tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with await _supervisor(store, tmp_path, make_config()) as sup:
+            session = await create(sup, tmp_path)
+            fences = []
+            for _ in range(3):
+                await sup.start(session)
+                fences.append(session.fence)
+                row = await store.read(lambda conn: records.load_session(conn, session.id))
+                assert row is not None and row.fence == session.fence
+                await sup.close(session)
+            assert fences == [1, 2, 3]
+            kinds = [k for _, k, _ in await journal(store, session.id)]
+            # lease.acquired always precedes child.spawned of the same start
+            assert kinds.count("lease.acquired") == 3
+            for i, kind in enumerate(kinds):
+                if kind == "child.spawned":
+                    assert "lease.acquired" in kinds[:i]
+
+
+async def test_single_owner_start_twice_is_one_child(store: Store, tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with await _supervisor(store, tmp_path, make_config()) as sup:
+            session = await create(sup, tmp_path)
+            async with trio.open_nursery() as nursery:
+                for _ in range(5):
+                    nursery.start_soon(sup.start, session)
+            assert session.fence == 1
+            kinds = [k for _, k, _ in await journal(store, session.id)]
+            assert kinds.count("child.spawned") == 1
+
+
+async def test_ignore_sigterm_is_killed_after_the_grace(store: Store, tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with await _supervisor(store, tmp_path, make_config()) as sup:
+            session = await create(sup, tmp_path, ignoreSigterm=True, ignoreEof=True)
+            await sup.start(session)
+            assert session.lease is not None and session.lease.identity is not None
+            identity = session.lease.identity
+            assert await sup.close(session)
+            assert session.last_exit is not None
+            assert session.last_exit.signal == 9  # SIGKILL: SIGTERM was ignored
+            assert not is_same_process(identity.pid, identity.start_time)
+
+
+async def test_hang_handshake_is_cancelled_and_reaped(store: Store, tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        config = make_config(handshake_timeout_s=1.0)
+        async with await _supervisor(store, tmp_path, config) as sup:
+            session = await create(sup, tmp_path, hangHandshake=True)
+            with pytest.raises(HandshakeTimeout):
+                await sup.start(session)
+            assert session.phase == "stopped"
+            assert session.error is not None and session.error.kind == "handshake_timeout"
+            assert session.lease is not None and not session.lease.held
+            assert token_carriers(session.lease.token) == []
+            exited = [b for _, k, b in await journal(store, session.id) if k == "child.exited"]
+            assert exited[-1]["cause"] == "failed"
+            assert exited[-1]["error"]["kind"] == "handshake_timeout"
+
+
+async def test_spawn_grandchild_is_found_by_token_and_ended(store: Store, tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with await _supervisor(store, tmp_path, make_config()) as sup:
+            session = await create(sup, tmp_path, spawnGrandchild=True)
+            await sup.start(session)
+            assert session.lease is not None
+            token = session.lease.token
+            await eventually(lambda: len(token_carriers(token)) >= 2)  # agent + grandchild
+            await sup.close(session)
+            assert token_carriers(token) == []
+
+
+async def test_unexpected_exit_is_journaled_and_next_start_works(
+    store: Store, tmp_path: Path
+) -> None:
+    with trio.fail_after(60):
+        async with await _supervisor(store, tmp_path, make_config()) as sup:
+            session = await create(sup, tmp_path, crashAfterS=0.3)
+            await sup.start(session)
+            task = session.task
+            assert task is not None
+            await task.done.wait()
+            assert session.phase == "stopped"
+            assert session.last_exit is not None
+            assert session.last_exit.cause == "unexpected"
+            assert session.last_exit.returncode == 3
+            assert session.lease is not None and not session.lease.held
+            # The record is reused on every start; drop the crash option for the restart.
+            session.row = attrs.evolve(session.row, options={})
+            await sup.start(session)
+            assert session.info().phase == "running"
+            await sup.close(session)
+            assert_contiguous(await journal(store, session.id))
+
+
+async def test_invalid_output_is_reported_and_the_session_goes_on(
+    store: Store, tmp_path: Path
+) -> None:
+    with trio.fail_after(60):
+        async with await _supervisor(store, tmp_path, make_config()) as sup:
+            session = await create(sup, tmp_path, invalidOutput=True)
+            await sup.start(session)
+
+            async def reported() -> bool:
+                return any(k == "agent.error" for _, k, _ in await journal(store, session.id))
+
+            await eventually(reported)
+            assert session.info().phase == "running"
+            await sup.close(session)
+
+
+async def test_idle_agent_is_stopped_and_record_kept(store: Store, tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with await _supervisor(store, tmp_path, make_config(idle_timeout_s=0.5)) as sup:
+            session = await create(sup, tmp_path)
+            await sup.start(session)
+            task = session.task
+            assert task is not None
+            await task.done.wait()
+            assert session.last_exit is not None and session.last_exit.cause == "idle"
+            assert session.id in sup.sessions
+
+
+async def test_shutdown_closes_every_session_concurrently(store: Store, tmp_path: Path) -> None:
+    """Leaving the supervisor stops all sessions at once: about one ladder for all."""
+    config = make_config(ladder=LadderConfig(eof_grace_s=0.2, term_grace_s=1.0, kill_wait_s=1.0))
+    tokens: list[str] = []
+    with trio.fail_after(120):
+        async with await _supervisor(store, tmp_path, config) as sup:
+            sessions = [
+                await create(sup, tmp_path, ignoreSigterm=True, ignoreEof=True) for _ in range(10)
+            ]
+            async with trio.open_nursery() as nursery:
+                for s in sessions:
+                    nursery.start_soon(sup.start, s)
+            tokens = [s.lease.token for s in sessions if s.lease is not None]
+            started = time.monotonic()
+        elapsed = time.monotonic() - started
+    # Serial closes would take 10 x (0.2 + 1.0) s; concurrent ones about one ladder.
+    assert elapsed < 6.0
+    for token in tokens:
+        assert token_carriers(token) == []
+    for s in sessions:
+        assert s.phase == "stopped" and s.last_exit is not None
+        assert s.last_exit.cause == "shutdown"
