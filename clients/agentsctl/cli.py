@@ -1,0 +1,612 @@
+"""``agentsctl``: the command line client of agentsd.
+
+Rule 1: the CLI never imports trio or the ``agentsd`` package, and imports at module
+level only what ``agentsctl status`` needs (argparse and the stdlib-only
+``agentsctl.daemon``): its cold start is budgeted at 3x ``python -c pass``. msgspec and
+the typed ``Client`` are imported inside the commands that need them.
+
+Rule 2: one function per command and one table (``COMMANDS``) that builds both the
+parser and the help; a new command is a function and a row. A command reaches the
+daemon through ``Target.link()`` (stdlib) or ``Target.client()`` (typed), which start
+a detached daemon when none runs unless ``--no-start``; the commands that must never
+start one (``daemon ping``, ``daemon stop``) pass ``start=False``.
+
+Rule 3: exit codes are the constants below and nothing else: 0 ok, 1 the daemon
+answered with an error, 2 usage error (argparse's own), 3 daemon unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from agentsctl.daemon import (
+    DaemonDisconnected,
+    DaemonNotRunning,
+    DaemonStartFailed,
+    DaemonUnreachable,
+    Link,
+    answers,
+    daemon_argv,
+    default_socket_path,
+    default_state_dir,
+    spawn_detached,
+    wait_until_answering,
+    wait_until_gone,
+)
+
+# typing costs a few ms of cold start and is needed by the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from agentsctl.client import Client
+
+EXIT_OK = 0
+EXIT_DAEMON_ERROR = 1  # the daemon answered with an error, or did not do what was asked in time
+EXIT_USAGE = 2  # argparse's own code for a bad command line
+EXIT_UNREACHABLE = 3  # no daemon answers and none was (or could be) started
+
+START_HINT = "start it with `agentsctl daemon start` or `make run`"
+
+
+class CommandFailed(Exception):
+    """A command could not do what was asked although the daemon answered (exit 1)."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.kind = kind
+
+
+class Target:
+    """The daemon a command talks to: its socket, its state dir, whether to start it."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.explicit_state_dir: str | None = args.state_dir
+        self.state_dir: str = args.state_dir or default_state_dir()
+        self.socket_path: str = args.socket or default_socket_path(state_dir=args.state_dir)
+        self.may_start: bool = not args.no_start
+        self.log_path = os.path.join(self.state_dir, "agentsd.log")
+
+    def link(self, *, start: bool = True) -> Link:
+        """A stdlib-JSON connection; with ``start``, a daemon is started if none runs
+        (unless ``--no-start``). Raises ``DaemonUnreachable`` and its subclasses."""
+        try:
+            return Link(self.socket_path)
+        except DaemonNotRunning:
+            if not (start and self.may_start):
+                raise
+        self.autostart()
+        return Link(self.socket_path)
+
+    def client(self, *, start: bool = True) -> Client:
+        """A typed ``Client`` (this imports msgspec); started as ``link`` does."""
+        from agentsctl.client import Client
+
+        try:
+            return Client(self.socket_path)
+        except DaemonNotRunning:
+            if not (start and self.may_start):
+                raise
+        self.autostart()
+        return Client(self.socket_path)
+
+    def autostart(self) -> None:
+        """Start a detached daemon for a command that needs one; says so on stderr."""
+        pid = self.start_detached()
+        print(f"agentsctl: started agentsd (pid {pid}) at {self.socket_path}", file=sys.stderr)
+
+    def start_detached(self, *, log_level: str | None = None, config: str | None = None) -> int:
+        """Spawn a detached daemon and wait until it answers; its pid.
+
+        Raises ``DaemonStartFailed`` if it exits or stays silent past the deadline.
+        """
+        argv = daemon_argv(
+            self.socket_path,
+            state_dir=self.explicit_state_dir,
+            log_level=log_level,
+            config=config,
+        )
+        try:
+            pid = spawn_detached(argv, self.log_path)
+        except OSError as exc:
+            raise DaemonStartFailed(f"cannot start agentsd: {exc}", self.socket_path) from None
+        wait_until_answering(self.socket_path, pid=pid, log_path=self.log_path)
+        return pid
+
+
+# -- commands ---------------------------------------------------------------------
+
+
+def _configure_status(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the raw JSON result")
+
+
+def _run_status(args: argparse.Namespace, target: Target) -> int:
+    with target.link(start=True) as link:
+        result = link.call("daemon.status")
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return EXIT_OK
+    print(_format_status(result))
+    return EXIT_OK
+
+
+def _format_status(result: dict[str, Any]) -> str:
+    sessions = result.get("sessions") or {}
+    recovery = result.get("recovery") or {}
+    counts = ", ".join(
+        f"{sessions.get(key, 0)} {key}" for key in ("running", "working", "attention")
+    )
+    recovered = recovery.get("summary") or (
+        f"{recovery.get('sessionsRecovered', 0)} sessions recovered, "
+        f"{recovery.get('orphansEnded', 0)} orphans ended, "
+        f"{recovery.get('unproven', 0)} unproven"
+    )
+    rows = [
+        ("socket", result.get("socket", "?")),
+        ("state dir", result.get("stateDir", "?")),
+        ("connections", result.get("connections", "?")),
+        ("sessions", f"{sessions.get('total', 0)} ({counts})"),
+        ("recovery", recovered),
+    ]
+    head = (
+        f"agentsd {result.get('version', '?')} (pid {result.get('pid', '?')}), "
+        f"up {_format_duration(float(result.get('uptimeS', 0.0)))}"
+    )
+    return "\n".join([head, *(f"  {name + ':':<13}{value}" for name, value in rows)])
+
+
+def _format_duration(seconds: float) -> str:
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    if minutes:
+        return f"{minutes}m {secs}s"
+    return f"{seconds:.1f}s"
+
+
+def _configure_daemon_start(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--foreground", action="store_true", help="run agentsd in this process (exec) instead"
+    )
+    parser.add_argument("--log-level", help="passed to agentsd: debug, info, warning, error")
+    parser.add_argument("--config", metavar="FILE", help="passed to agentsd: its config file")
+
+
+def _run_daemon_start(args: argparse.Namespace, target: Target) -> int:
+    if answers(target.socket_path):
+        print(f"agentsd is already running at {target.socket_path}")
+        return EXIT_OK
+    if args.foreground:
+        argv = daemon_argv(
+            target.socket_path,
+            state_dir=target.explicit_state_dir,
+            log_level=args.log_level,
+            config=args.config,
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(argv[0], argv)
+    pid = target.start_detached(log_level=args.log_level, config=args.config)
+    print(f"agentsd started (pid {pid}) at {target.socket_path}; log: {target.log_path}")
+    return EXIT_OK
+
+
+def _run_daemon_stop(args: argparse.Namespace, target: Target) -> int:
+    from agentsd_protocol.errors import ShuttingDown
+
+    try:
+        with target.link(start=False) as link:
+            link.call("daemon.shutdown")
+    except DaemonDisconnected:
+        pass  # it went away before replying: what we asked for
+    except ShuttingDown:
+        pass  # someone else asked first; wait all the same
+    except DaemonNotRunning:
+        print(f"agentsd is not running at {target.socket_path}")
+        return EXIT_OK
+    started = time.monotonic()
+    if not wait_until_gone(target.socket_path):
+        raise CommandFailed(
+            f"agentsd at {target.socket_path} still answers "
+            f"{time.monotonic() - started:.0f} s after daemon.shutdown",
+            "stop_timeout",
+        )
+    print(f"agentsd at {target.socket_path} stopped")
+    return EXIT_OK
+
+
+def _run_daemon_ping(args: argparse.Namespace, target: Target) -> int:
+    with target.link(start=False) as link:
+        started = time.perf_counter()
+        link.call("daemon.ping")
+        elapsed = time.perf_counter() - started
+    print(f"pong from agentsd at {target.socket_path}: {elapsed * 1000:.2f} ms")
+    return EXIT_OK
+
+
+def _print_json(result: Any) -> None:
+    import msgspec
+
+    print(msgspec.json.format(msgspec.json.encode(result), indent=2).decode())
+
+
+def _configure_new(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("provider", metavar="PROVIDER", help="codex, claude, acp or mock")
+    parser.add_argument(
+        "--command",
+        dest="agent_command",
+        metavar="CMDLINE",
+        help="the agent's command line, shell-quoted (for providers that take one)",
+    )
+    parser.add_argument(
+        "--cwd", default=".", metavar="DIR", help="the agent's working directory (default .)"
+    )
+    parser.add_argument("--title", help="a title to show in listings")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        type=_key_value,
+        metavar="KEY=VALUE",
+        help="agent environment (repeatable)",
+    )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        type=_key_value,
+        metavar="KEY=VALUE",
+        help="provider option; VALUE is parsed as JSON when it is JSON (repeatable)",
+    )
+    parser.add_argument(
+        "--stopped", action="store_true", help="create the session without starting its agent"
+    )
+    parser.add_argument("--json", action="store_true", help="print the whole JSON result")
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    """argparse ``type`` for KEY=VALUE (a bad one is a usage error, exit 2)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def _run_new(args: argparse.Namespace, target: Target) -> int:
+    import shlex
+
+    import msgspec
+
+    options: dict[str, Any] = {}
+    for key, text in args.option:
+        try:
+            options[key] = msgspec.json.decode(text)
+        except msgspec.DecodeError:
+            options[key] = text
+    with target.client() as client:
+        result = client.create(
+            args.provider,
+            os.path.abspath(args.cwd),
+            title=args.title,
+            options=options,
+            env=dict(args.env),
+            command=None if args.agent_command is None else shlex.split(args.agent_command),
+            start=not args.stopped,
+        )
+    if args.json:
+        _print_json(result)
+    else:
+        print(result.session_id)
+    return EXIT_OK
+
+
+def _configure_ls(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--state",
+        choices=["stopped", "starting", "running", "stopping", "exit-unproven"],
+        help="only sessions whose agent is in this phase",
+    )
+    parser.add_argument("--provider", help="only sessions of this provider")
+    parser.add_argument("--json", action="store_true", help="print the whole JSON result")
+
+
+def _run_ls(args: argparse.Namespace, target: Target) -> int:
+    with target.client() as client:
+        result = client.list(state=args.state, provider=args.provider)
+    if args.json:
+        _print_json(result)
+        return EXIT_OK
+    rows = [("SESSION", "PROVIDER", "PHASE", "STATUS", "TITLE", "CWD")]
+    rows += [
+        (i.session_id, i.provider, i.phase, i.status, i.title or "-", i.cwd)
+        for i in result.sessions
+    ]
+    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]) - 1)]
+    for row in rows:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
+            + "  "
+            + row[-1]
+        )
+    return EXIT_OK
+
+
+def _configure_session_id(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("session_id", metavar="SESSION", help="the session's id")
+    parser.add_argument("--json", action="store_true", help="print the whole JSON result")
+
+
+def _run_show(args: argparse.Namespace, target: Target) -> int:
+    with target.client() as client:
+        result = client.get(args.session_id)
+    if args.json:
+        _print_json(result)
+        return EXIT_OK
+    info = result.session
+    rows: list[tuple[str, object]] = [
+        ("session", info.session_id),
+        ("provider", info.provider),
+        ("title", info.title or "-"),
+        ("cwd", info.cwd),
+        ("status", f"{info.status} ({info.phase})"),
+        ("fence", info.fence),
+        ("head seq", info.head_seq),
+        ("agent", f"pid {info.child.pid}" if info.child else "-"),
+        ("handle", info.provider_handle or "-"),
+    ]
+    if info.last_exit is not None:
+        rows.append(("last exit", f"{info.last_exit.cause} (code {info.last_exit.returncode})"))
+    if info.error is not None:
+        rows.append(("error", f"{info.error.message} [{info.error.kind}]"))
+    for name, value in rows:
+        print(f"{name + ':':<11}{value}")
+    return EXIT_OK
+
+
+def _run_start(args: argparse.Namespace, target: Target) -> int:
+    with target.client() as client:
+        result = client.start(args.session_id)
+    if args.json:
+        _print_json(result)
+    else:
+        print(f"{result.session.session_id}: {result.session.phase}")
+    return EXIT_OK
+
+
+def _run_close(args: argparse.Namespace, target: Target) -> int:
+    with target.client() as client:
+        result = client.close_session(args.session_id)
+    if args.json:
+        _print_json(result)
+    else:
+        what = "agent ended" if result.was_running else "agent was not running"
+        print(f"{result.session.session_id}: {what}")
+    return EXIT_OK
+
+
+def _run_rm(args: argparse.Namespace, target: Target) -> int:
+    with target.client() as client:
+        result = client.delete(args.session_id)
+    if args.json:
+        _print_json(result)
+    else:
+        print(f"{result.session_id}: deleted")
+    return EXIT_OK
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's formatter, sized without importing shutil.
+
+    argparse imports shutil (and with it bz2, lzma, fnmatch) for the terminal width
+    each time it builds a formatter, which ``add_argument`` does: about 0.3x of
+    ``python -c pass`` on every run (Rule 1). This measures the width the same way.
+    """
+
+    def __init__(
+        self,
+        prog: str,
+        indent_increment: int = 2,
+        max_help_position: int = 24,
+        width: int | None = None,
+    ) -> None:
+        if width is None:
+            width = _terminal_columns() - 2  # argparse's own margin
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
+def _terminal_columns() -> int:
+    """``shutil.get_terminal_size().columns``: $COLUMNS, else the terminal, else 80."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+class Command:
+    """One row of the command table. ``name`` may be ``group verb`` (``daemon stop``)."""
+
+    __slots__ = ("configure", "name", "run", "summary")
+
+    def __init__(
+        self,
+        name: str,
+        summary: str,
+        run: Callable[[argparse.Namespace, Target], int],
+        configure: Callable[[argparse.ArgumentParser], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.summary = summary
+        self.run = run
+        self.configure = configure
+
+
+GROUPS = {"daemon": "start, stop or ping the agentsd process"}
+
+COMMANDS = (
+    Command("status", "the daemon's version, uptime, paths, connections and sessions", _run_status, _configure_status),
+    Command("daemon start", "start agentsd detached (or --foreground) and wait until it answers", _run_daemon_start, _configure_daemon_start),
+    Command("daemon stop", "ask agentsd to shut down and wait until it is gone", _run_daemon_stop),
+    Command("daemon ping", "time one round trip to a running agentsd", _run_daemon_ping),
+    Command("new", "create a session and start its agent; prints its id", _run_new, _configure_new),
+    Command("ls", "list sessions", _run_ls, _configure_ls),
+    Command("show", "one session's record, status and agent", _run_show, _configure_session_id),
+    Command("start", "start a session's agent if it is not running", _run_start, _configure_session_id),
+    Command("close", "end a session's agent; keep its record and journal", _run_close, _configure_session_id),
+    Command("rm", "close a session, then delete its record and journal", _run_rm, _configure_session_id),
+)  # fmt: skip
+
+DESCRIPTION = """\
+Control agentsd, the per-user daemon that keeps AI coding-agent sessions alive,
+supervised and durable. agentsctl talks to it over its Unix socket; a command that
+needs the daemon starts it (detached, logging to STATE_DIR/agentsd.log) when none
+answers, unless --no-start is given."""
+
+
+def _epilog() -> str:
+    width = max(len(c.name) for c in COMMANDS) + 2
+    commands = "\n".join(f"  {c.name:<{width}}{c.summary}" for c in COMMANDS)
+    return f"""\
+commands:
+{commands}
+
+Run `agentsctl COMMAND --help` for a command's options.
+
+environment:
+  AGENTSD_SOCKET     the socket, as --socket
+  AGENTSD_STATE_DIR  the state directory, as --state-dir
+  XDG_RUNTIME_DIR    the socket defaults to $XDG_RUNTIME_DIR/agentsd/agentsd.sock
+
+exit status:
+  {EXIT_OK}  success
+  {EXIT_DAEMON_ERROR}  the daemon answered with an error (printed as `error: MESSAGE [KIND]`)
+  {EXIT_USAGE}  usage error
+  {EXIT_UNREACHABLE}  the daemon is unreachable: not running (and --no-start), or not answering
+"""
+
+
+# The global options that take a value, for ``command_word`` to skip it.
+GLOBAL_OPTIONS_WITH_VALUE = ("--socket", "--state-dir")
+
+
+def command_word(argv: list[str]) -> str | None:
+    """The first word of ``argv`` that is not a global option or its value, if it
+    names a command or a group (``status``, ``daemon``); None otherwise."""
+    words = iter(argv)
+    for word in words:
+        if word in GLOBAL_OPTIONS_WITH_VALUE:
+            next(words, None)
+        elif not word.startswith("-"):
+            known = {c.name.partition(" ")[0] for c in COMMANDS}
+            return word if word in known else None
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line, built from ``COMMANDS`` and ``GROUPS``.
+
+    With ``only`` (a ``command_word``), just that command's (or group's) subparsers
+    are built. A command line naming that command parses exactly as with the whole
+    parser, for less than half the cost: argparse looks up translations on disk for
+    every subparser it makes (Rule 1). Abbreviated options are off, so an option can
+    never be mistaken for a command word.
+    """
+    parser = argparse.ArgumentParser(
+        prog="agentsctl",
+        description=DESCRIPTION,
+        epilog=_epilog(),
+        formatter_class=HelpFormatter,
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "--socket",
+        metavar="PATH",
+        help="the daemon's socket (default $AGENTSD_SOCKET, else $XDG_RUNTIME_DIR/agentsd/agentsd.sock)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="the daemon's state directory, passed to a daemon started from here "
+        "(default $AGENTSD_STATE_DIR, else $XDG_STATE_HOME/agentsd)",
+    )
+    parser.add_argument(
+        "--no-start",
+        action="store_true",
+        help=f"never start a daemon; exit {EXIT_UNREACHABLE} when none answers",
+    )
+    top = parser.add_subparsers(metavar="COMMAND", required=True, help="one of the commands below")
+    groups: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
+    for command in COMMANDS:
+        if only is not None and command.name.partition(" ")[0] != only:
+            continue
+        group, _, verb = command.name.rpartition(" ")
+        if not group:
+            sub = top.add_parser(verb, description=command.summary, formatter_class=HelpFormatter)
+        else:
+            if group not in groups:
+                group_parser = top.add_parser(
+                    group, description=GROUPS[group], formatter_class=HelpFormatter
+                )
+                groups[group] = group_parser.add_subparsers(metavar="SUBCOMMAND", required=True)
+            sub = groups[group].add_parser(
+                verb,
+                help=command.summary,
+                description=command.summary,
+                formatter_class=HelpFormatter,
+            )
+        if command.configure is not None:
+            command.configure(sub)
+        sub.set_defaults(cli_command=command)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command line; returns the exit status (argparse exits 2 by itself)."""
+    words = sys.argv[1:] if argv is None else argv
+    args = build_parser(command_word(words)).parse_args(words)
+    command: Command = args.cli_command
+    try:
+        return command.run(args, Target(args))
+    except DaemonNotRunning as exc:
+        print(f"agentsctl: {exc.message} ({START_HINT})", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except DaemonUnreachable as exc:
+        print(f"agentsctl: {exc.message}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except TimeoutError as exc:
+        print(f"agentsctl: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except CommandFailed as exc:
+        print(f"error: {exc.message} [{exc.kind}]", file=sys.stderr)
+        return EXIT_DAEMON_ERROR
+    except KeyboardInterrupt:
+        return 128 + 2  # what a shell reports for SIGINT
+    except Exception as exc:
+        # Imported here: only an answered error pays for msgspec (Rule 1).
+        from agentsd_protocol.errors import RpcError
+
+        if not isinstance(exc, RpcError):
+            raise
+        print(f"error: {exc.message} [{exc.kind}]", file=sys.stderr)
+        return EXIT_DAEMON_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())
