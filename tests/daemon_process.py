@@ -239,9 +239,10 @@ def running_daemon(
     """Start ``python -m agentsd``, wait until it answers ``daemon.ping``, yield it.
 
     On exit a daemon still running gets SIGTERM and must exit 0 within
-    ``STOP_TIMEOUT_S``; otherwise it is killed and the block fails with its log. A
-    temporary directory made here (when ``state_dir`` or ``socket_path`` is omitted)
-    is removed afterwards.
+    ``STOP_TIMEOUT_S``; otherwise it is killed and the block fails with its log. If
+    the block raises, the daemon is killed and its log is attached to the exception
+    as a note. The temporary directory made here (the log, plus the state directory
+    and socket unless given) is removed afterwards.
     """
     base = make_temp_dir()
     state = state_dir if state_dir is not None else base / "state"
@@ -259,17 +260,20 @@ def running_daemon(
     try:
         wait_until_serving(daemon)
         yield daemon
-    except BaseException:
+    except BaseException as exc:
         if process.poll() is None:
             process.kill()
             process.wait(timeout=STOP_TIMEOUT_S)
+        exc.add_note(f"agentsd log ({sock}):\n{daemon.log()}")
         shutil.rmtree(base, ignore_errors=True)
         raise
-    if process.poll() is None:
-        code = daemon.stop()
-        if code != 0:
-            raise AssertionError(f"agentsd exited {code} on SIGTERM; its log:\n{daemon.log()}")
-    shutil.rmtree(base, ignore_errors=True)
+    try:
+        if process.poll() is None:
+            code = daemon.stop()
+            if code != 0:
+                raise AssertionError(f"agentsd exited {code} on SIGTERM; its log:\n{daemon.log()}")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def run_daemon(
