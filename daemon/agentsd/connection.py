@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ import trio
 from agentsd_protocol.errors import FrameTooLarge, InternalError, ParseError, RpcError
 from agentsd_protocol.framing import FrameDecoder, Framing, encode_frame
 from agentsd_protocol.jsonrpc import (
+    DecodedFrame,
     InvalidEntry,
     RequestEnvelope,
     RequestId,
@@ -48,6 +50,13 @@ MAX_OUTBOUND_BYTES = 16 * 1024 * 1024  # queued for one client before it is cut 
 MAX_OUTBOUND_MESSAGES = 4096  # the same bound counted in messages
 SEND_TIMEOUT_S = 30.0  # a client that accepts no bytes for this long is gone
 FLUSH_TIMEOUT_S = 2.0  # how long a reply that must precede an action may take
+WRITE_BATCH_BYTES = 256 * 1024  # one send_all; large enough to amortize, small enough to interleave
+
+# Methods whose handlers never block (they read memory only): answered in the
+# reading task itself instead of a task of their own.
+INLINE_METHODS = frozenset(
+    {"daemon.ping", "daemon.status", "rpc.discover", "agentSession.get", "agentSession.list"}
+)
 
 _ids = itertools.count(1)
 
@@ -77,6 +86,9 @@ class Connection:
         self._in_flight = trio.Semaphore(MAX_IN_FLIGHT)
         self._scope = trio.CancelScope()
         self._progress = trio.lowlevel.ParkingLot()
+        # True while the writer task is inside send_all: a direct write then would
+        # interleave with the bytes it has not sent yet.
+        self._writer_busy = False
         self._nursery: trio.Nursery | None = None
         self.closed_reason: str | None = None
         self.on_close: list[Callable[[], None]] = []
@@ -92,7 +104,9 @@ class Connection:
         connection) when the client is too far behind."""
         if self.closed_reason is not None:
             return False
-        frame = encode_frame(self.framing, body)
+        return self._enqueue_frame(encode_frame(self.framing, body), flushed)
+
+    def _enqueue_frame(self, frame: bytes, flushed: trio.Event | None) -> bool:
         if self._queued_bytes + len(frame) > MAX_OUTBOUND_BYTES:
             self.close("client is not reading its replies (outbound bound reached)")
             return False
@@ -133,15 +147,31 @@ class Connection:
 
     async def _run_writer(self) -> None:
         async for frame, flushed in self._receive:
+            # Everything already queued goes out in one write: under load, replies
+            # and notifications share syscalls.
+            frames = [frame]
+            events = [flushed]
+            size = len(frame)
+            while size < WRITE_BATCH_BYTES:
+                try:
+                    more, more_flushed = self._receive.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+                frames.append(more)
+                events.append(more_flushed)
+                size += len(more)
+            self._writer_busy = True
             with trio.move_on_after(SEND_TIMEOUT_S) as timeout:
-                await self._stream.send_all(frame)
+                await self._stream.send_all(frames[0] if len(frames) == 1 else b"".join(frames))
+            self._writer_busy = False
             if timeout.cancelled_caught:
                 self.close("client accepted no bytes for too long")
                 return
-            self._queued_bytes -= len(frame)
+            self._queued_bytes -= size
             self._progress.unpark_all()
-            if flushed is not None:
-                flushed.set()
+            for event in events:
+                if event is not None:
+                    event.set()
 
     # ---- inbound --------------------------------------------------------------
 
@@ -183,8 +213,13 @@ class Connection:
             try:
                 self._decoder.feed(data)
                 for frame in self._decoder.frames():
+                    decoded = decode_frame(frame)
+                    if _answers_at_once(decoded):
+                        # No task of its own: a task switch costs more than the work.
+                        await self._respond(decoded)
+                        continue
                     await self._in_flight.acquire()
-                    nursery.start_soon(self._handle_frame, frame)
+                    nursery.start_soon(self._handle_frame, decoded)
             except (ParseError, FrameTooLarge) as exc:
                 flushed = trio.Event()
                 self.send_message(encode_error(None, exc), flushed)
@@ -193,29 +228,51 @@ class Connection:
                 self.close(f"framing error: {exc.message}")
                 return
 
-    async def _handle_frame(self, frame: bytes) -> None:
+    async def _handle_frame(self, decoded: DecodedFrame) -> None:
         try:
-            decoded = decode_frame(frame)
-            replies: list[bytes] = []
-            after: list[Callable[[], None]] = []
-            for entry in decoded.entries:
-                reply = await self._handle_entry(entry, after)
-                if reply is not None:
-                    replies.append(reply)
-            if not replies:
-                return
-            body = encode_batch(replies) if decoded.is_batch else replies[0]
-            if after:
-                flushed = trio.Event()
-                self.send_message(body, flushed)
-                with trio.move_on_after(FLUSH_TIMEOUT_S):
-                    await flushed.wait()
-                for action in after:
-                    action()
-            else:
-                self.send_message(body)
+            await self._respond(decoded)
         finally:
             self._in_flight.release()
+
+    async def _respond(self, decoded: DecodedFrame) -> None:
+        replies: list[bytes] = []
+        after: list[Callable[[], None]] = []
+        for entry in decoded.entries:
+            reply = await self._handle_entry(entry, after)
+            if reply is not None:
+                replies.append(reply)
+        if not replies:
+            return
+        body = encode_batch(replies) if decoded.is_batch else replies[0]
+        if after:
+            flushed = trio.Event()
+            self.send_message(body, flushed)
+            with trio.move_on_after(FLUSH_TIMEOUT_S):
+                await flushed.wait()
+            for action in after:
+                action()
+        else:
+            self._send_reply(body)
+
+    def _send_reply(self, body: bytes) -> None:
+        """Write a reply straight to the socket when nothing is queued or being
+        written (saves waking the writer task: the common case of one client waiting
+        for one answer). The write never blocks: what the socket does not take now is
+        queued for the writer, so a client that does not read still meets the
+        outbound bound (Rule 3) instead of stalling this task."""
+        if self._writer_busy or self._receive.statistics().current_buffer_used:
+            self.send_message(body)
+            return
+        frame = encode_frame(self.framing, body)
+        try:
+            written = os.write(self._stream.socket.fileno(), frame)
+        except BlockingIOError:
+            written = 0
+        except OSError as exc:
+            self.close(f"client went away ({exc.strerror})")
+            return
+        if written < len(frame):
+            self._enqueue_frame(frame[written:], None)
 
     async def _handle_entry(
         self, entry: RequestEnvelope | InvalidEntry, after: list[Callable[[], None]]
@@ -237,3 +294,10 @@ class Connection:
         if entry.is_notification:
             return None
         return encode_success(request_id, result)
+
+
+def _answers_at_once(decoded: DecodedFrame) -> bool:
+    if decoded.is_batch or len(decoded.entries) != 1:
+        return False
+    entry = decoded.entries[0]
+    return isinstance(entry, InvalidEntry) or entry.method in INLINE_METHODS
