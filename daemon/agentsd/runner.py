@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 SETTLE_TIMEOUT_S = 10.0  # a release is one small commit; this covers a slow disk
 SNAPSHOT_INTERVAL_S = 0.05  # streaming text reaches the journal at most this stale
+MAX_ITEM_TEXT_CHARS = 1 << 20  # one streamed message; a longer one is kept truncated
 
 
 @attrs.define(eq=False)
@@ -77,18 +78,32 @@ class SessionTask:
 
 
 class ItemText:
-    """Streaming text of one item: what subscribers saw, and what the journal has."""
+    """Streaming text of one item: what subscribers saw, and what the journal has.
+
+    Only the first ``MAX_ITEM_TEXT_CHARS`` are kept (and journaled); past that the
+    length still counts and snapshots say ``truncated``, so a runaway agent cannot
+    grow the daemon's memory or the journal without bound.
+    """
 
     def __init__(self) -> None:
         self.parts: list[str] = []
         self.length = 0
+        self.kept = 0
         self.journaled_length = 0
 
     def add(self, text: str) -> int:
         offset = self.length
-        self.parts.append(text)
         self.length += len(text)
+        room = MAX_ITEM_TEXT_CHARS - self.kept
+        if room > 0:
+            piece = text[:room]
+            self.parts.append(piece)
+            self.kept += len(piece)
         return offset
+
+    @property
+    def truncated(self) -> bool:
+        return self.length > self.kept
 
     @property
     def text(self) -> str:
@@ -119,7 +134,10 @@ class Sink:
         for item_id in sorted(self._dirty):
             item = self._items.get(item_id)
             if item is not None and item.length != item.journaled_length:
-                out.append(("item.updated", {"itemId": item_id, "text": item.text}))
+                body: dict[str, Any] = {"itemId": item_id, "text": item.text}
+                if item.truncated:
+                    body.update(truncated=True, length=item.length)
+                out.append(("item.updated", body))
                 item.journaled_length = item.length
         self._dirty.clear()
         return out
