@@ -277,7 +277,7 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
             sink = Sink(supervisor, session, lease, task)
             adapter = provider.adapter(LineLink(child.stdin, child.stdout), sink, session.row)
             await _handshake(supervisor, session, lease, task, adapter)
-            failure = await _serve(supervisor, task, adapter, sink)
+            failure = await _serve(supervisor, session, task, adapter, sink)
     except RpcError as exc:
         failure = exc
     except (OSError, trio.TooSlowError) as exc:
@@ -288,10 +288,22 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
         cause: ExitCause = task.stop_cause or ("failed" if failure else "unexpected")
         if failure is not None and not task.ready.is_set():
             task.start_error = failure
-        with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S) as bound:
-            await _settle(supervisor, session, lease, child, cause, failure)
-        if bound.cancelled_caught:
-            log.error("session %s: settling the lease timed out; it stays held", session.id)
+        settled = False
+        with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
+            try:
+                await _settle(supervisor, session, lease, child, cause, failure)
+                settled = True
+            except RpcError as exc:
+                log.error("session %s: could not record its agent's end: %s", session.id, exc)
+        if not settled:
+            # The child is gone (or unproven) but the store did not take the release:
+            # the lease stays held durably, and the next start or close retries.
+            session.phase = "exit-unproven"
+            session.error = SessionError(
+                kind="storage_unavailable",
+                message="the end of the agent could not be recorded; close to retry",
+                at=time.time(),
+            )
 
 
 async def _handshake(
@@ -320,7 +332,7 @@ async def _handshake(
 
 
 async def _serve(
-    supervisor: Supervisor, task: SessionTask, adapter: Adapter, sink: Sink
+    supervisor: Supervisor, session: Session, task: SessionTask, adapter: Adapter, sink: Sink
 ) -> RpcError | None:
     """Translate the agent's output until it ends or the task is stopped. Returns the
     failure that ended it, if any; never raises anything but cancellation, so the
@@ -339,7 +351,7 @@ async def _serve(
         nursery.cancel_scope.cancel()
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_watch_idle, supervisor, task)
+        nursery.start_soon(_watch_idle, supervisor, session, task)
         nursery.start_soon(_flush_snapshots, sink)
         nursery.start_soon(read_agent)
     task.adapter = None
@@ -351,12 +363,16 @@ async def _serve(
     return failure[0] if failure else None
 
 
-async def _watch_idle(supervisor: Supervisor, task: SessionTask) -> None:
+async def _watch_idle(supervisor: Supervisor, session: Session, task: SessionTask) -> None:
+    """Stop an agent that did nothing for ``idle_timeout_s`` while its session was
+    idle (a long silent turn or a pending approval is not idleness)."""
     idle_s = supervisor.config.idle_timeout_s
     while True:
         deadline = task.last_activity + idle_s
         await trio.sleep(max(0.0, deadline - time.monotonic()))
-        if time.monotonic() - task.last_activity >= idle_s:
+        if session.status != "idle":
+            task.touch()
+        elif time.monotonic() - task.last_activity >= idle_s:
             log.info("stopping an agent idle for %g s", idle_s)
             task.stop("idle")
             return
