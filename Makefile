@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test check lint bench clean install-user-service uninstall-user-service
+.PHONY: run test check lint bench chaos clean install-user-service uninstall-user-service
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ check: lint test
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m tests.bench
+
+# Crash chaos, the long form (CI runs a short seeded one): ROUNDS=200 SEED=1 by default.
+ROUNDS ?= 200
+SEED ?= 1
+chaos: $(VENV)/.installed-test
+	$(BIN)/python -m tests.e2e.chaos --rounds $(ROUNDS) --seed $(SEED) --verbose
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis dist build

@@ -1,0 +1,495 @@
+"""Crash chaos: random workloads against mock sessions from several clients, SIGKILL
+of the daemon at random moments, and DESIGN.md's promises checked after every
+restart.
+
+    python -m tests.e2e.chaos --rounds 200 --seed 7      # make chaos
+
+Each round starts the daemon on the same state directory, runs ``--clients``
+workers (create, send, approve, interrupt, close, delete, subscribe) for a random
+time, then SIGKILLs the daemon. After the restart it checks:
+
+1. no process carrying a spawn token from before the kill survives;
+2. every mutation that got a success reply is in the journal (the workers keep
+   their own record of replies);
+3. every session's seq is contiguous;
+4. no session ever had two live children (child.spawned / child.exited alternate,
+   at most one lease is held);
+5. every subscription resumes from its last seq and ends with the same events as a
+   fresh reader.
+
+It prints one summary line; violations must be 0. The run is reproducible in its
+choices (the seed fixes every worker's decisions and every kill delay), not in its
+timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import msgspec
+
+from agentsctl.client import Client
+from agentsctl.daemon import DaemonUnreachable
+from agentsd.procfs import scan_processes
+from agentsd_protocol.errors import RpcError
+from tests.daemon_process import (
+    DaemonProcess,
+    daemon_command,
+    daemon_env,
+    make_temp_dir,
+    wait_until_serving,
+)
+
+CLIENT_TIMEOUT_S = 10.0  # one request against a local daemon, on a loaded machine
+SUBSCRIBE_READ_S = 0.05  # how long a subscriber waits for one notification per poll
+MAX_SESSIONS = 6  # per round; enough for interleavings, small enough for 2 cores
+LADDER_CONFIG = """\
+idle_timeout_s = 600.0
+handshake_timeout_s = 10.0
+[ladder]
+eof_grace_s = 0.5
+term_grace_s = 0.5
+kill_wait_s = 1.0
+"""
+
+
+@attrs.define
+class Acked:
+    """A mutation that got a success reply: it must be visible after any crash."""
+
+    kind: str
+    session_id: str
+    detail: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.define
+class Follower:
+    """A subscriber's view: the events it received, in order."""
+
+    session_id: str
+    cursor: int = 0
+    seen: list[tuple[int, str]] = attrs.field(factory=list)
+
+
+@attrs.define
+class Record:
+    """What the clients know, shared by the workers of all rounds."""
+
+    acked: list[Acked] = attrs.field(factory=list)
+    followers: list[Follower] = attrs.field(factory=list)
+    sessions: set[str] = attrs.field(factory=set)
+    deleted: set[str] = attrs.field(factory=set)
+    threads: list[threading.Thread] = attrs.field(factory=list)  # followers' readers
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+    def ack(self, kind: str, session_id: str, **detail: Any) -> None:
+        with self.lock:
+            self.acked.append(Acked(kind, session_id, detail))
+
+
+@attrs.define
+class Summary:
+    rounds: int = 0
+    kills: int = 0
+    acked: int = 0  # distinct acknowledged mutations
+    acked_checked: int = 0  # checks made: each acked mutation after every later restart
+    violations: list[str] = attrs.field(factory=list)
+
+    def line(self) -> str:
+        return (
+            f"chaos: {self.rounds} rounds, {self.kills} kills, "
+            f"{self.acked} acknowledged mutations ({self.acked_checked} checks), "
+            f"{len(self.violations)} violations"
+        )
+
+
+# ---- the workload ------------------------------------------------------------------
+
+
+class Worker(threading.Thread):
+    def __init__(self, socket_path: Path, record: Record, rng: random.Random, cwd: Path) -> None:
+        super().__init__(daemon=True)
+        self.socket_path = socket_path
+        self.record = record
+        self.rng = rng
+        self.cwd = cwd
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        try:
+            with Client(self.socket_path, timeout_s=CLIENT_TIMEOUT_S) as client:
+                while not self.stop.is_set():
+                    self.step(client)
+        except (DaemonUnreachable, OSError, TimeoutError):
+            return  # the daemon was killed under us: the round is over for this worker
+
+    def _live(self) -> list[str]:
+        with self.record.lock:
+            return sorted(self.record.sessions - self.record.deleted)
+
+    def step(self, client: Client) -> None:
+        live = self._live()
+        op = self.rng.choices(
+            ["create", "send", "approve", "respond", "interrupt", "close", "delete", "follow"],
+            weights=[3 if len(live) < MAX_SESSIONS else 0, 6, 3, 4, 2, 2, 1, 2],
+        )[0]
+        if op == "create" or not live:
+            self.create(client)
+            return
+        session_id = self.rng.choice(live)
+        # Refused (session deleted meanwhile, nothing to answer, ...): not acked.
+        with contextlib.suppress(RpcError):
+            getattr(self, op)(client, session_id)
+
+    def _op_id(self) -> str:
+        return uuid.UUID(int=self.rng.getrandbits(128)).hex
+
+    def create(self, client: Client) -> None:
+        options: dict[str, Any] = {"chunks": 4, "chunkDelayS": 0.02}
+        if self.rng.random() < 0.3:
+            options["spawnGrandchild"] = True
+        try:
+            result = client.call(
+                "agentSession.create",
+                {
+                    "provider": "mock",
+                    "cwd": str(self.cwd),
+                    "options": options,
+                    "clientOperationId": self._op_id(),
+                },
+            )
+        except RpcError:
+            return
+        session_id = result["sessionId"]
+        with self.record.lock:
+            self.record.sessions.add(session_id)
+        self.record.ack("create", session_id)
+
+    def send(self, client: Client, session_id: str, text: str | None = None) -> None:
+        text = text or f"echo round message {self.rng.getrandbits(32)}"
+        result = client.call(
+            "agentSession.send",
+            {"sessionId": session_id, "text": text, "clientOperationId": self._op_id()},
+        )
+        self.record.ack(
+            "send", session_id, clientMessageId=result["clientMessageId"], seq=result["seq"]
+        )
+
+    def approve(self, client: Client, session_id: str) -> None:
+        self.send(client, session_id, "please approve this")
+
+    def respond(self, client: Client, session_id: str) -> None:
+        history = client.call(
+            "agentSession.history", {"sessionId": session_id, "beforeSeq": 1 << 62, "limit": 50}
+        )
+        resolved = {
+            e["body"]["approvalId"] for e in history["events"] if e["kind"] == "approval.resolved"
+        }
+        pending = [
+            e["body"]
+            for e in history["events"]
+            if e["kind"] == "approval.requested" and e["body"]["approvalId"] not in resolved
+        ]
+        if not pending:
+            return
+        approval = self.rng.choice(pending)
+        decision = self.rng.choice(approval["options"])
+        result = client.call(
+            "agentSession.respond",
+            {
+                "sessionId": session_id,
+                "approvalId": approval["approvalId"],
+                "decision": decision,
+                "clientOperationId": self._op_id(),
+            },
+        )
+        self.record.ack(
+            "respond",
+            session_id,
+            approvalId=approval["approvalId"],
+            decision=decision,
+            seq=result["seq"],
+        )
+
+    def interrupt(self, client: Client, session_id: str) -> None:
+        result = client.call(
+            "agentSession.interrupt", {"sessionId": session_id, "clientOperationId": self._op_id()}
+        )
+        if result["interrupted"]:
+            self.record.ack("interrupt", session_id)
+
+    def close(self, client: Client, session_id: str) -> None:
+        result = client.call(
+            "agentSession.close", {"sessionId": session_id, "clientOperationId": self._op_id()}
+        )
+        if result["wasRunning"]:
+            self.record.ack("close", session_id)
+
+    def delete(self, client: Client, session_id: str) -> None:
+        client.call(
+            "agentSession.delete", {"sessionId": session_id, "clientOperationId": self._op_id()}
+        )
+        with self.record.lock:
+            self.record.deleted.add(session_id)
+        self.record.ack("delete", session_id)
+
+    def follow(self, client: Client, session_id: str) -> None:
+        """Subscribe on a connection of its own and read until the daemon dies."""
+        follower = Follower(session_id)
+        with self.record.lock:
+            self.record.followers.append(follower)
+        thread = threading.Thread(
+            target=_follow, args=(self.socket_path, follower, self.stop), daemon=True
+        )
+        with self.record.lock:
+            self.record.threads.append(thread)
+        thread.start()
+
+
+def _follow(socket_path: Path, follower: Follower, stop: threading.Event) -> None:
+    try:
+        with Client(socket_path, timeout_s=CLIENT_TIMEOUT_S) as client:
+            client.call(
+                "agentSession.subscribe",
+                {"sessionId": follower.session_id, "afterSeq": follower.cursor},
+            )
+            while not stop.is_set():
+                note = client.next_notification(SUBSCRIBE_READ_S)
+                if note is None:
+                    continue
+                params = msgspec.json.decode(note.params)
+                if note.method == "agentSession.event":
+                    follower.seen.append((params["seq"], params["event"]["kind"]))
+                    follower.cursor = params["seq"]
+                elif note.method == "agentSession.lagged":
+                    return  # resumed after the restart, from the cursor
+    except (DaemonUnreachable, OSError, TimeoutError, RpcError):
+        return
+
+
+# ---- the daemon ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def start_daemon(base: Path) -> Iterator[DaemonProcess]:
+    state = base / "state"
+    sock = base / "run" / "agentsd.sock"
+    config = base / "chaos.toml"
+    config.write_text(LADDER_CONFIG)
+    log_path = base / "agentsd.log"
+    with log_path.open("ab") as log_file:
+        process = subprocess.Popen(
+            daemon_command(sock, state, ["--config", str(config)]),
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=daemon_env(base),
+        )
+    daemon = DaemonProcess(sock, state, process, log_path)
+    try:
+        wait_until_serving(daemon)
+        yield daemon
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+
+
+# ---- the checks --------------------------------------------------------------------
+
+
+def _db(state: Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{state / 'agentsd.db'}?mode=ro", uri=True)
+
+
+def _tokens(state: Path) -> list[str]:
+    with contextlib.closing(_db(state)) as conn:
+        return [row[0] for row in conn.execute("SELECT token FROM leases")]
+
+
+def _journal(conn: sqlite3.Connection, session_id: str) -> list[tuple[int, str, dict[str, Any]]]:
+    rows = conn.execute(
+        "SELECT seq, kind, body FROM events WHERE session_id = ? ORDER BY seq", (session_id,)
+    )
+    return [(seq, kind, msgspec.json.decode(body)) for seq, kind, body in rows]
+
+
+def check(state: Path, tokens_before: list[str], record: Record, summary: Summary) -> None:
+    bad = summary.violations
+    survivors = scan_processes(tokens_before)
+    for token in tokens_before:
+        for proc in survivors.carrying(token):
+            bad.append(f"process {proc.pid} with token {token[:8]} survived the restart")
+    with contextlib.closing(_db(state)) as conn:
+        existing = {row[0] for row in conn.execute("SELECT id FROM sessions")}
+        journals = {sid: _journal(conn, sid) for sid in existing}
+        held = conn.execute(
+            "SELECT session_id, COUNT(*) FROM leases WHERE state != 'released' GROUP BY session_id"
+        ).fetchall()
+    for session_id, count in held:
+        if count > 1:
+            bad.append(f"session {session_id} holds {count} leases")
+    for session_id, events in journals.items():
+        seqs = [seq for seq, _, _ in events]
+        if seqs != list(range(1, len(seqs) + 1)):
+            bad.append(f"session {session_id}: seqs not contiguous")
+        live = False
+        for seq, kind, _ in events:
+            if kind == "child.spawned":
+                if live:
+                    bad.append(f"session {session_id}: second live child at seq {seq}")
+                live = True
+            elif kind in ("child.exited",):
+                live = False
+    with record.lock:
+        acked = list(record.acked)
+        deleted = set(record.deleted)
+    for ack in acked:
+        summary.acked_checked += 1
+        problem = _check_ack(ack, journals, deleted)
+        if problem:
+            bad.append(problem)
+
+
+def _check_ack(
+    ack: Acked, journals: dict[str, list[tuple[int, str, dict[str, Any]]]], deleted: set[str]
+) -> str | None:
+    sid = ack.session_id
+    if ack.kind == "delete":
+        return f"deleted session {sid} is back" if sid in journals else None
+    if sid in deleted:
+        return None  # deleted later by an acknowledged delete
+    events = journals.get(sid)
+    if events is None:
+        return f"acknowledged {ack.kind} on {sid}, but the session is gone"
+    by_seq = {seq: (kind, body) for seq, kind, body in events}
+    if ack.kind == "send":
+        kind, body = by_seq.get(ack.detail["seq"], ("", {}))
+        if kind != "submission" or body.get("clientMessageId") != ack.detail["clientMessageId"]:
+            return f"acknowledged send {ack.detail} on {sid} is not in the journal"
+    elif ack.kind == "respond":
+        kind, body = by_seq.get(ack.detail["seq"], ("", {}))
+        if kind != "approval.resolved" or body.get("decision") != ack.detail["decision"]:
+            return f"acknowledged answer {ack.detail} on {sid} is not in the journal"
+    elif ack.kind == "interrupt":
+        if not any(kind == "turn.interruptRequested" for _, kind, _ in events):
+            return f"acknowledged interrupt on {sid} is not in the journal"
+    elif ack.kind == "close" and not any(kind == "child.exited" for _, kind, _ in events):
+        return f"acknowledged close on {sid} has no child.exited"
+    return None
+
+
+def check_followers(daemon: DaemonProcess, record: Record, summary: Summary) -> None:
+    """Each follower resumes from its cursor; what it saw plus what it gets now must
+    equal a fresh read from seq 0."""
+    with record.lock:
+        followers = list(record.followers)
+        record.followers.clear()
+        deleted = set(record.deleted)
+    with Client(daemon.socket, timeout_s=CLIENT_TIMEOUT_S) as client:
+        for follower in followers:
+            if follower.session_id in deleted:
+                continue
+            try:
+                fresh = _read_all(client, follower.session_id, 0)
+            except RpcError:
+                continue  # deleted by an unacknowledged delete just before the kill
+            resumed = _read_all(client, follower.session_id, follower.cursor)
+            if follower.seen + resumed != fresh[: len(follower.seen) + len(resumed)] or (
+                len(follower.seen) + len(resumed) != len(fresh)
+            ):
+                summary.violations.append(
+                    f"follower of {follower.session_id} diverged from a fresh reader"
+                )
+
+
+def _read_all(client: Client, session_id: str, after: int) -> list[tuple[int, str]]:
+    out: list[tuple[int, str]] = []
+    while True:
+        page = client.call(
+            "agentSession.history", {"sessionId": session_id, "afterSeq": after, "limit": 1000}
+        )
+        out.extend((e["seq"], e["kind"]) for e in page["events"])
+        if not page["hasMore"] or not page["events"]:
+            return out
+        after = page["events"][-1]["seq"]
+
+
+# ---- the driver ----------------------------------------------------------------------
+
+
+def run(rounds: int, seed: int, clients: int = 3, verbose: bool = False) -> Summary:
+    rng = random.Random(seed)
+    base = make_temp_dir()
+    cwd = base / "work"
+    cwd.mkdir()
+    record = Record()
+    summary = Summary()
+    tokens_before: list[str] = []
+    for round_no in range(rounds):
+        with start_daemon(base) as daemon:
+            if round_no:
+                check(daemon.state_dir, tokens_before, record, summary)
+                check_followers(daemon, record, summary)
+            workers = [
+                Worker(daemon.socket, record, random.Random(rng.getrandbits(64)), cwd)
+                for _ in range(clients)
+            ]
+            for worker in workers:
+                worker.start()
+            time.sleep(rng.uniform(0.3, 2.0))  # the moment of the kill is the experiment
+            daemon.process.send_signal(signal.SIGKILL)
+            daemon.process.wait(timeout=30)
+            tokens_before = _tokens(daemon.state_dir)
+            summary.kills += 1
+            for worker in workers:
+                worker.stop.set()
+            with record.lock:
+                threads = [*workers, *record.threads]
+                record.threads.clear()
+            for thread in threads:
+                thread.join(timeout=CLIENT_TIMEOUT_S * 2)
+        summary.rounds += 1
+        if verbose:
+            print(f"round {round_no + 1}: {summary.line()}", flush=True)
+    with start_daemon(base) as daemon:
+        check(daemon.state_dir, tokens_before, record, summary)
+        check_followers(daemon, record, summary)
+        daemon.process.send_signal(signal.SIGTERM)
+        if daemon.process.wait(timeout=60) != 0:
+            summary.violations.append("the daemon did not exit 0 on SIGTERM")
+    summary.acked = len(record.acked)
+    shutil.rmtree(base, ignore_errors=True)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--clients", type=int, default=3)
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    summary = run(args.rounds, args.seed, args.clients, args.verbose)
+    print(summary.line())
+    for violation in summary.violations[:50]:
+        print(f"  violation: {violation}")
+    return 0 if not summary.violations else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
