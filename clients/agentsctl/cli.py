@@ -2,17 +2,27 @@
 
 Rule 1: the CLI never imports trio or the ``agentsd`` package, and imports at module
 level only what ``agentsctl status`` needs (argparse and the stdlib-only
-``agentsctl.daemon``): its cold start is budgeted at 3x ``python -c pass``. msgspec and
-the typed ``Client`` are imported inside the commands that need them.
+``agentsctl.daemon``): its cold start is budgeted at 3x ``python -c pass``. Only
+``status`` and ``daemon *`` live here; every other command lives in a module of its
+concept (``commands_session``, ``commands_conversation``, ``attach``, ``doctor``,
+``completion``), named in its ``COMMANDS`` row as ``"module:function"`` and imported
+only when that command runs or its options are built; msgspec and the typed
+``Client`` come in with them.
 
-Rule 2: one function per command and one table (``COMMANDS``) that builds both the
-parser and the help; a new command is a function and a row. A command reaches the
-daemon through ``Target.link()`` (stdlib) or ``Target.client()`` (typed), which start
-a detached daemon when none runs unless ``--no-start``; the commands that must never
-start one (``daemon ping``, ``daemon stop``) pass ``start=False``.
+Rule 2: one function per command and one table (``COMMANDS``) that builds the parser,
+the help and the shell completion; a new command is a function and a row. A command
+reaches the daemon through ``Target.link()`` (stdlib) or ``Target.client()`` (typed),
+which start a detached daemon when none runs unless ``--no-start``; the commands that
+must never start one (``daemon ping``, ``daemon stop``, ``doctor``, and reconnecting
+streams) pass ``start=False``. Every mutation goes through
+``agentsctl.mutation.mutate``: a fresh ``clientOperationId``, one retry on a dropped
+connection.
 
 Rule 3: exit codes are the constants below and nothing else: 0 ok, 1 the daemon
-answered with an error, 2 usage error (argparse's own), 3 daemon unreachable.
+answered with an error (or did not do what was asked, or ``doctor`` found a problem),
+2 usage error (argparse's own), 3 daemon unreachable, 4 the followed session was
+deleted, 130 interrupted (except ``attach`` and ``log --follow``, for which Ctrl-C is
+the normal way out: 0), 141 stdout was closed by its reader (``| head``).
 """
 
 from __future__ import annotations
@@ -47,9 +57,12 @@ if TYPE_CHECKING:
     from agentsctl.client import Client
 
 EXIT_OK = 0
-EXIT_DAEMON_ERROR = 1  # the daemon answered with an error, or did not do what was asked in time
+EXIT_DAEMON_ERROR = 1  # the daemon answered with an error, or what was asked did not happen
 EXIT_USAGE = 2  # argparse's own code for a bad command line
 EXIT_UNREACHABLE = 3  # no daemon answers and none was (or could be) started
+EXIT_SESSION_GONE = 4  # attach / log --follow: the session was deleted while followed
+EXIT_INTERRUPTED = 128 + 2  # what a shell reports for SIGINT
+EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for SIGPIPE: the reader went away
 
 START_HINT = "start it with `agentsctl daemon start` or `make run`"
 
@@ -63,15 +76,30 @@ class CommandFailed(Exception):
         self.kind = kind
 
 
+class UsageError(Exception):
+    """The command line is wrong in a way argparse cannot see (exit 2, with usage)."""
+
+
 class Target:
     """The daemon a command talks to: its socket, its state dir, whether to start it."""
 
     def __init__(self, args: argparse.Namespace) -> None:
+        self.explicit_socket: str | None = args.socket
         self.explicit_state_dir: str | None = args.state_dir
         self.state_dir: str = args.state_dir or default_state_dir()
         self.socket_path: str = args.socket or default_socket_path(state_dir=args.state_dir)
         self.may_start: bool = not args.no_start
         self.log_path = os.path.join(self.state_dir, "agentsd.log")
+
+    def global_args(self) -> list[str]:
+        """The global options given on this command line that locate the daemon, for
+        commands printed as hints (``agentsctl approve ...``)."""
+        words: list[str] = []
+        if self.explicit_socket is not None:
+            words += ["--socket", self.explicit_socket]
+        if self.explicit_state_dir is not None:
+            words += ["--state-dir", self.explicit_state_dir]
+        return words
 
     def link(self, *, start: bool = True) -> Link:
         """A stdlib-JSON connection; with ``start``, a daemon is started if none runs
@@ -236,176 +264,6 @@ def _run_daemon_ping(args: argparse.Namespace, target: Target) -> int:
     return EXIT_OK
 
 
-def _print_json(result: Any) -> None:
-    import msgspec
-
-    print(msgspec.json.format(msgspec.json.encode(result), indent=2).decode())
-
-
-def _configure_new(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("provider", metavar="PROVIDER", help="codex, claude, acp or mock")
-    parser.add_argument(
-        "--command",
-        dest="agent_command",
-        metavar="CMDLINE",
-        help="the agent's command line, shell-quoted (for providers that take one)",
-    )
-    parser.add_argument(
-        "--cwd", default=".", metavar="DIR", help="the agent's working directory (default .)"
-    )
-    parser.add_argument("--title", help="a title to show in listings")
-    parser.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        type=_key_value,
-        metavar="KEY=VALUE",
-        help="agent environment (repeatable)",
-    )
-    parser.add_argument(
-        "--option",
-        action="append",
-        default=[],
-        type=_key_value,
-        metavar="KEY=VALUE",
-        help="provider option; VALUE is parsed as JSON when it is JSON (repeatable)",
-    )
-    parser.add_argument(
-        "--stopped", action="store_true", help="create the session without starting its agent"
-    )
-    parser.add_argument("--json", action="store_true", help="print the whole JSON result")
-
-
-def _key_value(text: str) -> tuple[str, str]:
-    """argparse ``type`` for KEY=VALUE (a bad one is a usage error, exit 2)."""
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
-    return key, value
-
-
-def _run_new(args: argparse.Namespace, target: Target) -> int:
-    import shlex
-
-    import msgspec
-
-    options: dict[str, Any] = {}
-    for key, text in args.option:
-        try:
-            options[key] = msgspec.json.decode(text)
-        except msgspec.DecodeError:
-            options[key] = text
-    with target.client() as client:
-        result = client.create(
-            args.provider,
-            os.path.abspath(args.cwd),
-            title=args.title,
-            options=options,
-            env=dict(args.env),
-            command=None if args.agent_command is None else shlex.split(args.agent_command),
-            start=not args.stopped,
-        )
-    if args.json:
-        _print_json(result)
-    else:
-        print(result.session_id)
-    return EXIT_OK
-
-
-def _configure_ls(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--state",
-        choices=["stopped", "starting", "running", "stopping", "exit-unproven"],
-        help="only sessions whose agent is in this phase",
-    )
-    parser.add_argument("--provider", help="only sessions of this provider")
-    parser.add_argument("--json", action="store_true", help="print the whole JSON result")
-
-
-def _run_ls(args: argparse.Namespace, target: Target) -> int:
-    with target.client() as client:
-        result = client.list(state=args.state, provider=args.provider)
-    if args.json:
-        _print_json(result)
-        return EXIT_OK
-    rows = [("SESSION", "PROVIDER", "PHASE", "STATUS", "TITLE", "CWD")]
-    rows += [
-        (i.session_id, i.provider, i.phase, i.status, i.title or "-", i.cwd)
-        for i in result.sessions
-    ]
-    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]) - 1)]
-    for row in rows:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
-            + "  "
-            + row[-1]
-        )
-    return EXIT_OK
-
-
-def _configure_session_id(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("session_id", metavar="SESSION", help="the session's id")
-    parser.add_argument("--json", action="store_true", help="print the whole JSON result")
-
-
-def _run_show(args: argparse.Namespace, target: Target) -> int:
-    with target.client() as client:
-        result = client.get(args.session_id)
-    if args.json:
-        _print_json(result)
-        return EXIT_OK
-    info = result.session
-    rows: list[tuple[str, object]] = [
-        ("session", info.session_id),
-        ("provider", info.provider),
-        ("title", info.title or "-"),
-        ("cwd", info.cwd),
-        ("status", f"{info.status} ({info.phase})"),
-        ("fence", info.fence),
-        ("head seq", info.head_seq),
-        ("agent", f"pid {info.child.pid}" if info.child else "-"),
-        ("handle", info.provider_handle or "-"),
-    ]
-    if info.last_exit is not None:
-        rows.append(("last exit", f"{info.last_exit.cause} (code {info.last_exit.returncode})"))
-    if info.error is not None:
-        rows.append(("error", f"{info.error.message} [{info.error.kind}]"))
-    for name, value in rows:
-        print(f"{name + ':':<11}{value}")
-    return EXIT_OK
-
-
-def _run_start(args: argparse.Namespace, target: Target) -> int:
-    with target.client() as client:
-        result = client.start(args.session_id)
-    if args.json:
-        _print_json(result)
-    else:
-        print(f"{result.session.session_id}: {result.session.phase}")
-    return EXIT_OK
-
-
-def _run_close(args: argparse.Namespace, target: Target) -> int:
-    with target.client() as client:
-        result = client.close_session(args.session_id)
-    if args.json:
-        _print_json(result)
-    else:
-        what = "agent ended" if result.was_running else "agent was not running"
-        print(f"{result.session.session_id}: {what}")
-    return EXIT_OK
-
-
-def _run_rm(args: argparse.Namespace, target: Target) -> int:
-    with target.client() as client:
-        result = client.delete(args.session_id)
-    if args.json:
-        _print_json(result)
-    else:
-        print(f"{result.session_id}: deleted")
-    return EXIT_OK
-
-
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """argparse's formatter, sized without importing shutil.
 
@@ -440,65 +298,147 @@ def _terminal_columns() -> int:
     return columns or 80
 
 
-class Command:
-    """One row of the command table. ``name`` may be ``group verb`` (``daemon stop``)."""
+if TYPE_CHECKING:
+    Runner = Callable[[argparse.Namespace, Target], int]
+    Configurer = Callable[[argparse.ArgumentParser], None]
 
-    __slots__ = ("configure", "name", "run", "summary")
+
+class Command:
+    """One row of the command table. ``name`` may be ``group verb`` (``daemon stop``).
+
+    ``run`` and ``configure`` are functions, or ``"module:function"`` references that
+    are imported only when used (Rule 1). ``section`` groups the row in ``--help``.
+    """
+
+    __slots__ = ("_configure", "_run", "name", "section", "summary")
 
     def __init__(
         self,
         name: str,
         summary: str,
-        run: Callable[[argparse.Namespace, Target], int],
-        configure: Callable[[argparse.ArgumentParser], None] | None = None,
+        run: Runner | str,
+        configure: Configurer | str | None = None,
+        *,
+        section: str = "more",
     ) -> None:
         self.name = name
         self.summary = summary
-        self.run = run
-        self.configure = configure
+        self._run = run
+        self._configure = configure
+        self.section = section
+
+    @property
+    def run(self) -> Runner:
+        runner: Runner = _resolve(self._run)
+        return runner
+
+    @property
+    def configure(self) -> Configurer | None:
+        if self._configure is None:
+            return None
+        configurer: Configurer = _resolve(self._configure)
+        return configurer
+
+
+def _resolve(ref: Any) -> Any:
+    """A ``Command`` reference: the function itself, or imported from ``module:name``."""
+    if not isinstance(ref, str):
+        return ref
+    import importlib
+
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 GROUPS = {"daemon": "start, stop or ping the agentsd process"}
 
+# (section, heading) in the order --help shows them; a row without a known section
+# is listed under "more".
+SECTIONS = (
+    ("sessions", "session commands"),
+    ("conversation", "conversation commands"),
+    ("daemon", "daemon commands"),
+    ("setup", "setup commands"),
+    ("more", "more commands"),
+)
+
+_S = "agentsctl.commands_session"
+_C = "agentsctl.commands_conversation"
 COMMANDS = (
-    Command("status", "the daemon's version, uptime, paths, connections and sessions", _run_status, _configure_status),
-    Command("daemon start", "start agentsd detached (or --foreground) and wait until it answers", _run_daemon_start, _configure_daemon_start),
-    Command("daemon stop", "ask agentsd to shut down and wait until it is gone", _run_daemon_stop),
-    Command("daemon ping", "time one round trip to a running agentsd", _run_daemon_ping),
-    Command("new", "create a session and start its agent; prints its id", _run_new, _configure_new),
-    Command("ls", "list sessions", _run_ls, _configure_ls),
-    Command("show", "one session's record, status and agent", _run_show, _configure_session_id),
-    Command("start", "start a session's agent if it is not running", _run_start, _configure_session_id),
-    Command("close", "end a session's agent; keep its record and journal", _run_close, _configure_session_id),
-    Command("rm", "close a session, then delete its record and journal", _run_rm, _configure_session_id),
+    Command("new", "create a session and start its agent (-m: and send a prompt); prints its id", f"{_S}:run_new", f"{_S}:configure_new", section="sessions"),
+    Command("ls", "list sessions", f"{_S}:run_ls", f"{_S}:configure_ls", section="sessions"),
+    Command("show", "one session's record, status and agent", f"{_S}:run_show", f"{_S}:configure_session_id", section="sessions"),
+    Command("start", "start a session's agent if it is not running", f"{_S}:run_start", f"{_S}:configure_session_id", section="sessions"),
+    Command("close", "end a session's agent; keep its record and journal", f"{_S}:run_close", f"{_S}:configure_session_id", section="sessions"),
+    Command("rm", "close a session, then delete its record and journal", f"{_S}:run_rm", f"{_S}:configure_session_id", section="sessions"),
+    Command("send", "send a prompt; prints its seq and whether the agent took it", f"{_C}:run_send", f"{_C}:configure_send", section="conversation"),
+    Command("attach", "follow a session live and answer its approvals; Ctrl-C detaches", "agentsctl.attach:run_attach", "agentsctl.attach:configure_attach", section="conversation"),
+    Command("log", "a session's journal (--follow: then stream it)", f"{_C}:run_log", f"{_C}:configure_log", section="conversation"),
+    Command("interrupt", "interrupt the running turn", f"{_C}:run_interrupt", f"{_C}:configure_interrupt", section="conversation"),
+    Command("approve", "answer a pending approval (accept, or --decline / --decision)", f"{_C}:run_approve", f"{_C}:configure_approve", section="conversation"),
+    Command("status", "the daemon's version, uptime, paths, connections and sessions", _run_status, _configure_status, section="daemon"),
+    Command("daemon start", "start agentsd detached (or --foreground) and wait until it answers", _run_daemon_start, _configure_daemon_start, section="daemon"),
+    Command("daemon stop", "ask agentsd to shut down and wait until it is gone", _run_daemon_stop, section="daemon"),
+    Command("daemon ping", "time one round trip to a running agentsd", _run_daemon_ping, section="daemon"),
+    Command("doctor", "check the agents, directories, socket, database and service", "agentsctl.doctor:run_doctor", "agentsctl.doctor:configure_doctor", section="setup"),
+    Command("completion", "print a bash, zsh or fish completion script", "agentsctl.completion:run_completion", "agentsctl.completion:configure_completion", section="setup"),
 )  # fmt: skip
 
 DESCRIPTION = """\
 Control agentsd, the per-user daemon that keeps AI coding-agent sessions alive,
 supervised and durable. agentsctl talks to it over its Unix socket; a command that
 needs the daemon starts it (detached, logging to STATE_DIR/agentsd.log) when none
-answers, unless --no-start is given."""
+answers, unless --no-start is given. Every command that changes something sends a
+fresh operation id and retries once, safely, if the connection drops."""
 
 
 def _epilog() -> str:
     width = max(len(c.name) for c in COMMANDS) + 2
-    commands = "\n".join(f"  {c.name:<{width}}{c.summary}" for c in COMMANDS)
+    known = {key for key, _ in SECTIONS}
+    blocks = []
+    for key, heading in SECTIONS:
+        rows = [
+            c for c in COMMANDS if c.section == key or (key == "more" and c.section not in known)
+        ]
+        if rows:
+            lines = "\n".join(f"  {c.name:<{width}}{c.summary}" for c in rows)
+            blocks.append(f"{heading}:\n{lines}")
+    commands = "\n\n".join(blocks)
     return f"""\
-commands:
 {commands}
 
 Run `agentsctl COMMAND --help` for a command's options.
+
+examples:
+  agentsctl new --provider mock -m "echo hello"   create a session, send a prompt
+  agentsctl attach SESSION                          watch it live; answer approvals
+  agentsctl log SESSION --jsonl --follow            the journal as JSON lines, live
+  agentsctl doctor                                  is everything in place?
+  source <(agentsctl completion bash)               tab completion in bash
 
 environment:
   AGENTSD_SOCKET     the socket, as --socket
   AGENTSD_STATE_DIR  the state directory, as --state-dir
   XDG_RUNTIME_DIR    the socket defaults to $XDG_RUNTIME_DIR/agentsd/agentsd.sock
+  XDG_STATE_HOME     the state directory defaults to $XDG_STATE_HOME/agentsd
+  NO_COLOR           no emphasis in the conversation view, even on a terminal
+
+files:
+  $XDG_RUNTIME_DIR/agentsd/agentsd.sock  the daemon's socket (directory 0700, socket 0600)
+  STATE_DIR/agentsd.db                   sessions, journals and the operation ledger (SQLite)
+  STATE_DIR/agentsd.log                  the log of a daemon started by agentsctl
+  $XDG_CONFIG_HOME/agentsd/config.toml   the daemon's configuration
+  ~/.config/systemd/user/agentsd.socket  the user service (`make install-user-service`)
 
 exit status:
   {EXIT_OK}  success
-  {EXIT_DAEMON_ERROR}  the daemon answered with an error (printed as `error: MESSAGE [KIND]`)
+  {EXIT_DAEMON_ERROR}  the daemon answered with an error (printed as `error: MESSAGE [KIND]`), a
+     prompt was not delivered, or `doctor` found something wrong
   {EXIT_USAGE}  usage error
   {EXIT_UNREACHABLE}  the daemon is unreachable: not running (and --no-start), or not answering
+  {EXIT_SESSION_GONE}  `attach` or `log --follow`: the session was deleted
+  {EXIT_INTERRUPTED}  interrupted by Ctrl-C (`attach` and `log --follow` detach with 0 instead)
+  {EXIT_BROKEN_PIPE}  the reader of stdout went away (`agentsctl log ID | head`)
 """
 
 
@@ -525,8 +465,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     With ``only`` (a ``command_word``), just that command's (or group's) subparsers
     are built. A command line naming that command parses exactly as with the whole
     parser, for less than half the cost: argparse looks up translations on disk for
-    every subparser it makes (Rule 1). Abbreviated options are off, so an option can
-    never be mistaken for a command word.
+    every subparser it makes, and each other command's module stays unimported
+    (Rule 1). Abbreviated options are off, so an option can never be mistaken for a
+    command word.
     """
     parser = argparse.ArgumentParser(
         prog="agentsctl",
@@ -571,8 +512,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                 description=command.summary,
                 formatter_class=HelpFormatter,
             )
-        if command.configure is not None:
-            command.configure(sub)
+        configure = command.configure
+        if configure is not None:
+            configure(sub)
         sub.set_defaults(cli_command=command)
     return parser
 
@@ -580,10 +522,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command line; returns the exit status (argparse exits 2 by itself)."""
     words = sys.argv[1:] if argv is None else argv
-    args = build_parser(command_word(words)).parse_args(words)
+    parser = build_parser(command_word(words))
+    args = parser.parse_args(words)
     command: Command = args.cli_command
     try:
         return command.run(args, Target(args))
+    except UsageError as exc:
+        sys.stderr.write(parser.format_usage())
+        print(f"agentsctl {command.name}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except DaemonNotRunning as exc:
         print(f"agentsctl: {exc.message} ({START_HINT})", file=sys.stderr)
         return EXIT_UNREACHABLE
@@ -597,7 +544,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc.message} [{exc.kind}]", file=sys.stderr)
         return EXIT_DAEMON_ERROR
     except KeyboardInterrupt:
-        return 128 + 2  # what a shell reports for SIGINT
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # Whatever is still buffered for the closed pipe would fail again at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
     except Exception as exc:
         # Imported here: only an answered error pays for msgspec (Rule 1).
         from agentsd_protocol.errors import RpcError
@@ -609,4 +562,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as a script this module is ``__main__``, and the command modules would
+    # import a second copy as ``agentsctl.cli`` whose exceptions this copy's ``main``
+    # would not catch: hand over to that copy.
+    from agentsctl.cli import main as _main
+
+    sys.exit(_main())

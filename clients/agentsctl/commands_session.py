@@ -1,0 +1,227 @@
+"""Session commands: ``new``, ``ls``, ``show``, ``start``, ``close``, ``rm``.
+
+Each command is a ``configure_*`` (its options) and a ``run_*`` (returns the exit
+status), named by a row of ``agentsctl.cli.COMMANDS``. Mutations go through
+``agentsctl.mutation.mutate`` (a fresh operation id, one retry on a dropped
+connection).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from agentsctl.cli import EXIT_OK, UsageError
+from agentsctl.commands_conversation import report_send, send_prompt
+from agentsctl.mutation import mutate
+from agentsctl.render import print_json
+from agentsd_protocol.api import session as s
+
+if TYPE_CHECKING:
+    from agentsctl.cli import Target
+
+PHASES = ("stopped", "starting", "running", "stopping", "exit-unproven")
+
+
+def configure_session_id(parser: argparse.ArgumentParser) -> None:
+    """``SESSION`` and ``--json``: the options of show, start, close and rm."""
+    parser.add_argument("session_id", metavar="SESSION", help="the session's id")
+    parser.add_argument("--json", action="store_true", help="print the whole JSON result")
+
+
+def configure_new(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "provider", nargs="?", metavar="PROVIDER", help="codex, claude, acp or mock (or --provider)"
+    )
+    parser.add_argument(
+        "--provider",
+        dest="provider_option",
+        metavar="PROVIDER",
+        help="the agent provider: codex, claude, acp or mock",
+    )
+    parser.add_argument(
+        "-m",
+        "--message",
+        metavar="TEXT",
+        help="send TEXT as the first prompt once the session exists",
+    )
+    parser.add_argument(
+        "--command",
+        dest="agent_command",
+        metavar="CMDLINE",
+        help="the agent's command line, shell-quoted (for providers that take one)",
+    )
+    parser.add_argument(
+        "--cwd",
+        default=".",
+        metavar="DIR",
+        help="the agent's working directory, made absolute (default: the current one)",
+    )
+    parser.add_argument("--title", help="a title to show in listings")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        type=key_value,
+        metavar="KEY=VALUE",
+        help="agent environment (repeatable)",
+    )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        type=key_value,
+        metavar="KEY=VALUE",
+        help="provider option; VALUE is parsed as JSON when it is JSON (repeatable)",
+    )
+    parser.add_argument(
+        "--stopped", action="store_true", help="create the session without starting its agent"
+    )
+    parser.add_argument("--json", action="store_true", help="print the whole JSON result")
+
+
+def key_value(text: str) -> tuple[str, str]:
+    """argparse ``type`` for KEY=VALUE (a bad one is a usage error, exit 2)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def _provider(args: argparse.Namespace) -> str:
+    given = [str(p) for p in (args.provider, args.provider_option) if p is not None]
+    if not given:
+        raise UsageError("the provider is missing: give PROVIDER or --provider PROVIDER")
+    if len(set(given)) > 1:
+        raise UsageError(f"two different providers given: {given[0]} and {given[1]}")
+    return given[0]
+
+
+def run_new(args: argparse.Namespace, target: Target) -> int:
+    """Create (and by default start) a session; with ``-m``, then send the prompt.
+
+    Prints the session id (``--json``: the create result, plus ``send`` with ``-m``).
+    A prompt that was not delivered exits 1 after the id is printed.
+    """
+    provider = _provider(args)
+    options: dict[str, Any] = {}
+    for key, text in args.option:
+        try:
+            options[key] = msgspec.json.decode(text)
+        except msgspec.DecodeError:
+            options[key] = text
+    params = s.CreateParams(
+        provider=provider,
+        cwd=os.path.abspath(args.cwd),
+        title=args.title,
+        options=options,
+        env=dict(args.env),
+        command=None if args.agent_command is None else shlex.split(args.agent_command),
+        start=not args.stopped,
+    )
+    created = mutate(target, "agentSession.create", params, s.CreateResult)
+    if args.message is None:
+        if args.json:
+            print_json(created)
+        else:
+            print(created.session_id, flush=True)
+        return EXIT_OK
+    if not args.json:
+        print(created.session_id, flush=True)
+    sent = send_prompt(target, created.session_id, args.message)
+    if args.json:
+        document = msgspec.to_builtins(created)
+        document["send"] = msgspec.to_builtins(sent)
+        print_json(document)
+    return report_send(sent, quiet=True)
+
+
+def configure_ls(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--state", choices=PHASES, help="only sessions whose agent is in this phase"
+    )
+    parser.add_argument("--provider", help="only sessions of this provider")
+    parser.add_argument("--json", action="store_true", help="print the whole JSON result")
+
+
+def run_ls(args: argparse.Namespace, target: Target) -> int:
+    with target.client() as client:
+        result = client.list(state=args.state, provider=args.provider)
+    if args.json:
+        print_json(result)
+        return EXIT_OK
+    rows = [("SESSION", "PROVIDER", "PHASE", "STATUS", "TITLE", "CWD")]
+    rows += [
+        (i.session_id, i.provider, i.phase, i.status, i.title or "-", i.cwd)
+        for i in result.sessions
+    ]
+    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]) - 1)]
+    for row in rows:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
+            + "  "
+            + row[-1]
+        )
+    return EXIT_OK
+
+
+def run_show(args: argparse.Namespace, target: Target) -> int:
+    with target.client() as client:
+        result = client.get(args.session_id)
+    if args.json:
+        print_json(result)
+        return EXIT_OK
+    info = result.session
+    rows: list[tuple[str, object]] = [
+        ("session", info.session_id),
+        ("provider", info.provider),
+        ("title", info.title or "-"),
+        ("cwd", info.cwd),
+        ("status", f"{info.status} ({info.phase})"),
+        ("fence", info.fence),
+        ("head seq", info.head_seq),
+        ("agent", f"pid {info.child.pid}" if info.child else "-"),
+        ("handle", info.provider_handle or "-"),
+    ]
+    if info.last_exit is not None:
+        rows.append(("last exit", f"{info.last_exit.cause} (code {info.last_exit.returncode})"))
+    if info.error is not None:
+        rows.append(("error", f"{info.error.message} [{info.error.kind}]"))
+    for name, value in rows:
+        print(f"{name + ':':<11}{value}")
+    return EXIT_OK
+
+
+def run_start(args: argparse.Namespace, target: Target) -> int:
+    params = s.StartParams(session_id=args.session_id)
+    result = mutate(target, "agentSession.start", params, s.StartResult)
+    if args.json:
+        print_json(result)
+    else:
+        print(f"{result.session.session_id}: {result.session.phase}")
+    return EXIT_OK
+
+
+def run_close(args: argparse.Namespace, target: Target) -> int:
+    params = s.CloseParams(session_id=args.session_id)
+    result = mutate(target, "agentSession.close", params, s.CloseResult)
+    if args.json:
+        print_json(result)
+    else:
+        what = "agent ended" if result.was_running else "agent was not running"
+        print(f"{result.session.session_id}: {what}")
+    return EXIT_OK
+
+
+def run_rm(args: argparse.Namespace, target: Target) -> int:
+    params = s.DeleteParams(session_id=args.session_id)
+    result = mutate(target, "agentSession.delete", params, s.DeleteResult)
+    if args.json:
+        print_json(result)
+    else:
+        print(f"{result.session_id}: deleted")
+    return EXIT_OK

@@ -1,0 +1,219 @@
+"""Following one session live: catch up from the journal, then stream, across lags,
+dropped connections and daemon restarts.
+
+Rule 1 (exactly once, in order): the cursor is the seq of the last event handed out.
+Every (re)subscription asks for the events after it, and an event at or below it is
+a duplicate and is dropped; so no lag, reconnect or restart repeats or skips an event.
+
+Rule 2 (resubscribe): after ``agentSession.lagged`` the follower subscribes again on
+the same connection from its cursor. After a dropped connection it reconnects with
+backoff, never starting a daemon (one that went away was stopped or is restarting;
+it is waited for, not replaced), then watches and subscribes again. Deltas streamed
+while disconnected are not replayed: the next snapshot carries their text (see
+``agentsctl.render``, Rule 1).
+
+Rule 3 (deletion): every connection also ``agentSession.watch``es the daemon; a
+``deleted`` status for the session, or ``session_not_found`` on a resubscription, ends
+following with ``SessionGone``. The first subscription's errors propagate unchanged.
+
+Rule 4: ``next(timeout_s)`` never blocks past its timeout, reconnecting included, so a
+caller can interleave keyboard input.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from agentsctl.daemon import DaemonDisconnected, DaemonUnreachable
+from agentsd_protocol.api import stream as st
+from agentsd_protocol.errors import SessionNotFound, ShuttingDown
+
+if TYPE_CHECKING:
+    from agentsctl.cli import Target
+    from agentsctl.client import Client, Notification
+
+RECONNECT_FIRST_S = 0.05  # first pause before reconnecting, doubled up to RECONNECT_MAX_S
+RECONNECT_MAX_S = 1.0  # a restarted daemon is seen within a second
+
+
+class SessionGone(Exception):
+    """The followed session was deleted (Rule 3)."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id} was deleted")
+        self.session_id = session_id
+
+
+class CaughtUp(msgspec.Struct, frozen=True):
+    """Everything journaled before the (re)subscription has been handed out."""
+
+    seq: int
+
+
+class Note(msgspec.Struct, frozen=True):
+    """Something about the connection, for the user (lost, reconnected, lagged)."""
+
+    text: str
+
+
+FollowItem = st.JournalEvent | st.DeltaNotification | CaughtUp | Note
+
+
+class Follower:
+    """Follows ``session_id`` from ``after_seq`` (Rules 1-4); close it when done.
+
+    Not thread-safe. ``open()`` makes the first connection and subscription.
+    """
+
+    def __init__(self, target: Target, session_id: str, *, after_seq: int = 0) -> None:
+        self._target = target
+        self.session_id = session_id
+        self.cursor = after_seq
+        self._client: Client | None = None
+        self._subscription: str | None = None
+        self._head_at_subscribe: int | None = None  # until CaughtUp is handed out
+        self._items: deque[FollowItem] = deque()
+        self._retry_at = 0.0
+        self._backoff_s = RECONNECT_FIRST_S
+        self._lost_reason: str | None = None
+
+    def __enter__(self) -> Follower:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def open(self) -> None:
+        """Connect (starting a daemon as ``target.client()`` does), then subscribe.
+
+        Raises what connecting raises, and the daemon's error for the subscription
+        (``SessionNotFound`` for an unknown session).
+        """
+        self._client = self._target.client()
+        self._start_following(self._client)
+
+    def close(self) -> None:
+        """Close the connection (idempotent); the daemon ends its subscription."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def next(self, timeout_s: float | None) -> FollowItem | None:
+        """The next item, or None when ``timeout_s`` passes first (Rule 4).
+
+        Raises ``SessionGone`` (Rule 3). Connection trouble is handled here and
+        reported as ``Note`` items.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            if self._items:
+                return self._items.popleft()
+            client = self._client
+            if client is None:
+                connected = self._reconnect(deadline)
+                if not connected and deadline is not None and time.monotonic() >= deadline:
+                    return None
+                continue
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                notification = client.next_notification(remaining)
+            except DaemonDisconnected as exc:
+                self._lost(exc.message)
+                continue
+            if notification is None:
+                return None
+            self._handle(notification)
+
+    # -- subscription ---------------------------------------------------------------
+
+    def _start_following(self, client: Client) -> None:
+        client.call("agentSession.watch", st.WatchParams(), result_type=st.WatchResult)
+        self._subscribe(client)
+
+    def _subscribe(self, client: Client) -> None:
+        result = client.call(
+            "agentSession.subscribe",
+            st.SubscribeParams(session_id=self.session_id, after_seq=self.cursor),
+            result_type=st.SubscribeResult,
+        )
+        self._subscription = result.subscription_id
+        self._head_at_subscribe = result.head_seq
+        self._maybe_caught_up()
+
+    def _maybe_caught_up(self) -> None:
+        if self._head_at_subscribe is not None and self.cursor >= self._head_at_subscribe:
+            self._head_at_subscribe = None
+            self._items.append(CaughtUp(seq=self.cursor))
+
+    def _handle(self, notification: Notification) -> None:
+        method = notification.method
+        if method == "agentSession.event":
+            event = notification.decode(st.EventNotification)
+            if event.subscription_id != self._subscription or event.seq <= self.cursor:
+                return  # another subscription's, or a duplicate (Rule 1)
+            self.cursor = event.seq
+            self._items.append(event.event)
+            self._maybe_caught_up()
+        elif method == "agentSession.delta":
+            delta = notification.decode(st.DeltaNotification)
+            if delta.subscription_id == self._subscription:
+                self._items.append(delta)
+        elif method == "agentSession.lagged":
+            lagged = notification.decode(st.LaggedNotification)
+            if lagged.subscription_id != self._subscription or self._client is None:
+                return
+            self._subscription = None
+            self._items.append(Note(f"fell behind; resubscribing after seq {self.cursor}"))
+            try:
+                self._subscribe(self._client)
+            except SessionNotFound:
+                raise SessionGone(self.session_id) from None
+            except (DaemonUnreachable, ShuttingDown, TimeoutError) as exc:
+                self._lost(str(exc))
+        elif method == "agentSession.status":
+            status = notification.decode(st.StatusNotification)
+            if status.deleted and status.session.session_id == self.session_id:
+                raise SessionGone(self.session_id)
+
+    # -- reconnecting ---------------------------------------------------------------
+
+    def _lost(self, reason: str) -> None:
+        self.close()
+        self._subscription = None
+        if self._lost_reason is None:
+            self._lost_reason = reason
+            self._items.append(Note(f"{reason}; reconnecting (Ctrl-C to stop)"))
+        self._backoff_s = RECONNECT_FIRST_S
+        self._retry_at = time.monotonic() + self._backoff_s
+
+    def _reconnect(self, deadline: float | None) -> bool:
+        """One attempt, once its backoff has passed; False if ``deadline`` came first
+        or the attempt failed (the next call tries again)."""
+        now = time.monotonic()
+        if now < self._retry_at:
+            wake = self._retry_at if deadline is None else min(self._retry_at, deadline)
+            time.sleep(max(0.0, wake - now))
+            if time.monotonic() < self._retry_at:
+                return False  # the caller's deadline came first
+        client: Client | None = None
+        try:
+            client = self._target.client(start=False)
+            self._start_following(client)
+        except SessionNotFound:
+            if client is not None:
+                client.close()
+            raise SessionGone(self.session_id) from None
+        except (DaemonUnreachable, ShuttingDown, TimeoutError):
+            if client is not None:
+                client.close()
+            self._retry_at = time.monotonic() + self._backoff_s
+            self._backoff_s = min(self._backoff_s * 2, RECONNECT_MAX_S)
+            return False
+        self._client = client
+        self._lost_reason = None
+        self._items.appendleft(Note(f"reconnected; resuming after seq {self.cursor}"))
+        return True

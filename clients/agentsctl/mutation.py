@@ -1,0 +1,54 @@
+"""Mutations sent by the CLI: idempotent, and retried once across a dropped connection.
+
+Rule 1: each mutation a command sends carries a ``clientOperationId`` minted (uuid4)
+for that mutation in this invocation, never reused by another invocation.
+
+Rule 2: when the connection drops before the reply arrives (``DaemonDisconnected``:
+the daemon crashed, restarted, or cut us off), whether the mutation took effect is
+unknown. It is sent once more, with the same id and params, on a new connection: the
+daemon's ledger replays the recorded answer if the first attempt took effect and runs
+it otherwise (DESIGN.md invariant 7). A second drop propagates (exit 3). A timeout is
+not retried: the request may still be running, and the user decides.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from typing import TYPE_CHECKING, TypeVar
+
+import msgspec
+
+from agentsctl.daemon import DaemonDisconnected
+from agentsd_protocol.api.base import MutationParams
+
+if TYPE_CHECKING:
+    from agentsctl.cli import Target
+
+T = TypeVar("T")
+
+
+def new_operation_id() -> str:
+    """A fresh ``clientOperationId`` (Rule 1)."""
+    return str(uuid.uuid4())
+
+
+def mutate(target: Target, method: str, params: MutationParams, result_type: type[T]) -> T:
+    """Send ``method`` with ``params`` under a fresh operation id; its typed result.
+
+    Connects through ``target.client()`` (which may start the daemon). Raises the
+    daemon's ``RpcError`` for an error answer, ``DaemonUnreachable`` when no daemon
+    can be reached (or the retry dropped too), and ``TimeoutError`` when the daemon
+    does not answer in time.
+    """
+    params = msgspec.structs.replace(params, client_operation_id=new_operation_id())
+    try:
+        with target.client() as client:
+            return client.call(method, params, result_type=result_type)
+    except DaemonDisconnected as exc:
+        print(
+            f"agentsctl: {exc.message}; retrying {method} (operation {params.client_operation_id})",
+            file=sys.stderr,
+        )
+    with target.client() as client:
+        return client.call(method, params, result_type=result_type)

@@ -1,0 +1,257 @@
+"""How the CLI shows things: JSON documents and lines, and the conversation as text.
+
+Rule 1 (each character once): a ``Transcript`` remembers, per item, how many
+characters of the item's full text it has written. A snapshot (``item.updated``, the
+text of ``item.completed``) or a delta (``offset``, ``text``) writes only what lies
+beyond that. A delta that starts beyond it (deltas were lost while reconnecting, or
+the view began mid-item) is dropped: the next snapshot carries the missing text. The
+daemon only ever appends to an item's text, so this is exact.
+
+Rule 2 (lines): agent text streams without a newline; anything else that is written
+first ends the partial line, so meta lines never land inside agent text.
+
+Rule 3: with ``--json`` a command prints one JSON document; with ``--jsonl`` one
+compact JSON object per line, flushed at once (journal events as the daemon sends
+them; a streamed delta as ``{"kind": "delta", ...}``, the one kind without ``seq``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import OrderedDict
+from typing import Any, TextIO
+
+import msgspec
+
+from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
+
+MAX_REMEMBERED_ITEMS = 512  # finished items kept to drop their late deltas; older ones are gone
+MAX_SHOWN_CHARS = 400  # of a tool's input or a reasoning text in the human view
+MAX_DETAIL_LINES = 8  # of an approval's detail in the human view
+
+_encoder = msgspec.json.Encoder()
+
+
+def print_json(result: Any, out: TextIO | None = None) -> None:
+    """``result`` (a Struct or plain values) as one indented JSON document."""
+    stream = sys.stdout if out is None else out
+    stream.write(msgspec.json.format(_encoder.encode(result), indent=2).decode() + "\n")
+    stream.flush()
+
+
+def print_jsonl(value: Any, out: TextIO | None = None) -> None:
+    """``value`` as one compact JSON line, flushed (Rule 3)."""
+    stream = sys.stdout if out is None else out
+    stream.write(_encoder.encode(value).decode() + "\n")
+    stream.flush()
+
+
+def delta_line(delta: DeltaNotification) -> dict[str, Any]:
+    """The ``--jsonl`` form of a delta (Rule 3)."""
+    return {
+        "kind": "delta",
+        "itemId": delta.item_id,
+        "offset": delta.offset,
+        "text": delta.text,
+        "afterSeq": delta.after_seq,
+    }
+
+
+class Style:
+    """ANSI emphasis when writing to a terminal, unless ``NO_COLOR`` is set."""
+
+    def __init__(self, out: TextIO) -> None:
+        try:
+            tty = out.isatty()
+        except (AttributeError, ValueError):
+            tty = False
+        self.enabled = tty and not os.environ.get("NO_COLOR")
+
+    def _wrap(self, code: str, text: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if self.enabled else text
+
+    def dim(self, text: str) -> str:
+        return self._wrap("2", text)
+
+    def bold(self, text: str) -> str:
+        return self._wrap("1", text)
+
+    def warn(self, text: str) -> str:
+        return self._wrap("33", text)
+
+
+def _clip(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _compact(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, dict) and set(value) == {"command"}:
+        value = value["command"]
+    if isinstance(value, str):
+        return _clip(value)
+    return _clip(_encoder.encode(value).decode())
+
+
+class Transcript:
+    """Writes a session's journal events and deltas to ``out`` as a readable
+    conversation (Rules 1 and 2). Not thread-safe; the caller feeds it in order."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.style = Style(out)
+        self._shown: OrderedDict[str, int] = OrderedDict()  # item id -> characters written
+        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._partial_item: str | None = None  # whose text the current line ends with
+
+    # -- agent text ------------------------------------------------------------------
+
+    def delta(self, delta: DeltaNotification) -> None:
+        """Write the part of a streamed delta not yet shown (Rule 1)."""
+        if delta.item_id in self._finished:
+            return
+        shown = self._shown.get(delta.item_id, 0)
+        end = delta.offset + len(delta.text)
+        if delta.offset > shown or end <= shown:
+            return  # a gap (the next snapshot fills it) or nothing new
+        self._text(delta.item_id, delta.text[shown - delta.offset :], end)
+
+    def _snapshot(self, item_id: str, text: str) -> None:
+        shown = self._shown.get(item_id, 0)
+        if len(text) > shown:
+            self._text(item_id, text[shown:], len(text))
+
+    def _text(self, item_id: str, text: str, shown: int) -> None:
+        if self._partial_item is not None and self._partial_item != item_id:
+            self.end_line()
+        self._shown[item_id] = shown
+        self._shown.move_to_end(item_id)
+        while len(self._shown) > MAX_REMEMBERED_ITEMS:
+            self._shown.popitem(last=False)
+        self.out.write(text)
+        self.out.flush()
+        self._partial_item = None if text.endswith("\n") else item_id
+
+    def _finish(self, item_id: str) -> None:
+        self._shown.pop(item_id, None)
+        self._finished[item_id] = None
+        while len(self._finished) > MAX_REMEMBERED_ITEMS:
+            self._finished.popitem(last=False)
+        if self._partial_item == item_id:
+            self.end_line()
+
+    def end_line(self) -> None:
+        """End a partial line of agent text, if one is open (Rule 2)."""
+        if self._partial_item is not None:
+            self._partial_item = None
+            self.out.write("\n")
+            self.out.flush()
+
+    # -- everything else ---------------------------------------------------------------
+
+    def line(self, text: str) -> None:
+        """Write one whole line (after ending a partial one)."""
+        self.end_line()
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def note(self, text: str) -> None:
+        """A line about the session rather than from it (``-- ...``)."""
+        self.line(self.style.dim(f"-- {text}"))
+
+    def event(self, event: JournalEvent) -> None:
+        """Write one journal event; kinds this client does not know show as notes."""
+        body: dict[str, Any] = event.body if isinstance(event.body, dict) else {}
+        kind = event.kind
+        if kind == "item.updated":
+            self._snapshot(str(body.get("itemId")), str(body.get("text") or ""))
+        elif kind == "item.completed":
+            self._item_completed(body)
+        elif kind == "item.started":
+            pass  # its text (or its completion) shows it
+        elif kind == "submission":
+            self.line(self.style.bold("> " + str(body.get("text", "")).replace("\n", "\n  ")))
+        elif kind == "submission.dispatched":
+            if body.get("outcome") != "accepted":
+                reason = f": {body['reason']}" if body.get("reason") else ""
+                self.line(self.style.warn(f"! prompt {body.get('outcome')}{reason}"))
+        elif kind == "turn.started":
+            pass  # the prompt line above shows it
+        elif kind == "turn.completed":
+            outcome = body.get("outcome")
+            if outcome == "completed":
+                self.end_line()
+            else:
+                reason = f" ({body['reason']})" if body.get("reason") else ""
+                self.note(f"turn {body.get('turnId')} {outcome}{reason}")
+        elif kind == "turn.interruptRequested":
+            self.note("interrupt requested")
+        elif kind == "approval.requested":
+            self._approval_requested(body)
+        elif kind == "approval.resolved":
+            self.note(
+                f"approval {body.get('approvalId')}: {body.get('decision')} (by {body.get('by')})"
+            )
+        elif kind == "agent.error":
+            self.line(self.style.warn(f"! agent error: {body.get('message')}"))
+        elif kind == "session.created":
+            self.note(f"session created ({body.get('provider')} in {body.get('cwd')})")
+        elif kind == "child.ready":
+            self.note("agent ready")
+        elif kind == "child.exited":
+            self.note(f"agent exited: {_exit_text(body)}")
+        elif kind == "child.exit-unproven":
+            self.line(self.style.warn("! the agent's exit could not be proven; it may still run"))
+        elif kind in ("lease.acquired", "lease.released", "child.spawned"):
+            pass  # supervision detail; `log --jsonl` has it
+        else:
+            self.note(kind)
+
+    def _item_completed(self, body: dict[str, Any]) -> None:
+        item_id = str(body.get("itemId"))
+        kind = body.get("type")
+        if kind == "agentMessage":
+            self._snapshot(item_id, str(body.get("text") or ""))
+        elif kind in ("toolCall", "commandExecution", "fileChange"):
+            what = body.get("name") or {"commandExecution": "command", "fileChange": "edit"}.get(
+                str(kind), "tool"
+            )
+            parts = ["*", str(what)]
+            if shown := _compact(body.get("input") or body.get("text")):
+                parts.append(shown)
+            if body.get("status"):
+                parts.append(f"[{body['status']}]")
+            self.line(" ".join(parts))
+        elif kind == "reasoning":
+            if body.get("text"):
+                self.line(self.style.dim("(thinking) " + _clip(str(body["text"]))))
+        else:
+            self.note(f"{kind} item {item_id}")
+        self._finish(item_id)
+
+    def _approval_requested(self, body: dict[str, Any]) -> None:
+        options = ", ".join(str(o) for o in body.get("options") or [])
+        self.line(
+            self.style.bold(f"? approval {body.get('approvalId')} ({body.get('kind')}): ")
+            + str(body.get("title", ""))
+        )
+        detail = [line for line in str(body.get("detail") or "").splitlines() if line.strip()]
+        for text in detail[:MAX_DETAIL_LINES]:
+            self.line(f"  {text}")
+        if len(detail) > MAX_DETAIL_LINES:
+            self.line(f"  ({len(detail) - MAX_DETAIL_LINES} more lines)")
+        if options:
+            self.line(f"  options: {options}")
+
+
+def _exit_text(body: dict[str, Any]) -> str:
+    parts = [str(body.get("cause", "unknown"))]
+    if body.get("returncode") is not None:
+        parts.append(f"code {body['returncode']}")
+    if body.get("signal") is not None:
+        parts.append(f"signal {body['signal']}")
+    if body.get("error"):
+        parts.append(str(body["error"]))
+    return ", ".join(parts)
