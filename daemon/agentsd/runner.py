@@ -148,6 +148,8 @@ class Sink:
             return self._session.head_seq
         self._task.touch()
         events = self._snapshots()
+        if kind == "turn.completed":
+            events.extend(_orphaned_approvals(self._session, body.get("turnId")))
         if kind == "item.completed":
             self._items.pop(str(body.get("itemId")), None)
         events.append((kind, dict(body)))
@@ -195,6 +197,24 @@ class Sink:
                     "approval.resolved",
                     {"approvalId": approval.approval_id, "decision": "cancelled", "by": "agent"},
                 )
+
+
+def _orphaned_approvals(session: Session, turn_id: Any) -> list[tuple[str, Any]]:
+    """Approvals still pending when their turn ends (an interrupt, a failure): the
+    agent will never read an answer, so they are settled as cancelled first."""
+    return [
+        (
+            "approval.resolved",
+            {
+                "approvalId": a.approval_id,
+                "decision": "cancelled",
+                "by": "daemon",
+                "reason": "turn ended",
+            },
+        )
+        for a in session.conversation.approvals.values()
+        if a.turn_id is not None and a.turn_id == turn_id and a.approval_id not in session.claims
+    ]
 
 
 def _classify_start_failure(exc: BaseException, program: str) -> RpcError:

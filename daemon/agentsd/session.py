@@ -44,6 +44,7 @@ class PendingApproval:
     seq: int
     kind: str
     options: list[str]
+    turn_id: str | None = None  # the turn that raised it; it cannot outlive that turn
 
 
 @attrs.define
@@ -86,6 +87,7 @@ class Conversation:
                     seq=seq,
                     kind=str(body.get("kind")),
                     options=list(body.get("options") or []),
+                    turn_id=self.turn_id,
                 )
             case "approval.resolved":
                 approval_id = str(body.get("approvalId"))

@@ -20,6 +20,7 @@ from agentsd import records
 from agentsd.config import Config, LadderConfig
 from agentsd.procfs import is_same_process, scan_processes
 from agentsd.providers import provider_registry
+from agentsd.providers.base import Submission
 from agentsd.session import Session
 from agentsd.store.journal import read_events
 from agentsd.store.writer import Store, open_store
@@ -292,3 +293,23 @@ async def test_shutdown_closes_every_session_concurrently(store: Store, tmp_path
     for s in sessions:
         assert s.phase == "stopped" and s.last_exit is not None
         assert s.last_exit.cause == "shutdown"
+
+
+async def test_an_approval_does_not_outlive_its_turn(store: Store, tmp_path: Path) -> None:
+    """Interrupting a turn that waits for an approval settles the approval as
+    cancelled before the turn ends: nobody can answer a question the agent dropped."""
+    with trio.fail_after(60):
+        async with await _supervisor(store, tmp_path, make_config()) as sup:
+            session = await create(sup, tmp_path)
+            await sup.start(session)
+            task = session.task
+            assert task is not None and task.adapter is not None
+            await task.adapter.send(Submission(client_message_id="m1", text="please approve"))
+            await eventually(lambda: session.status == "attention")
+            assert await task.adapter.interrupt(session.conversation.turn_id)
+            await eventually(lambda: not session.conversation.turn_open)
+            assert session.status == "idle"
+            kinds = [(k, b.get("decision")) for _, k, b in await journal(store, session.id)]
+            resolved = kinds.index(("approval.resolved", "cancelled"))
+            assert kinds.index(("turn.completed", None)) > resolved
+            await sup.close(session)
