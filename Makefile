@@ -21,7 +21,12 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed
 	$(BIN)/agentsd
 
-test: $(VENV)/.installed-test
+# The official ACP TypeScript SDK drives `agentsctl acp` in tests/clients/test_acp.py.
+ACP_CLIENT := tests/clients/acp_client
+$(ACP_CLIENT)/node_modules/.package-lock.json: $(ACP_CLIENT)/package-lock.json
+	npm ci --prefix $(ACP_CLIENT) --no-audit --no-fund --loglevel=error
+
+test: $(VENV)/.installed-test $(ACP_CLIENT)/node_modules/.package-lock.json
 	$(BIN)/pytest
 
 lint: $(VENV)/.installed-test
@@ -41,7 +46,7 @@ chaos: $(VENV)/.installed-test
 	$(BIN)/python -m tests.e2e.chaos --rounds $(ROUNDS) --seed $(SEED) --verbose
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis dist build
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis dist build $(ACP_CLIENT)/node_modules
 
 # The user service. Debian 12's python3 refuses `pip install --user` (PEP 668), so
 # agentsd goes into a private virtualenv and its console scripts are linked into

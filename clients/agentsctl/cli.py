@@ -376,6 +376,7 @@ COMMANDS = (
     Command("log", "a session's journal (--follow: then stream it)", f"{_C}:run_log", f"{_C}:configure_log", section="conversation"),
     Command("interrupt", "interrupt the running turn", f"{_C}:run_interrupt", f"{_C}:configure_interrupt", section="conversation"),
     Command("approve", "answer a pending approval (accept, or --decline / --decision)", f"{_C}:run_approve", f"{_C}:configure_approve", section="conversation"),
+    Command("acp", "serve the Agent Client Protocol on stdio for an editor (a daemon session per ACP session)", "agentsctl.acp.command:run_acp", "agentsctl.acp.command:configure_acp", section="conversation"),
     Command("status", "the daemon's version, uptime, paths, connections and sessions", _run_status, _configure_status, section="daemon"),
     Command("daemon start", "start agentsd detached (or --foreground) and wait until it answers", _run_daemon_start, _configure_daemon_start, section="daemon"),
     Command("daemon stop", "ask agentsd to shut down and wait until it is gone", _run_daemon_stop, section="daemon"),

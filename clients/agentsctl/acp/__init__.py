@@ -1,0 +1,53 @@
+"""``agentsctl acp``: an Agent Client Protocol agent on stdio, backed by agentsd.
+
+An ACP editor (Zed, the ACP clients of Neovim and Emacs, ...) starts
+``agentsctl acp [--session ID | --provider P --cwd DIR]`` as its agent and drives a
+daemon-held session through it. Covered (ACP v1):
+
+- ``initialize``: protocol version 1; ``loadSession``, embedded context in prompts,
+  ``session/list`` and ``session/resume``.
+- ``session/new`` creates a daemon session (or binds ``--session``); its id is the
+  ACP session id. ``session/load`` replays the journal as ``session/update``s, then
+  follows live; ``session/resume`` follows live without the replay.
+- ``session/prompt`` answers ``end_turn``, ``cancelled`` or ``refusal`` when its turn
+  ends; ``session/cancel`` interrupts it.
+- ``session/update``: ``user_message_chunk`` (prompts from other clients, and all of
+  them on load), ``agent_message_chunk`` (streamed deltas), ``agent_thought_chunk``
+  (reasoning), ``tool_call`` and ``tool_call_update`` (tool items and approvals).
+- ``session/request_permission`` for each approval; ``$/cancel_request`` withdraws it
+  when another client answered first, and cancels the editor's own requests.
+
+Not covered: image and audio prompts (not advertised), the editor's MCP servers (the
+daemon's agents bring their own tools; the list is accepted and ignored), the editor's
+``fs/*`` and ``terminal/*`` methods (agents run in the daemon's sessions, not in the
+editor), session modes and config options, ``authenticate``, ``session/close`` and
+``session/delete`` (a session outlives every client: ``agentsctl close``/``rm``).
+
+Modules: ``schema`` (ACP wire types), ``updates`` (journal -> updates) and ``turns``
+(prompt and approval bookkeeping) are pure; ``peer`` (JSON-RPC on the pipes),
+``bridge`` (the glue) and ``stdio`` (the process) do the I/O; ``command`` is the CLI
+row. This package imports nothing itself (PEP 562): the CLI loads ``command`` to
+build its parser, and trio comes in only when the bridge runs.
+"""
+
+from __future__ import annotations
+
+# typing costs a few ms of cold start and is needed by the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from agentsctl.acp.bridge import BridgeConfig
+    from agentsctl.acp.stdio import run_bridge, serve_acp
+
+__all__ = ["BridgeConfig", "run_bridge", "serve_acp"]
+
+
+def __getattr__(name: str) -> object:
+    if name == "BridgeConfig":
+        from agentsctl.acp import bridge
+
+        return bridge.BridgeConfig
+    if name in ("run_bridge", "serve_acp"):
+        from agentsctl.acp import stdio
+
+        return getattr(stdio, name)
+    raise AttributeError(f"module 'agentsctl.acp' has no attribute {name!r}")

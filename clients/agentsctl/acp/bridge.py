@@ -1,0 +1,488 @@
+"""The ACP agent an editor talks to, backed by daemon sessions: the glue between the
+editor's ``Peer`` and the daemon's ``AsyncClient``.
+
+Rule 1: an ACP session id *is* the daemon session id, so an editor that restarts
+and calls ``session/load`` gets the same conversation, from this bridge or another.
+The bridge owns no session: it never closes one, and killing it mid-turn leaves the
+turn running in the daemon.
+
+Rule 2: each ACP session the editor opened has one ``Binding``: a subscription to
+the daemon session whose events become ``session/update`` notifications
+(``UpdateTranslator``) and answers to ``session/prompt`` (``TurnTracker``). Nothing
+is missed between a prompt and its reply: a prompt is sent only once the binding's
+subscription is open.
+
+Rule 3: an approval becomes a ``session/request_permission``, once the editor has
+seen the history it belongs to. The editor's choice goes to
+``agentSession.respond``. If the approval is resolved another way first (another
+client, the agent, the daemon), the editor's request is cancelled with
+``$/cancel_request`` and its late answer ignored; the prompt goes on.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import attrs
+import msgspec
+import trio
+
+from agentsctl.acp import schema as acp
+from agentsctl.acp.peer import (
+    AcpError,
+    Answer,
+    OutgoingRequest,
+    Peer,
+    Received,
+    method_not_found,
+)
+from agentsctl.acp.turns import (
+    Approval,
+    ApprovalClosed,
+    ApprovalOpened,
+    Finished,
+    Interrupt,
+    Prompt,
+    TurnTracker,
+)
+from agentsctl.acp.updates import UpdateTranslator, approval_tool_call
+from agentsctl.aio import AsyncClient, Subscription
+from agentsctl.daemon import DaemonUnreachable
+from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
+from agentsd_protocol.errors import (
+    AlreadyResolved,
+    ApprovalNotFound,
+    CwdNotDirectory,
+    CwdNotFound,
+    InvalidParams,
+    RpcError,
+    SessionNotFound,
+    UnknownProvider,
+)
+
+log = logging.getLogger(__name__)
+
+P = TypeVar("P")
+
+AGENT_NAME = "agentsd"
+PERMISSION_CANCEL_GRACE_S = 5.0  # after $/cancel_request, how long the editor may take to answer
+_NOT_FOUND = (SessionNotFound, ApprovalNotFound)
+_BAD_PARAMS = (InvalidParams, CwdNotFound, CwdNotDirectory, UnknownProvider)
+
+
+@attrs.frozen
+class BridgeConfig:
+    """What ``agentsctl acp`` was told on its command line."""
+
+    socket_path: str
+    session_id: str | None = None  # --session: session/new binds to it instead of creating
+    provider: str = "mock"
+    cwd: str | None = None  # --cwd: overrides the editor's cwd for new sessions
+    title: str | None = None
+    options: dict[str, Any] = attrs.field(factory=dict)  # provider options of new sessions
+    version: str = "0"
+
+
+def rpc_failure(exc: RpcError | DaemonUnreachable) -> AcpError:
+    """A daemon failure as the JSON-RPC error the editor gets (the daemon's kind and
+    details stay in ``data``)."""
+    if isinstance(exc, DaemonUnreachable):
+        return AcpError(acp.INTERNAL_ERROR, exc.message, {"kind": "daemon_unreachable"})
+    data = {"kind": exc.kind, "retryable": exc.retryable, **exc.details}
+    if isinstance(exc, _NOT_FOUND):
+        return AcpError(acp.RESOURCE_NOT_FOUND, exc.message, data)
+    if isinstance(exc, _BAD_PARAMS):
+        return AcpError(acp.INVALID_PARAMS, exc.message, data)
+    return AcpError(acp.INTERNAL_ERROR, exc.message, data)
+
+
+def decode(params: msgspec.Raw, params_type: type[P]) -> P:
+    try:
+        return msgspec.json.decode(params, type=params_type)
+    except msgspec.DecodeError as exc:
+        raise AcpError(acp.INVALID_PARAMS, f"Invalid params: {exc}") from None
+
+
+@attrs.define(eq=False)
+class _Permission:
+    """A ``session/request_permission`` in flight for one approval (Rule 3)."""
+
+    approval: Approval
+    request: OutgoingRequest | None = None
+    superseded: bool = False  # resolved elsewhere: the editor's answer no longer counts
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+
+
+class Binding:
+    """One ACP session of this editor: see Rule 2. Its tasks run in the bridge's
+    nursery; ``close`` ends them and fails its prompts."""
+
+    def __init__(self, bridge: Bridge, session_id: str) -> None:
+        self.session_id = session_id
+        self._bridge = bridge
+        self._client = bridge.client
+        self._peer = bridge.peer
+        self.translator = UpdateTranslator()
+        self.tracker = TurnTracker()
+        self.scope = trio.CancelScope()
+        self.caught_up = trio.Event()  # the history up to the head when it began was sent
+        self._catch_up_seq = 0
+        self._editor_ready = False  # the editor has the reply that opened this binding
+        self._waiters: dict[str, trio.Event] = {}
+        self._permissions: dict[str, _Permission] = {}
+        self.failure: AcpError | None = None
+
+    # -- the subscription ---------------------------------------------------------------
+
+    async def run(self, after_seq: int | None, *, task_status: trio.TaskStatus[None]) -> None:
+        """Follow the daemon session; ``started`` once subscribed (errors before that
+        are the caller's). Ends when closed, or when following failed for good."""
+        started = False
+        with self.scope:
+            try:
+                async with self._client.subscribe(self.session_id, after_seq=after_seq) as events:
+                    self._catch_up_seq = events.head_seq if after_seq is not None else 0
+                    self._check_caught_up(events)
+                    started = True
+                    task_status.started()
+                    async for item in events:
+                        await self._handle(item)
+                        self._check_caught_up(events)
+            except (RpcError, DaemonUnreachable) as exc:
+                if not started:
+                    raise
+                log.error("following session %s failed: %s", self.session_id, exc)
+                self.close(rpc_failure(exc))
+
+    def _check_caught_up(self, events: Subscription) -> None:
+        if not self.caught_up.is_set() and (events.last_seq or 0) >= self._catch_up_seq:
+            self.caught_up.set()
+            self._ask_pending()
+
+    async def _handle(self, item: JournalEvent | DeltaNotification) -> None:
+        if isinstance(item, DeltaNotification):
+            updates = self.translator.delta(item)
+            actions = []
+        else:
+            updates = self.translator.event(item)
+            actions = self.tracker.event(item)
+        for update in updates:
+            notification = acp.SessionNotification(session_id=self.session_id, update=update)
+            await self._peer.notify("session/update", notification)
+        for action in actions:
+            self._act(action)
+
+    def _act(self, action: Finished | Interrupt | ApprovalOpened | ApprovalClosed) -> None:
+        match action:
+            case Finished(prompt=prompt):
+                waiter = self._waiters.get(prompt.operation_id)
+                if waiter is not None:
+                    waiter.set()
+            case Interrupt():
+                self._bridge.nursery.start_soon(self._interrupt)
+            case ApprovalOpened(approval=approval):
+                if self.caught_up.is_set():
+                    self._ask(approval)
+            case ApprovalClosed(approval_id=approval_id):
+                permission = self._permissions.get(approval_id)
+                if permission is not None:
+                    permission.superseded = True
+                    self._bridge.nursery.start_soon(self._withdraw, permission)
+
+    def editor_ready(self) -> None:
+        """The editor has the reply that opened this binding: permission requests may
+        go out now (Rule 3)."""
+        self._editor_ready = True
+        self._ask_pending()
+
+    def close(self, failure: AcpError) -> None:
+        """End the subscription and withdraw its permission requests from the editor;
+        prompts fail with ``failure``. Idempotent."""
+        if self.failure is None:
+            self.failure = failure
+        self.scope.cancel()
+        for permission in self._permissions.values():
+            permission.scope.cancel()
+            if permission.request is not None:
+                self._bridge.nursery.start_soon(permission.request.cancel)
+        for waiter in self._waiters.values():
+            waiter.set()
+
+    # -- prompts ----------------------------------------------------------------------
+
+    async def prompt(self, text: str, arrival: int) -> acp.PromptResult:
+        """Send ``text`` and wait for its turn to end (``turns`` Rule 2). The send is
+        retried across a daemon restart with the same ``clientOperationId``, so it is
+        journaled once."""
+        if self.failure is not None:
+            raise self.failure
+        operation_id = uuid.uuid4().hex
+        prompt = self.tracker.add(operation_id, arrival)
+        self.translator.own_operations.add(operation_id)
+        done = self._waiters[operation_id] = trio.Event()
+        try:
+            try:
+                await self._client.retrying(
+                    lambda: self._client.send(
+                        self.session_id, text, client_operation_id=operation_id
+                    )
+                )
+            except (RpcError, DaemonUnreachable) as exc:
+                self.tracker.discard(operation_id)
+                raise rpc_failure(exc) from None
+            await done.wait()
+        finally:
+            del self._waiters[operation_id]
+        return self._stop(prompt)
+
+    def _stop(self, prompt: Prompt) -> acp.PromptResult:
+        if prompt.stop_reason is not None:
+            meta = None
+            if prompt.reason is not None:
+                meta = {"agentsd": {"reason": prompt.reason}}
+            return acp.PromptResult(stop_reason=prompt.stop_reason, meta=meta)
+        if prompt.failure is not None:
+            failure = prompt.failure
+            raise AcpError(acp.INTERNAL_ERROR, failure.message, {"kind": failure.kind})
+        raise self.failure or AcpError(acp.INTERNAL_ERROR, "the session is no longer followed")
+
+    def cancel(self, arrival: int) -> None:
+        """``session/cancel`` (arriving ``arrival``-th): every prompt of this session sent
+        before it stops ``cancelled``."""
+        for action in self.tracker.cancel(before=arrival):
+            self._act(action)
+
+    async def _interrupt(self) -> None:
+        try:
+            await self._client.interrupt(self.session_id)
+        except (RpcError, DaemonUnreachable) as exc:
+            # The prompt still ends ``cancelled`` when its turn ends.
+            log.warning("interrupting session %s failed: %s", self.session_id, exc)
+
+    # -- permissions (Rule 3) -----------------------------------------------------------
+
+    def _ask_pending(self) -> None:
+        if self.caught_up.is_set() and self._editor_ready:
+            for approval in list(self.tracker.approvals.values()):
+                self._ask(approval)
+
+    def _ask(self, approval: Approval) -> None:
+        if not self._editor_ready or approval.approval_id in self._permissions:
+            return
+        permission = self._permissions[approval.approval_id] = _Permission(approval)
+        self._bridge.nursery.start_soon(self._permission, permission)
+
+    async def _permission(self, permission: _Permission) -> None:
+        approval = permission.approval
+        params = acp.RequestPermissionParams(
+            session_id=self.session_id,
+            tool_call=approval_tool_call(approval.body),
+            options=[acp.permission_option(option) for option in approval.options],
+        )
+        decision: str | None = None
+        try:
+            with permission.scope:
+                request = permission.request = await self._peer.request(
+                    "session/request_permission", params
+                )
+                if permission.superseded:
+                    await self._withdraw(permission)
+                decision = await self._decision(request, approval)
+            if permission.superseded or decision is None:
+                return
+            operation_id = uuid.uuid4().hex  # the ledger is daemon-wide: ids must be unique
+            try:
+                await self._client.retrying(
+                    lambda: self._client.respond(
+                        self.session_id,
+                        approval.approval_id,
+                        decision,
+                        client_operation_id=operation_id,
+                    )
+                )
+            except (AlreadyResolved, ApprovalNotFound):
+                pass  # another answer won; the journal says which
+            except (RpcError, DaemonUnreachable) as exc:
+                log.error("answering approval %s failed: %s", approval.approval_id, exc)
+        finally:
+            if self._permissions.get(approval.approval_id) is permission:
+                del self._permissions[approval.approval_id]
+
+    async def _decision(self, request: OutgoingRequest, approval: Approval) -> str:
+        """The editor's choice as a daemon decision: the option it selected, ``cancel``
+        when it cancelled, ``decline`` (if offered) when it failed to answer."""
+        try:
+            result = msgspec.json.decode(await request.wait(), type=acp.RequestPermissionResult)
+        except AcpError as exc:
+            if exc.code == acp.REQUEST_CANCELLED:
+                return "cancel"
+            log.error("the editor failed a permission request: %s", exc.message)
+            return "decline" if "decline" in approval.options else "cancel"
+        except msgspec.DecodeError as exc:
+            log.error("the editor answered a permission request with garbage: %s", exc)
+            return "decline" if "decline" in approval.options else "cancel"
+        outcome = result.outcome
+        if outcome.outcome == "selected" and outcome.option_id in approval.options:
+            return outcome.option_id
+        return "cancel"
+
+    async def _withdraw(self, permission: _Permission) -> None:
+        """Cancel the editor's request for an approval resolved elsewhere; its answer is
+        awaited a little (ACP's graceful cancellation), then forgotten."""
+        request = permission.request
+        if request is None:
+            return  # not sent yet: ``_permission`` withdraws it once it is
+        permission.scope.deadline = trio.current_time() + PERMISSION_CANCEL_GRACE_S
+        await request.cancel()
+
+
+class Bridge:
+    """Serves one editor: dispatches its requests and notifications."""
+
+    def __init__(
+        self, peer_factory: Callable[[Bridge], Peer], client: AsyncClient, config: BridgeConfig
+    ) -> None:
+        self.client = client
+        self.config = config
+        self.bindings: dict[str, Binding] = {}
+        self._cancelled_at: dict[str, int] = {}  # session id -> arrival of its last cancel
+        self.peer = peer_factory(self)
+        self._nursery: trio.Nursery | None = None
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        assert self._nursery is not None, "Bridge.serve is not running"
+        return self._nursery
+
+    async def serve(self) -> None:
+        """Serve until the editor closes its end. Bindings end with it; the daemon's
+        sessions do not (Rule 1)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await self.peer.serve()
+            nursery.cancel_scope.cancel()
+
+    # -- dispatch -----------------------------------------------------------------------
+
+    async def on_request(self, received: Received) -> Any:
+        method, params = received.method, received.params
+        try:
+            match method:
+                case "initialize":
+                    return self._initialize(decode(params, acp.InitializeParams))
+                case "session/new":
+                    return await self._new(decode(params, acp.NewSessionParams))
+                case "session/load":
+                    return await self._load(decode(params, acp.LoadSessionParams))
+                case "session/resume":
+                    return await self._resume(decode(params, acp.ResumeSessionParams))
+                case "session/list":
+                    return await self._list(decode(params, acp.ListSessionsParams))
+                case "session/prompt":
+                    return await self._prompt(decode(params, acp.PromptParams), received.arrival)
+                case _:
+                    raise method_not_found(method)
+        except (RpcError, DaemonUnreachable) as exc:
+            raise rpc_failure(exc) from None
+
+    async def on_notification(self, received: Received) -> None:
+        if received.method == "session/cancel":
+            session_id = decode(received.params, acp.CancelParams).session_id
+            # A prompt sent before this cancel whose task has not started yet sees it
+            # here (tasks start in any order: ``peer`` Rule 1).
+            self._cancelled_at[session_id] = received.arrival
+            binding = self.bindings.get(session_id)
+            if binding is not None:
+                binding.cancel(received.arrival)
+        # Other notifications (extensions) are ignored, as JSON-RPC allows.
+
+    # -- methods ------------------------------------------------------------------------
+
+    def _initialize(self, params: acp.InitializeParams) -> acp.InitializeResult:
+        return acp.InitializeResult(
+            protocol_version=min(params.protocol_version, acp.PROTOCOL_VERSION),
+            agent_capabilities=acp.AgentCapabilities(
+                load_session=True,
+                prompt_capabilities=acp.PromptCapabilities(embedded_context=True),
+                session_capabilities=acp.SessionCapabilities(list={}, resume={}),
+            ),
+            agent_info=acp.Implementation(
+                name=AGENT_NAME,
+                title=f"agentsd ({self.config.session_id or self.config.provider})",
+                version=self.config.version,
+            ),
+        )
+
+    async def _new(self, params: acp.NewSessionParams) -> Answer:
+        config = self.config
+        if config.session_id is not None:
+            session_id = (await self.client.get(config.session_id)).session.session_id
+        else:
+            operation_id = uuid.uuid4().hex
+            created = await self.client.retrying(
+                lambda: self.client.create(
+                    config.provider,
+                    config.cwd or params.cwd,
+                    title=config.title,
+                    options=config.options,
+                    client_operation_id=operation_id,
+                )
+            )
+            session_id = created.session_id
+        binding = await self._bind(session_id, after_seq=None)
+        return Answer(acp.NewSessionResult(session_id=session_id), binding.editor_ready)
+
+    async def _load(self, params: acp.LoadSessionParams) -> Answer:
+        binding = await self._bind(params.session_id, after_seq=0)
+        await binding.caught_up.wait()  # ACP: reply once the whole history was sent
+        return Answer(acp.EmptyResult(), binding.editor_ready)
+
+    async def _resume(self, params: acp.ResumeSessionParams) -> Answer:
+        binding = await self._bind(params.session_id, after_seq=None)
+        return Answer(acp.EmptyResult(), binding.editor_ready)
+
+    async def _list(self, params: acp.ListSessionsParams) -> acp.ListSessionsResult:
+        listed = await self.client.list()
+        return acp.ListSessionsResult(
+            sessions=[
+                acp.SessionListing(
+                    session_id=info.session_id,
+                    cwd=info.cwd,
+                    title=info.title,
+                    updated_at=datetime.datetime.fromtimestamp(
+                        info.updated_at, datetime.UTC
+                    ).isoformat(),
+                )
+                for info in listed.sessions
+                if params.cwd is None or info.cwd == params.cwd
+            ]
+        )
+
+    async def _prompt(self, params: acp.PromptParams, arrival: int) -> acp.PromptResult:
+        try:
+            text = acp.prompt_text(params.prompt)
+        except acp.UnsupportedContent as exc:
+            raise AcpError(acp.INVALID_PARAMS, str(exc)) from None
+        if self._cancelled_at.get(params.session_id, -1) > arrival:
+            return acp.PromptResult(stop_reason="cancelled")  # cancelled before it was sent
+        binding = self.bindings.get(params.session_id)
+        if binding is None or binding.failure is not None:
+            # A client that skipped session/load (or whose binding failed): follow live.
+            binding = await self._bind(params.session_id, after_seq=None)
+            binding.editor_ready()
+        return await binding.prompt(text, arrival)
+
+    async def _bind(self, session_id: str, *, after_seq: int | None) -> Binding:
+        """A fresh binding for ``session_id``, subscribed; one it replaces is closed.
+        ``after_seq`` 0 replays the whole journal, None follows from the head."""
+        old = self.bindings.pop(session_id, None)
+        if old is not None:
+            old.close(AcpError(acp.INTERNAL_ERROR, "the session was loaded again"))
+        binding = Binding(self, session_id)
+        await self.nursery.start(binding.run, after_seq)
+        self.bindings[session_id] = binding
+        return binding

@@ -1,0 +1,354 @@
+"""The Agent Client Protocol's wire types, as far as the bridge speaks it (ACP v1).
+
+Rule 1: inbound params accept unknown fields. ACP grows by optional fields and
+``_meta`` everywhere, and an editor newer than this bridge must still be served; the
+fields the bridge needs are typed and checked.
+
+Rule 2: outbound values omit what is unset, so every message is the smallest valid
+one; tagged unions carry ACP's discriminators (``type``, ``sessionUpdate``).
+
+Pure: msgspec and the standard library only, no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+PROTOCOL_VERSION = 1  # the ACP major version this bridge speaks
+
+# JSON-RPC error codes ACP gives a meaning to.
+INVALID_PARAMS = -32602
+METHOD_NOT_FOUND = -32601
+INTERNAL_ERROR = -32603
+RESOURCE_NOT_FOUND = -32002
+REQUEST_CANCELLED = -32800
+
+StopReason = Literal["end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"]
+ToolKind = Literal[
+    "read", "edit", "delete", "move", "search", "execute", "think", "fetch", "switch_mode", "other"
+]
+ToolCallStatus = Literal["pending", "in_progress", "completed", "failed"]
+PermissionOptionKind = Literal["allow_once", "allow_always", "reject_once", "reject_always"]
+
+
+class Inbound(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Params an editor sends (Rule 1: unknown fields are accepted)."""
+
+
+class Outbound(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    """Results and params the bridge sends (Rule 2)."""
+
+
+# -- content blocks -----------------------------------------------------------------
+
+
+class TextBlock(Inbound, frozen=True, kw_only=True, tag_field="type", tag="text"):
+    text: str
+
+
+class ImageBlock(Inbound, frozen=True, kw_only=True, tag_field="type", tag="image"):
+    data: str
+    mime_type: str
+
+
+class AudioBlock(Inbound, frozen=True, kw_only=True, tag_field="type", tag="audio"):
+    data: str
+    mime_type: str
+
+
+class ResourceLinkBlock(Inbound, frozen=True, kw_only=True, tag_field="type", tag="resource_link"):
+    uri: str
+    name: str
+    title: str | None = None
+
+
+class EmbeddedResource(Inbound, frozen=True, kw_only=True):
+    uri: str
+    text: str | None = None  # a text resource
+    blob: str | None = None  # a binary one (base64)
+    mime_type: str | None = None
+
+
+class ResourceBlock(Inbound, frozen=True, kw_only=True, tag_field="type", tag="resource"):
+    resource: EmbeddedResource
+
+
+ContentBlock = TextBlock | ImageBlock | AudioBlock | ResourceLinkBlock | ResourceBlock
+
+
+class UnsupportedContent(ValueError):
+    """A prompt holds content this bridge did not advertise (images, audio)."""
+
+
+def prompt_text(blocks: list[ContentBlock]) -> str:
+    """The prompt as the text a daemon session takes.
+
+    Text is kept as is; a resource link becomes a Markdown link; an embedded text
+    resource is inlined with its URI; a binary one is referred to by URI. Raises
+    ``UnsupportedContent`` for images and audio (not advertised in ``initialize``).
+    """
+    parts: list[str] = []
+    for block in blocks:
+        match block:
+            case TextBlock(text=text):
+                parts.append(text)
+            case ResourceLinkBlock(uri=uri, name=name, title=title):
+                parts.append(f"[{title or name}]({uri})")
+            case ResourceBlock(resource=EmbeddedResource(uri=uri, text=str() as text)):
+                parts.append(f'<context uri="{uri}">\n{text}\n</context>')
+            case ResourceBlock(resource=EmbeddedResource(uri=uri)):
+                parts.append(f"<{uri}>")
+            case ImageBlock() | AudioBlock():
+                raise UnsupportedContent(
+                    f"{block.__struct_config__.tag} content is not supported by this agent"
+                )
+    return "\n".join(parts)
+
+
+# -- methods the editor calls -----------------------------------------------------------
+
+
+class InitializeParams(Inbound, frozen=True, kw_only=True):
+    protocol_version: int
+    client_capabilities: dict[str, Any] = {}
+    client_info: dict[str, Any] | None = None
+
+
+class PromptCapabilities(Outbound, frozen=True, kw_only=True):
+    image: bool = False
+    audio: bool = False
+    embedded_context: bool = False
+
+
+class McpCapabilities(Outbound, frozen=True, kw_only=True):
+    http: bool = False
+    sse: bool = False
+
+
+class SessionCapabilities(Outbound, frozen=True, kw_only=True):
+    list: dict[str, Any] | None = None
+    resume: dict[str, Any] | None = None
+
+
+class AgentCapabilities(Outbound, frozen=True, kw_only=True):
+    load_session: bool = False
+    prompt_capabilities: PromptCapabilities = PromptCapabilities()
+    mcp_capabilities: McpCapabilities = McpCapabilities()
+    session_capabilities: SessionCapabilities = SessionCapabilities()
+
+
+class Implementation(Outbound, frozen=True, kw_only=True):
+    name: str
+    title: str | None = None
+    version: str
+
+
+class InitializeResult(Outbound, frozen=True, kw_only=True):
+    protocol_version: int
+    agent_capabilities: AgentCapabilities
+    agent_info: Implementation
+    auth_methods: list[Any] = msgspec.field(default_factory=list)
+
+
+class NewSessionParams(Inbound, frozen=True, kw_only=True):
+    cwd: str
+    mcp_servers: list[Any] = []
+
+
+class NewSessionResult(Outbound, frozen=True, kw_only=True):
+    session_id: str
+
+
+class LoadSessionParams(Inbound, frozen=True, kw_only=True):
+    session_id: str
+    cwd: str
+    mcp_servers: list[Any] = []
+
+
+class ResumeSessionParams(Inbound, frozen=True, kw_only=True):
+    session_id: str
+    cwd: str
+    mcp_servers: list[Any] = []
+
+
+class EmptyResult(Outbound, frozen=True, kw_only=True):
+    """The result of ``session/load`` and ``session/resume``: nothing to report."""
+
+
+class ListSessionsParams(Inbound, frozen=True, kw_only=True):
+    cwd: str | None = None
+    cursor: str | None = None
+
+
+class SessionListing(Outbound, frozen=True, kw_only=True):
+    session_id: str
+    cwd: str
+    title: str | None = None
+    updated_at: str | None = None  # ISO 8601
+
+
+class ListSessionsResult(Outbound, frozen=True, kw_only=True):
+    sessions: list[SessionListing]
+
+
+class PromptParams(Inbound, frozen=True, kw_only=True):
+    session_id: str
+    prompt: list[ContentBlock]
+
+
+class PromptResult(Outbound, frozen=True, kw_only=True):
+    stop_reason: StopReason
+    meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
+
+
+class CancelParams(Inbound, frozen=True, kw_only=True):
+    session_id: str
+
+
+class CancelRequestParams(Inbound, frozen=True, kw_only=True):
+    """``$/cancel_request``: cancel a request by its JSON-RPC id."""
+
+    request_id: int | str
+
+
+# -- session/update -------------------------------------------------------------------
+
+
+class TextContent(Outbound, frozen=True, kw_only=True, tag_field="type", tag="text"):
+    text: str
+
+
+class ToolCallContent(Outbound, frozen=True, kw_only=True, tag_field="type", tag="content"):
+    content: TextContent
+
+
+class Update(Outbound, frozen=True, kw_only=True, tag_field="sessionUpdate"):
+    """One ``session/update``."""
+
+
+class UserMessageChunk(Update, frozen=True, kw_only=True, tag="user_message_chunk"):
+    content: TextContent
+    message_id: str | None = None
+
+
+class AgentMessageChunk(Update, frozen=True, kw_only=True, tag="agent_message_chunk"):
+    content: TextContent
+    message_id: str | None = None
+
+
+class AgentThoughtChunk(Update, frozen=True, kw_only=True, tag="agent_thought_chunk"):
+    content: TextContent
+    message_id: str | None = None
+
+
+class ToolCall(Update, frozen=True, kw_only=True, tag="tool_call"):
+    tool_call_id: str
+    title: str
+    kind: ToolKind  # required here though ACP defaults them: sent always, for every editor
+    status: ToolCallStatus
+    content: list[ToolCallContent] = []
+    raw_input: Any = None
+    raw_output: Any = None
+
+
+class ToolCallUpdate(Update, frozen=True, kw_only=True, tag="tool_call_update"):
+    tool_call_id: str
+    title: str | None = None
+    kind: ToolKind | None = None
+    status: ToolCallStatus | None = None
+    content: list[ToolCallContent] | None = None
+    raw_input: Any = None
+    raw_output: Any = None
+
+
+SessionUpdate = UserMessageChunk | AgentMessageChunk | AgentThoughtChunk | ToolCall | ToolCallUpdate
+
+
+class SessionNotification(Outbound, frozen=True, kw_only=True):
+    session_id: str
+    update: SessionUpdate
+
+
+def text_content(text: str) -> list[ToolCallContent]:
+    return [ToolCallContent(content=TextContent(text=text))]
+
+
+# -- session/request_permission ------------------------------------------------------
+
+
+class PermissionToolCall(Outbound, frozen=True, kw_only=True):
+    """The ``toolCall`` of a permission request (a ``ToolCallUpdate`` without its tag)."""
+
+    tool_call_id: str
+    title: str | None = None
+    kind: ToolKind | None = None
+    status: ToolCallStatus | None = None
+    content: list[ToolCallContent] | None = None
+    raw_input: Any = None
+
+
+class PermissionOption(Outbound, frozen=True, kw_only=True):
+    option_id: str
+    name: str
+    kind: PermissionOptionKind
+
+
+class RequestPermissionParams(Outbound, frozen=True, kw_only=True):
+    session_id: str
+    tool_call: PermissionToolCall
+    options: list[PermissionOption]
+
+
+class PermissionOutcome(Inbound, frozen=True, kw_only=True):
+    outcome: str  # "selected" or "cancelled"
+    option_id: str | None = None
+
+
+class RequestPermissionResult(Inbound, frozen=True, kw_only=True):
+    outcome: PermissionOutcome
+
+
+_ALLOW_WORDS = ("accept", "allow", "approve", "yes")
+_REJECT_WORDS = ("decline", "deny", "reject", "no", "cancel", "abort")
+
+
+def permission_option(decision: str) -> PermissionOption:
+    """One of the daemon's decisions as an ACP option; its ``optionId`` is the
+    decision itself, so the editor's choice goes back to ``agentSession.respond``
+    unchanged. The kind is read from the word (``acceptForSession`` allows always)."""
+    words = decision.lower()
+    kind: PermissionOptionKind
+    if words.startswith(_REJECT_WORDS):
+        kind = "reject_always" if "always" in words else "reject_once"
+    elif words.startswith(_ALLOW_WORDS):
+        lasting = "always" in words or "session" in words
+        kind = "allow_always" if lasting else "allow_once"
+    else:
+        kind = "allow_once"
+    name = "".join(f" {ch.lower()}" if ch.isupper() else ch for ch in decision).replace("_", " ")
+    return PermissionOption(option_id=decision, name=name.strip().capitalize(), kind=kind)
+
+
+def tool_kind(kind: str | None) -> ToolKind:
+    """A daemon approval or item kind as ACP's tool kind (``other`` when unsure)."""
+    match (kind or "").lower():
+        case "command" | "commandexecution" | "exec" | "shell" | "bash":
+            return "execute"
+        case "file" | "filechange" | "patch" | "edit" | "write" | "applypatch":
+            return "edit"
+        case "read" | "view":
+            return "read"
+        case "search" | "grep" | "glob" | "websearch":
+            return "search"
+        case "fetch" | "network" | "webfetch":
+            return "fetch"
+        case "delete":
+            return "delete"
+        case "move" | "rename":
+            return "move"
+        case "reasoning" | "think":
+            return "think"
+        case _:
+            return "other"

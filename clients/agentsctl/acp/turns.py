@@ -1,0 +1,252 @@
+"""When an ACP prompt ends, and how: prompts, turns and approvals read off the journal.
+
+Rule 1: a prompt is recognised in the journal by the ``operationId`` of its
+``submission`` (the bridge sends every prompt with a fresh ``clientOperationId``).
+Its turn is the one its ``submission.dispatched`` names; else the turn open at that
+moment (the prompt steered it); else the next turn to start.
+
+Rule 2: a prompt ends when its turn completes (``completed`` -> ``end_turn``,
+``interrupted`` -> ``cancelled``; ``failed`` and ``unknown`` are errors), when the
+agent refused it (dispatch ``rejected`` -> ``refusal``: the agent never saw it),
+when delivery is ``unknown`` (an error), or when the agent exits first (an error).
+Once the editor asked to cancel, the stop reason is ``cancelled`` whatever happened,
+as ACP requires.
+
+Rule 3: an approval is pending from ``approval.requested`` until its
+``approval.resolved``, or until the agent exits (the daemon settles them then).
+
+Pure: no I/O, no trio. The bridge turns the returned actions into calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from agentsctl.acp.schema import StopReason
+from agentsd_protocol.api.stream import JournalEvent
+
+
+@attrs.frozen
+class PromptFailed:
+    """A prompt that ended in an error rather than a stop reason."""
+
+    message: str
+    kind: str
+
+
+@attrs.define
+class Prompt:
+    operation_id: str
+    arrival: int = 0  # when the editor sent it, among its messages (see ``cancel``)
+    client_message_id: str | None = None
+    turn_id: str | None = None
+    awaiting_turn: bool = False  # dispatched while no turn ran: the next one is its own
+    cancel_requested: bool = False
+    # Turns that completed after its submission, for a dispatch that names one late.
+    completed: dict[str, str] = attrs.field(factory=dict)
+    stop_reason: StopReason | None = None
+    failure: PromptFailed | None = None
+    reason: str | None = None  # why the agent refused it
+
+    @property
+    def finished(self) -> bool:
+        return self.stop_reason is not None or self.failure is not None
+
+
+@attrs.frozen
+class Approval:
+    approval_id: str
+    body: dict[str, Any]  # the ``approval.requested`` body
+
+    @property
+    def options(self) -> list[str]:
+        options = self.body.get("options")
+        return [str(o) for o in options] if isinstance(options, list) else []
+
+
+@attrs.frozen
+class Finished:
+    """A prompt ended; answer its ``session/prompt``."""
+
+    prompt: Prompt
+
+
+@attrs.frozen
+class Interrupt:
+    """Ask the daemon to interrupt the running turn (a cancel is in effect)."""
+
+    turn_id: str | None
+
+
+@attrs.frozen
+class ApprovalOpened:
+    approval: Approval
+
+
+@attrs.frozen
+class ApprovalClosed:
+    approval_id: str
+    decision: str
+    by: str
+
+
+Action = Finished | Interrupt | ApprovalOpened | ApprovalClosed
+
+
+class TurnTracker:
+    """Follows one session's journal, in seq order, for the prompts of one bridge."""
+
+    def __init__(self) -> None:
+        self.open_turn: str | None = None
+        self.prompts: dict[str, Prompt] = {}  # by operation id
+        self.approvals: dict[str, Approval] = {}  # pending (Rule 3)
+        self._by_message: dict[str, Prompt] = {}  # by clientMessageId, once seen
+
+    def add(self, operation_id: str, arrival: int = 0) -> Prompt:
+        """Track a prompt before it is sent, so no journal event of it is missed."""
+        prompt = Prompt(operation_id=operation_id, arrival=arrival)
+        self.prompts[operation_id] = prompt
+        return prompt
+
+    def discard(self, operation_id: str) -> None:
+        prompt = self.prompts.pop(operation_id, None)
+        if prompt is not None and prompt.client_message_id is not None:
+            self._by_message.pop(prompt.client_message_id, None)
+
+    def cancel(self, before: int | None = None) -> list[Action]:
+        """The editor cancels: every unfinished prompt it sent before the cancel (by
+        ``arrival``; all without ``before``) will stop ``cancelled``; the running turn
+        is interrupted now, a turn still to start when it starts."""
+        unfinished = [
+            p
+            for p in self.prompts.values()
+            if not p.finished and (before is None or p.arrival < before)
+        ]
+        for prompt in unfinished:
+            prompt.cancel_requested = True
+        if unfinished or self.open_turn is not None:
+            return [Interrupt(self.open_turn)]
+        return []
+
+    def event(self, event: JournalEvent) -> list[Action]:
+        body: dict[str, Any] = event.body if isinstance(event.body, dict) else {}
+        match event.kind:
+            case "submission":
+                prompt = self.prompts.get(str(body.get("operationId")))
+                if prompt is not None and not prompt.finished:
+                    prompt.client_message_id = str(body.get("clientMessageId"))
+                    self._by_message[prompt.client_message_id] = prompt
+                return []
+            case "submission.dispatched":
+                return self._dispatched(body)
+            case "turn.started":
+                return self._turn_started(_opt_str(body.get("turnId")))
+            case "turn.completed":
+                return self._turn_completed(_opt_str(body.get("turnId")), body)
+            case "approval.requested":
+                approval = Approval(approval_id=str(body.get("approvalId")), body=body)
+                self.approvals[approval.approval_id] = approval
+                return [ApprovalOpened(approval)]
+            case "approval.resolved":
+                approval_id = str(body.get("approvalId"))
+                if self.approvals.pop(approval_id, None) is None:
+                    return []
+                return [ApprovalClosed(approval_id, str(body.get("decision")), str(body.get("by")))]
+            case "child.exited":
+                return self._exited(body)
+            case _:
+                return []
+
+    def _dispatched(self, body: dict[str, Any]) -> list[Action]:
+        prompt = self._by_message.get(str(body.get("clientMessageId")))
+        if prompt is None or prompt.finished:
+            return []
+        outcome = body.get("outcome")
+        reason = _opt_str(body.get("reason"))
+        if outcome == "rejected":
+            prompt.reason = reason
+            return self._finish(prompt, "refusal")
+        if outcome != "accepted":
+            failure = PromptFailed(
+                f"delivery to the agent is unknown ({reason or 'not confirmed'}); "
+                "it may or may not have seen the prompt",
+                "dispatch_unknown",
+            )
+            return self._finish(prompt, failure)
+        turn_id = _opt_str(body.get("turnId")) or self.open_turn
+        if turn_id is None:
+            prompt.awaiting_turn = True
+            return []
+        if turn_id in prompt.completed:
+            return self._finish(prompt, _turn_outcome(prompt.completed[turn_id], body))
+        prompt.turn_id = turn_id
+        return []
+
+    def _turn_started(self, turn_id: str | None) -> list[Action]:
+        self.open_turn = turn_id
+        actions: list[Action] = []
+        for prompt in self.prompts.values():
+            if prompt.awaiting_turn and not prompt.finished:
+                prompt.awaiting_turn = False
+                prompt.turn_id = turn_id
+                if prompt.cancel_requested:
+                    actions.append(Interrupt(turn_id))
+        return actions
+
+    def _turn_completed(self, turn_id: str | None, body: dict[str, Any]) -> list[Action]:
+        self.open_turn = None
+        outcome = str(body.get("outcome"))
+        actions: list[Action] = []
+        for prompt in list(self.prompts.values()):
+            if prompt.finished or prompt.client_message_id is None:
+                continue
+            if turn_id is not None and prompt.turn_id == turn_id:
+                actions += self._finish(prompt, _turn_outcome(outcome, body))
+            elif turn_id is not None:
+                prompt.completed[turn_id] = outcome
+        return actions
+
+    def _exited(self, body: dict[str, Any]) -> list[Action]:
+        self.open_turn = None
+        actions: list[Action] = [
+            ApprovalClosed(approval_id, "cancelled", "daemon") for approval_id in self.approvals
+        ]
+        self.approvals.clear()
+        cause = str(body.get("cause") or "unknown")
+        for prompt in list(self.prompts.values()):
+            if not prompt.finished and prompt.client_message_id is not None:
+                failure = PromptFailed(
+                    f"the agent exited ({cause}) before the turn ended", "agent_exited"
+                )
+                actions += self._finish(prompt, failure)
+        return actions
+
+    def _finish(self, prompt: Prompt, outcome: StopReason | PromptFailed) -> list[Action]:
+        if prompt.cancel_requested:
+            prompt.stop_reason = "cancelled"
+        elif isinstance(outcome, PromptFailed):
+            prompt.failure = outcome
+        else:
+            prompt.stop_reason = outcome
+        self.discard(prompt.operation_id)
+        return [Finished(prompt)]
+
+
+def _turn_outcome(outcome: str, body: dict[str, Any]) -> StopReason | PromptFailed:
+    match outcome:
+        case "completed":
+            return "end_turn"
+        case "interrupted":
+            return "cancelled"
+        case "failed":
+            return PromptFailed("the agent's turn failed", "turn_failed")
+        case _:
+            reason = _opt_str(body.get("reason"))
+            why = f" ({reason})" if reason else ""
+            return PromptFailed(f"the turn ended without a known outcome{why}", "turn_unknown")
+
+
+def _opt_str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
