@@ -192,7 +192,7 @@ class Sink:
 
     async def approval_cancelled(self, native_id: str) -> None:
         for approval in list(self._session.conversation.approvals.values()):
-            if approval.native_id == native_id:
+            if approval.native_id == native_id and approval.approval_id not in self._session.claims:
                 await self.emit(
                     "approval.resolved",
                     {"approvalId": approval.approval_id, "decision": "cancelled", "by": "agent"},

@@ -221,6 +221,14 @@ class AgentExited(RpcError):
     retryable = True
 
 
+class AgentUnsupported(RpcError):
+    """The agent's program is a version agentsd cannot speak to (the message names
+    the version found and the oldest supported)."""
+
+    code = -32023
+    kind = "agent_unsupported"
+
+
 def _all_subclasses(cls: type[RpcError]) -> list[type[RpcError]]:
     out: list[type[RpcError]] = []
     for sub in cls.__subclasses__():

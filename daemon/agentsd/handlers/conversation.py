@@ -188,7 +188,7 @@ async def handle_respond(call: Call, params: api.RespondParams) -> api.RespondRe
                 winner=older,
             )
         raise ApprovalNotFound(f"no pending approval {approval_id!r}", approvalId=approval_id)
-    allowed = [*approval.options, "cancel"]
+    allowed = [*approval.options, *(["cancel"] if "cancel" not in approval.options else [])]
     if params.decision not in allowed:
         raise InvalidParams(
             f"Invalid params: decision must be one of {', '.join(allowed)}", options=allowed

@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
 def provider_registry() -> dict[str, Provider]:
     """Every provider the daemon knows, by name."""
+    from agentsd.providers.codex import CodexProvider
     from agentsd.providers.mock import MockProvider
 
-    providers: list[Provider] = [MockProvider()]
+    providers: list[Provider] = [MockProvider(), CodexProvider()]
     return {p.name: p for p in providers}

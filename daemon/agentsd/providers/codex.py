@@ -1,0 +1,432 @@
+"""The ``codex`` provider: ``codex app-server`` spoken to over stdio.
+
+The wire is JSON-RPC 2.0 without the ``"jsonrpc"`` member, one JSON object per
+line. Facts this module relies on, checked against ``codex-cli 0.163.0``:
+
+- ``initialize {clientInfo, capabilities}`` answers ``{userAgent: "<name>/<version>
+  (...)", codexHome, ...}``; the ``initialized`` notification follows. Notifications
+  may arrive before any response (``configWarning``).
+- ``thread/start`` and ``thread/resume {threadId}`` answer ``{thread: {id, ...}}``;
+  resuming an unknown thread is an error response ("no rollout found ...").
+- ``turn/start`` answers at once with ``{turn: {id, status: "inProgress"}}``, before
+  ``turn/started``; ``turn/steer`` needs ``expectedTurnId`` and answers ``{turnId}``.
+- ``turn/interrupt`` answers only once the turn has stopped (just before
+  ``turn/completed {status: "interrupted"}``), and for a turn that already ended it
+  may never answer: every wait here has a deadline.
+- Codex numbers its own requests from 0. An error response to one of them is a
+  safe refusal: a refused command approval fails the command, the turn goes on.
+- The app-server exits on stdin EOF; the session task keeps stdin open.
+
+Rule 1 (one reader): ``handshake`` and then ``run`` are the only readers of the
+child's output (``codex_rpc`` routes responses to the tasks waiting for them, each
+with a deadline). The adapter's state (thread, running turn, open server requests)
+changes only in the reader, except that ``answer_approval`` takes a request out.
+
+Rule 2: every server request is answered: an approval once a client decided (or at
+once with an error if it cannot be recorded), anything else at once with an error.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+import agentsd
+from agentsd.providers.base import (
+    Adapter,
+    Dispatch,
+    LaunchSpec,
+    LineLink,
+    Provider,
+    SessionSink,
+    Submission,
+)
+from agentsd.providers.codex_approvals import (
+    APPROVAL_METHODS,
+    ServerRequest,
+    describe,
+    response,
+)
+from agentsd.providers.codex_events import (
+    bounded,
+    error_body,
+    item_body,
+    item_started_body,
+    thread_status_body,
+    turn_completed_body,
+    turn_id_of,
+    usage_body,
+    warning_body,
+)
+from agentsd.providers.codex_options import MIN_VERSION, parse_options, parse_version
+from agentsd.providers.codex_rpc import Call, Garbage, RpcPeer, clip, error_message
+from agentsd.providers.programs import CODEX, find_program
+from agentsd.records import SessionRow
+from agentsd_protocol.errors import (
+    AgentExited,
+    AgentNotFound,
+    AgentProtocolError,
+    AgentStartFailed,
+    AgentUnsupported,
+    RpcError,
+)
+
+log = logging.getLogger(__name__)
+
+ACK_TIMEOUT_S = 20.0  # turn/start answers in milliseconds; past this delivery is unknown
+INTERRUPT_TIMEOUT_S = 10.0  # codex answers once the turn stopped; it may never answer
+DELTA_METHODS = frozenset(
+    {"item/agentMessage/delta", "item/reasoning/summaryTextDelta", "item/plan/delta"}
+)
+WARNING_METHODS = frozenset({"warning", "configWarning", "deprecationNotice"})
+# Notifications this adapter ignores; opting out spares both sides the JSON.
+OPT_OUT = [
+    "account/rateLimits/updated",
+    "remoteControl/status/changed",
+    "thread/started",
+    "item/commandExecution/outputDelta",
+    "item/fileChange/outputDelta",
+    "item/reasoning/textDelta",
+    "rawResponseItem/completed",
+]
+
+
+# -- the provider ----------------------------------------------------------------------
+
+
+class CodexProvider(Provider):
+    name = "codex"
+
+    def launch(self, session: SessionRow, state_dir: Any) -> LaunchSpec:
+        """``session.command``, else the ``codex`` found on PATH or in its PyPI
+        package, with ``app-server``. Raises ``InvalidParams`` for bad options and
+        ``AgentNotFound`` when no ``codex`` is installed."""
+        parse_options(session.options)
+        if session.command:
+            return LaunchSpec(argv=list(session.command))
+        program = find_program(CODEX)
+        if program is None:
+            raise AgentNotFound(f"cannot start codex: it is not installed; {CODEX.install_hint()}")
+        return LaunchSpec(argv=[program, "app-server"])
+
+    def adapter(self, link: LineLink, sink: SessionSink, session: SessionRow) -> Adapter:
+        return CodexAdapter(link, sink, session)
+
+
+class CodexAdapter(Adapter):
+    """Speaks to one ``codex app-server`` (see the module's rules)."""
+
+    def __init__(self, link: LineLink, sink: SessionSink, session: SessionRow) -> None:
+        self._rpc = RpcPeer(link)
+        self._sink = sink
+        self._session = session
+        self._options = parse_options(session.options)
+        self._thread_id: str | None = None
+        self._turn_id: str | None = None
+        self._requests: dict[str, ServerRequest] = {}  # approvals not yet answered
+        self._file_changes: dict[str, dict[str, Any]] = {}  # announced, by itemId
+        self._errors_reported: set[str | None] = set()  # turns whose failure was journaled
+        self._thread_status: dict[str, Any] | None = None
+
+    async def _handshake_call(self, method: str, params: dict[str, Any]) -> Call:
+        """A request during the handshake: read (and translate what comes first)
+        until its response; an error response is left in ``Call.error``."""
+        call = await self._rpc.request(method, params)
+        while not call.done.is_set():
+            frame = await self._rpc.receive()
+            if frame is None:
+                raise AgentExited(f"codex exited during its handshake (waiting for {method})")
+            if isinstance(frame, Garbage):
+                raise AgentProtocolError(frame.describe())
+            await self._handle(frame)
+        return call
+
+    # -- the handshake ----------------------------------------------------------------
+
+    async def handshake(self, resume_handle: str | None) -> str:
+        """``initialize``, ``initialized``, then ``thread/start`` or ``thread/resume``;
+        returns the thread id. Raises ``AgentExited`` (EOF), ``AgentProtocolError``
+        (garbage, a refused initialize, a resume landing on another thread),
+        ``AgentUnsupported`` (too old a Codex) or ``AgentStartFailed`` (Codex refused
+        the thread, e.g. an unknown thread id). The runner bounds it in time."""
+        init = await self._handshake_call(
+            "initialize",
+            {
+                "clientInfo": {
+                    "name": "agentsd",
+                    "title": "agentsd",
+                    "version": agentsd.__version__,
+                },
+                "capabilities": {
+                    "experimentalApi": False,
+                    "requestAttestation": False,
+                    "optOutNotificationMethods": OPT_OUT,
+                },
+            },
+        )
+        if init.error is not None:
+            raise AgentProtocolError(f"codex refused initialize: {error_message(init.error)}")
+        user_agent = init.result.get("userAgent") if isinstance(init.result, dict) else None
+        if not isinstance(user_agent, str):
+            raise AgentProtocolError(
+                f"codex answered initialize without a userAgent: {clip(init.result)}"
+            )
+        version = parse_version(user_agent)
+        if version is not None and version < MIN_VERSION:
+            found = ".".join(map(str, version))
+            oldest = ".".join(map(str, MIN_VERSION))
+            raise AgentUnsupported(
+                f"codex {found} is too old for agentsd (it needs {oldest} or later); "
+                f"upgrade it: {CODEX.install_hint()}",
+                version=found,
+                minimum=oldest,
+            )
+        await self._rpc.notify("initialized")
+
+        params = {"cwd": self._session.cwd, **self._options.thread_params()}
+        if resume_handle is None:
+            call = await self._handshake_call("thread/start", params)
+            if call.error is not None:
+                raise AgentStartFailed(
+                    f"codex could not start a thread: {error_message(call.error)}"
+                )
+        else:
+            # excludeTurns: the daemon has the history; a long thread is megabytes.
+            params.update(threadId=resume_handle, excludeTurns=True)
+            call = await self._handshake_call("thread/resume", params)
+            if call.error is not None:
+                raise AgentStartFailed(
+                    f"codex could not resume thread {resume_handle}: {error_message(call.error)}"
+                )
+        thread = call.result.get("thread") if isinstance(call.result, dict) else None
+        thread_id = thread.get("id") if isinstance(thread, dict) else None
+        if not isinstance(thread_id, str) or not thread_id:
+            raise AgentProtocolError(f"codex answered {call.method} without a thread id")
+        if resume_handle is not None and thread_id != resume_handle:
+            raise AgentProtocolError(f"codex resumed thread {thread_id} instead of {resume_handle}")
+        self._thread_id = thread_id
+        return thread_id
+
+    # -- the reader -------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            while (frame := await self._rpc.receive()) is not None:
+                if isinstance(frame, Garbage):
+                    # Journaled and skipped: one bad line need not end a healthy agent.
+                    await self._protocol_error(frame.describe())
+                else:
+                    await self._handle(frame)
+        finally:
+            self._rpc.close()
+
+    async def _protocol_error(self, message: str) -> None:
+        await self._sink.emit("agent.error", {"kind": AgentProtocolError.kind, "message": message})
+
+    async def _handle(self, frame: dict[str, Any]) -> None:
+        method = frame.get("method")
+        params = frame.get("params")
+        params = params if isinstance(params, dict) else {}
+        if isinstance(method, str):
+            if "id" in frame:
+                await self._on_server_request(frame.get("id"), method, params)
+            else:
+                await self._on_notification(method, params)
+        elif "id" in frame and ("result" in frame or "error" in frame):
+            call = self._rpc.resolve(frame)
+            if call is not None and call.method == "turn/start" and call.error is None:
+                # Here, in frame order, so a turn that completes at once is never
+                # marked running by a late waiter.
+                result = call.result if isinstance(call.result, dict) else {}
+                turn = result.get("turn")
+                if isinstance(turn, dict) and turn.get("status") == "inProgress":
+                    self._turn_id = turn_id_of(result)
+        else:
+            await self._protocol_error(
+                f"codex wrote a message that is neither request, response nor notification: "
+                f"{clip(frame)}"
+            )
+
+    async def _on_server_request(
+        self, request_id: Any, method: str, params: dict[str, Any]
+    ) -> None:
+        if not isinstance(request_id, int | str) or isinstance(request_id, bool):
+            await self._rpc.refuse(request_id, -32600, "request id must be a number or a string")
+            return
+        if method not in APPROVAL_METHODS:
+            await self._rpc.refuse(request_id, -32601, f"agentsd does not handle {method}")
+            await self._sink.emit(
+                "agent.warning",
+                {"source": method, "message": f"refused codex's {method} request: not supported"},
+            )
+            return
+        request = ServerRequest(request_id=request_id, method=method, params=params)
+        item_id = params.get("itemId")
+        ask = describe(
+            request, self._file_changes.get(item_id) if isinstance(item_id, str) else None
+        )
+        # Registered before the await: a client may answer before the commit returns.
+        self._requests[request.native_id] = request
+        try:
+            await self._sink.approval_requested(
+                native_id=request.native_id,
+                kind=ask.kind,
+                title=ask.title,
+                detail=ask.detail,
+                options=ask.options,
+            )
+        except RpcError as exc:
+            # Rule 2: a question nobody can durably answer is refused, not left hanging.
+            self._requests.pop(request.native_id, None)
+            log.warning("refused codex's %s: could not record it: %s", method, exc.message)
+            await self._rpc.refuse(
+                request_id, -32603, f"agentsd could not record the request: {exc.message}"
+            )
+
+    async def _on_notification(self, method: str, params: dict[str, Any]) -> None:
+        thread_id = params.get("threadId")
+        if (
+            self._thread_id is not None
+            and isinstance(thread_id, str)
+            and thread_id != self._thread_id
+        ):
+            return  # a sub-agent's thread: its turns are not this session's
+        sink = self._sink
+        if method in DELTA_METHODS:
+            item_id, delta = params.get("itemId"), params.get("delta")
+            if isinstance(item_id, str) and isinstance(delta, str):
+                sink.delta(item_id, delta)
+            return
+        match method:
+            case "turn/started":
+                self._turn_id = turn_id_of(params)
+                await sink.emit("turn.started", {"turnId": self._turn_id})
+            case "turn/completed":
+                body = turn_completed_body(params)
+                turn_id = body["turnId"]
+                if "error" in body and turn_id not in self._errors_reported:
+                    # A failure Codex did not announce with `error`: journal it once.
+                    await sink.emit(
+                        "agent.error",
+                        {**body["error"], "turnId": turn_id, "willRetry": False},
+                    )
+                self._errors_reported.discard(turn_id)
+                if self._turn_id == turn_id:
+                    self._turn_id = None
+                self._file_changes.clear()
+                await sink.emit("turn.completed", body)
+            case "item/started":
+                item = params.get("item")
+                if isinstance(item, dict) and item.get("type") == "fileChange":
+                    self._file_changes[str(item.get("id"))] = item
+                await sink.emit("item.started", item_started_body(params))
+            case "item/completed":
+                body = item_body(params)
+                self._file_changes.pop(str(body["itemId"]), None)
+                await sink.emit("item.completed", body)
+            case "error":
+                will_retry = params.get("willRetry") is True
+                turn_id = params.get("turnId") if isinstance(params.get("turnId"), str) else None
+                if not will_retry:
+                    self._errors_reported.add(turn_id)
+                await sink.emit("agent.error", error_body(params.get("error"), turn_id, will_retry))
+            case "serverRequest/resolved":
+                request_id = params.get("requestId")
+                if self._requests.pop(str(request_id), None) is not None:
+                    # Codex withdrew a question nobody answered (its turn ended).
+                    await sink.approval_cancelled(str(request_id))
+            case "thread/status/changed":
+                status = thread_status_body(params)
+                if status != self._thread_status:
+                    self._thread_status = status
+                    await sink.emit("thread.status", status)
+            case "thread/tokenUsage/updated":
+                await sink.emit("usage.updated", usage_body(params))
+            case "turn/diff/updated":
+                await sink.emit(
+                    "turn.diff",
+                    {"turnId": params.get("turnId"), "diff": bounded(params.get("diff"))},
+                )
+            case "turn/plan/updated":
+                await sink.emit(
+                    "turn.plan",
+                    {
+                        "turnId": params.get("turnId"),
+                        "explanation": params.get("explanation"),
+                        "plan": params.get("plan"),
+                    },
+                )
+            case _ if method in WARNING_METHODS:
+                await sink.emit("agent.warning", warning_body(method, params))
+            case _:
+                pass  # informational (rate limits, MCP status, ...): not the conversation's
+
+    # -- from RPC handlers ------------------------------------------------------------
+
+    def _user_input(self, submission: Submission) -> dict[str, Any]:
+        return {
+            "threadId": self._thread_id,
+            "clientUserMessageId": submission.client_message_id,
+            "input": [{"type": "text", "text": submission.text, "text_elements": []}],
+        }
+
+    async def send(self, submission: Submission) -> Dispatch:
+        """``turn/steer`` into the running turn, else (or when the steer is refused,
+        e.g. because that turn just ended) ``turn/start``. The response is the
+        delivery acknowledgement; none within ``ACK_TIMEOUT_S`` is ``unknown``."""
+        try:
+            running = self._turn_id
+            if running is not None:
+                steer = await self._rpc.request(
+                    "turn/steer", {**self._user_input(submission), "expectedTurnId": running}
+                )
+                dispatch = await self._acknowledged(steer)
+                if dispatch.outcome != "rejected" or self._rpc.closed:
+                    return dispatch
+                log.info("codex refused a steer (%s); starting a turn instead", dispatch.reason)
+            params = self._user_input(submission)
+            if self._options.effort is not None:
+                params["effort"] = self._options.effort
+            return await self._acknowledged(await self._rpc.request("turn/start", params))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return Dispatch(outcome="rejected", reason="codex is not running")
+
+    async def _acknowledged(self, call: Call) -> Dispatch:
+        if not await call.wait(ACK_TIMEOUT_S):
+            return Dispatch(
+                outcome="unknown",
+                reason=f"codex did not confirm {call.method} within {ACK_TIMEOUT_S:g} s",
+            )
+        if call.error is not None:
+            return Dispatch(outcome="rejected", reason=error_message(call.error))
+        result = call.result if isinstance(call.result, dict) else {}
+        turn_id = turn_id_of(result) if call.method == "turn/start" else result.get("turnId")
+        return Dispatch(outcome="accepted", turn_id=turn_id if isinstance(turn_id, str) else None)
+
+    async def interrupt(self, turn_id: str | None) -> bool:
+        """``turn/interrupt`` of the running turn. True when Codex confirmed it or did
+        not answer in time (the request is out; ``turn/completed`` tells the end);
+        False when no turn runs or Codex refused."""
+        current = self._turn_id
+        if current is None or self._rpc.closed:
+            return False
+        try:
+            call = await self._rpc.request(
+                "turn/interrupt", {"threadId": self._thread_id, "turnId": turn_id or current}
+            )
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        answered = await call.wait(INTERRUPT_TIMEOUT_S)
+        return not answered or call.error is None
+
+    async def answer_approval(self, native_id: str, decision: str) -> None:
+        """Answer Codex's request ``native_id``. A request Codex already withdrew,
+        or a child that has exited, makes this a no-op: the child's end (or the
+        withdrawal) settles the approval."""
+        request = self._requests.pop(native_id, None)
+        if request is None:
+            log.info("no open codex request %s to answer (withdrawn or answered)", native_id)
+            return
+        await self._rpc.respond(request.request_id, response(request, decision))

@@ -1,0 +1,194 @@
+"""Codex server requests as durable approvals, and decisions back as responses (pure).
+
+Codex asks its client through JSON-RPC requests of its own. Four of them are
+questions a person answers, and become approvals:
+
+- ``item/commandExecution/requestApproval`` and ``item/fileChange/requestApproval``
+  answer ``{"decision": ...}``;
+- ``item/permissions/requestApproval`` answers the granted permission profile and
+  its scope;
+- ``item/tool/requestUserInput`` answers one choice per question.
+
+Rule 1: an approval offers only the decisions the request offers, among
+``accept``, ``acceptForSession``, ``decline`` and ``cancel``. A command request
+lists them in ``availableDecisions`` (Codex 0.163 offers ``accept`` and ``cancel``
+for an escalation, not ``decline``); decisions that carry an argument
+(``acceptWithExecpolicyAmendment``) are not offered, since a client answers with a
+word. Without the list, the protocol's documented set applies.
+
+Rule 2: every decision maps to a response Codex accepts; ``cancel`` is always
+answerable (the daemon adds it to every approval) and for requests that have no
+cancel of their own it denies, the safe reading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import msgspec
+
+DECISIONS = ("accept", "acceptForSession", "decline", "cancel")
+MAX_DETAIL_CHARS = 8 * 1024  # an approval shows a command or a diff head, not a whole file
+
+COMMAND = "item/commandExecution/requestApproval"
+FILE_CHANGE = "item/fileChange/requestApproval"
+PERMISSIONS = "item/permissions/requestApproval"
+USER_INPUT = "item/tool/requestUserInput"
+APPROVAL_METHODS = frozenset({COMMAND, FILE_CHANGE, PERMISSIONS, USER_INPUT})
+
+_encoder = msgspec.json.Encoder()
+
+
+@attrs.frozen
+class ServerRequest:
+    """A request Codex sent us; ``request_id`` is kept as sent (Codex numbers its
+    own requests from 0, independently of ours)."""
+
+    request_id: int | str
+    method: str
+    params: dict[str, Any]
+
+    @property
+    def native_id(self) -> str:
+        return str(self.request_id)
+
+
+@attrs.frozen
+class Ask:
+    """What an approval shows a person."""
+
+    kind: str
+    title: str
+    detail: str
+    options: list[str]
+
+
+def _clip(text: str) -> str:
+    if len(text) <= MAX_DETAIL_CHARS:
+        return text
+    return text[:MAX_DETAIL_CHARS] + f"\n... ({len(text) - MAX_DETAIL_CHARS} more characters)"
+
+
+def _offered(available: Any, default: list[str]) -> list[str]:
+    if not isinstance(available, list):
+        return default
+    return [d for d in DECISIONS if d in available]
+
+
+def _questions(params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    questions = params.get("questions")
+    if not isinstance(questions, list):
+        return []
+    return [q for q in questions if isinstance(q, dict)]
+
+
+def _choices(question: Mapping[str, Any]) -> list[dict[str, Any]]:
+    options = question.get("options")
+    if not isinstance(options, list):
+        return []
+    return [o for o in options if isinstance(o, dict) and isinstance(o.get("label"), str)]
+
+
+def describe(request: ServerRequest, item: Mapping[str, Any] | None = None) -> Ask:
+    """The approval for an approval request (``request.method`` in
+    ``APPROVAL_METHODS``). ``item`` is the item Codex announced with
+    ``item/started`` for the same ``itemId``, if any: a file change's diff is there."""
+    params = request.params
+    reason = params.get("reason") if isinstance(params.get("reason"), str) else None
+    match request.method:
+        case "item/commandExecution/requestApproval":
+            command = params.get("command")
+            lines = [f"$ {command}"] if isinstance(command, str) else []
+            if isinstance(params.get("cwd"), str):
+                lines.append(f"in {params['cwd']}")
+            network = params.get("networkApprovalContext")
+            if isinstance(network, dict) and network.get("host"):
+                lines.append(f"network access to {network['host']}")
+            if reason:
+                lines.append(reason)
+            title = reason or (f"Run {command}" if isinstance(command, str) else "Run a command")
+            return Ask(
+                kind="command",
+                title=_clip(title),
+                detail=_clip("\n".join(lines)),
+                options=_offered(params.get("availableDecisions"), list(DECISIONS)),
+            )
+        case "item/fileChange/requestApproval":
+            changes = (item or {}).get("changes")
+            lines = []
+            for change in changes if isinstance(changes, list) else []:
+                if isinstance(change, dict):
+                    kind = (change.get("kind") or {}).get("type", "update")
+                    lines.append(f"{kind} {change.get('path')}")
+                    if change.get("diff"):
+                        lines.append(str(change["diff"]))
+            if reason:
+                lines.insert(0, reason)
+            return Ask(
+                kind="fileChange",
+                title=_clip(reason or "Apply file changes"),
+                detail=_clip("\n".join(lines)),
+                options=list(DECISIONS),
+            )
+        case "item/permissions/requestApproval":
+            wanted = _encoder.encode(params.get("permissions")).decode()
+            return Ask(
+                kind="permissions",
+                title=_clip(reason or "Grant additional permissions"),
+                detail=_clip(f"{reason + chr(10) if reason else ''}{wanted}"),
+                options=["accept", "acceptForSession", "decline"],
+            )
+        case _:  # item/tool/requestUserInput
+            questions = _questions(params)
+            lines = []
+            for q in questions:
+                lines.append(f"{q.get('header') or ''}: {q.get('question') or ''}".strip(": "))
+                lines.extend(
+                    f"  {'*' if i == 0 else '-'} {o['label']}: {o.get('description') or ''}"
+                    for i, o in enumerate(_choices(q))
+                )
+            answerable = bool(questions) and all(_choices(q) for q in questions)
+            if answerable:
+                lines.append("accept answers every question with its first (*) choice")
+            first = questions[0] if questions else {}
+            return Ask(
+                kind="question",
+                title=_clip(str(first.get("question") or "The agent asks a question")),
+                detail=_clip("\n".join(lines)),
+                options=["accept", "decline"] if answerable else ["decline"],
+            )
+
+
+def _granted(requested: Any) -> dict[str, Any]:
+    """The whole requested permission profile, as a grant (absent members omitted)."""
+    if not isinstance(requested, dict):
+        return {}
+    return {k: v for k, v in requested.items() if v is not None}
+
+
+def response(request: ServerRequest, decision: str) -> dict[str, Any]:
+    """The JSON-RPC ``result`` answering ``request`` with ``decision`` (one of
+    ``DECISIONS``; anything else is answered as ``cancel``)."""
+    if decision not in DECISIONS:
+        decision = "cancel"
+    match request.method:
+        case "item/permissions/requestApproval":
+            if decision in ("accept", "acceptForSession"):
+                return {
+                    "permissions": _granted(request.params.get("permissions")),
+                    "scope": "session" if decision == "acceptForSession" else "turn",
+                }
+            return {"permissions": {}, "scope": "turn"}
+        case "item/tool/requestUserInput":
+            if decision != "accept":
+                return {"answers": {}}
+            answers: dict[str, Any] = {}
+            for q in _questions(request.params):
+                choices = _choices(q)
+                if isinstance(q.get("id"), str) and choices:
+                    answers[q["id"]] = {"answers": [choices[0]["label"]]}
+            return {"answers": answers}
+        case _:
+            return {"decision": decision}

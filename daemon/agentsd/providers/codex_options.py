@@ -1,0 +1,94 @@
+"""A Codex session's options, and the Codex versions agentsd speaks to (pure).
+
+Options come from ``agentSession.create``'s ``options`` (and ``setOptions``); they
+are checked when the agent starts, so a typo fails that start with ``InvalidParams``
+naming the option instead of being silently ignored. They apply to every thread
+start or resume, so a changed option takes effect at the next start.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from agentsd_protocol.errors import InvalidParams
+
+MIN_VERSION = (0, 160, 0)  # the oldest the test extras install: thread/turn API v2, steer
+_VERSION = re.compile(r"^[^/]*/(\d+)\.(\d+)\.(\d+)")
+
+
+@attrs.frozen
+class CodexOptions:
+    """A session's create-time ``options`` for Codex, checked."""
+
+    model: str | None = None
+    approval_policy: str | dict[str, Any] = "on-request"
+    sandbox: str = "workspace-write"
+    effort: str | None = None  # reasoning effort of each turn
+    developer_instructions: str | None = None
+    config: dict[str, Any] | None = None  # Codex config overrides (dotted keys) per thread
+
+    def thread_params(self) -> dict[str, Any]:
+        """What ``thread/start`` and ``thread/resume`` take from the options."""
+        params: dict[str, Any] = {"approvalPolicy": self.approval_policy, "sandbox": self.sandbox}
+        if self.model is not None:
+            params["model"] = self.model
+        if self.developer_instructions is not None:
+            params["developerInstructions"] = self.developer_instructions
+        if self.config is not None:
+            params["config"] = self.config
+        return params
+
+
+APPROVAL_POLICIES = ("untrusted", "on-request", "never")
+SANDBOXES = ("read-only", "workspace-write", "danger-full-access")
+_OPTION_NAMES = {
+    "model": "model",
+    "approvalPolicy": "approval_policy",
+    "sandbox": "sandbox",
+    "effort": "effort",
+    "developerInstructions": "developer_instructions",
+    "config": "config",
+}
+
+
+def parse_options(options: Mapping[str, Any]) -> CodexOptions:
+    """Check a session's options; ``InvalidParams`` names the first bad one."""
+    unknown = sorted(set(options) - set(_OPTION_NAMES))
+    if unknown:
+        raise InvalidParams(
+            f"Invalid params: unknown codex option {unknown[0]!r} "
+            f"(known: {', '.join(sorted(_OPTION_NAMES))})",
+            option=unknown[0],
+        )
+    for name in ("model", "effort", "developerInstructions"):
+        if name in options and not isinstance(options[name], str):
+            raise InvalidParams(f"Invalid params: codex option {name!r} must be a string")
+    policy = options.get("approvalPolicy", "on-request")
+    granular = isinstance(policy, dict) and set(policy) == {"granular"}
+    if policy not in APPROVAL_POLICIES and not granular:
+        raise InvalidParams(
+            f"Invalid params: codex option 'approvalPolicy' must be one of "
+            f"{', '.join(APPROVAL_POLICIES)} (or {{'granular': {{...}}}}), got {policy!r}"
+        )
+    sandbox = options.get("sandbox", "workspace-write")
+    if sandbox not in SANDBOXES:
+        raise InvalidParams(
+            f"Invalid params: codex option 'sandbox' must be one of {', '.join(SANDBOXES)}, "
+            f"got {sandbox!r}"
+        )
+    if "config" in options and not isinstance(options["config"], dict):
+        raise InvalidParams("Invalid params: codex option 'config' must be an object")
+    return CodexOptions(**{_OPTION_NAMES[k]: v for k, v in options.items()})
+
+
+def parse_version(user_agent: str) -> tuple[int, int, int] | None:
+    """The Codex version in ``initialize``'s ``userAgent`` (``name/0.163.0 (...)``)."""
+    match = _VERSION.match(user_agent)
+    if match is None:
+        return None
+    major, minor, patch = (int(g) for g in match.groups())
+    return major, minor, patch
