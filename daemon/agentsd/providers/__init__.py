@@ -15,8 +15,9 @@ if TYPE_CHECKING:
 
 def provider_registry() -> dict[str, Provider]:
     """Every provider the daemon knows, by name."""
+    from agentsd.providers.claude import ClaudeProvider
     from agentsd.providers.codex import CodexProvider
     from agentsd.providers.mock import MockProvider
 
-    providers: list[Provider] = [MockProvider(), CodexProvider()]
+    providers: list[Provider] = [MockProvider(), CodexProvider(), ClaudeProvider()]
     return {p.name: p for p in providers}

@@ -1,0 +1,431 @@
+"""The adapter that speaks to one Claude Code child in stream-json mode.
+
+Facts this module relies on, checked against Claude Code 2.1.332 (the one bundled in
+``claude-agent-sdk`` 0.2.189) talking to a fake Messages API:
+
+- ``control_request {subtype: initialize}`` is answered by a ``control_response``
+  carrying ``claude_code_version`` and ``pid``. ``system/init`` (with the session id)
+  comes only with each user message, never at start.
+- ``--resume`` of an unknown id answers with a ``result`` (``errors: ["No
+  conversation found ..."]``) instead of the initialize response, and exits 1.
+- A ``user`` frame carrying a ``uuid`` is reported at once by ``command_lifecycle
+  {command_uuid, state: queued}`` and later ``started`` / ``completed`` /
+  ``cancelled``; the ``--replay-user-messages`` echo (``isReplay: true``, same
+  ``uuid``) comes only when the CLI takes the message up, which is after a running
+  turn or after every retry of a failing model call. Either counts as delivery.
+- A message sent while a turn runs is folded into that turn at its next model call
+  (one ``result`` for both), or, when the turn makes no further call, runs after it
+  with a ``result`` of its own. An interrupt leaves queued messages queued.
+- One ``assistant`` frame per content block, before that block's
+  ``content_block_stop``; ``stream_event`` frames carry ``api_message_id``.
+- An interrupt ends the turn with ``result {subtype: error_during_execution}``; a
+  pending ``can_use_tool`` is withdrawn with ``control_cancel_request``. A failed
+  model call ends it with ``subtype: success, is_error: true`` and
+  ``api_error_status`` (or ``api_error: connection_failed``), after
+  ``system/api_retry`` frames (10 retries by default, over minutes; even for 401).
+- The CLI echoes our ``control_response`` frames back; unknown ids are ignored.
+
+Rule 1 (one reader): ``handshake`` and then ``run`` are the only readers of the
+child's output. ``send`` and ``interrupt`` wait, with a deadline, on events the
+reader sets; when the output ends every waiter is released.
+
+Rule 2 (turns): a turn starts when a prompt is sent while none runs, and ends with
+the ``result`` that leaves none of our prompts waiting to be taken up; a prompt
+still waiting then starts the next turn. ``turn.started`` is journaled just after
+the prompt is written (the CLI starts one commit earlier) and the reader handles no
+frame until it is, so every event of the turn follows it in the journal.
+
+Rule 3: every control request of the CLI is answered (``claude_permissions``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import re
+import uuid
+from typing import Any
+
+import attrs
+import msgspec
+import trio
+
+from agentsd.providers.base import Adapter, Dispatch, LineLink, SessionSink, Submission
+from agentsd.providers.claude_events import (
+    is_auth_retry,
+    result_error_text,
+    retry_body,
+    turn_completed_body,
+)
+from agentsd.providers.claude_items import Items
+from agentsd.providers.claude_permissions import Permissions
+from agentsd.providers.programs import CLAUDE
+from agentsd_protocol.errors import (
+    AgentExited,
+    AgentProtocolError,
+    AgentStartFailed,
+    AgentUnsupported,
+    RpcError,
+)
+
+log = logging.getLogger(__name__)
+
+MIN_VERSION = (2, 0, 0)  # the control protocol, --replay-user-messages, --session-id
+ACK_TIMEOUT_S = 15.0  # an initialized CLI reports a prompt queued within milliseconds
+CONTROL_TIMEOUT_S = 10.0  # an interrupt is answered within milliseconds
+AUTH_ATTEMPTS = 2  # one retry may follow a token refresh; a second 401 means bad credentials
+MAX_BAD_LINES = 32  # consecutive non-JSON lines: past this the stream is not stream-json
+_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)")
+_clip_encoder = msgspec.json.Encoder()
+
+
+def parse_version(text: Any) -> tuple[int, int, int] | None:
+    """``(major, minor, patch)`` of a version string like ``2.1.332``."""
+    match = _VERSION.match(text) if isinstance(text, str) else None
+    if match is None:
+        return None
+    major, minor, patch = (int(g) for g in match.groups())
+    return major, minor, patch
+
+
+def _clip(value: Any, limit: int = 300) -> str:
+    text = value if isinstance(value, str) else _clip_encoder.encode(value).decode()
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+@attrs.define(eq=False)
+class _Control:
+    """A control request of ours waiting for its response."""
+
+    subtype: str
+    done: trio.Event = attrs.field(factory=trio.Event)
+    response: dict[str, Any] | None = None
+    error: str | None = None
+
+    def settle(self, response: dict[str, Any] | None = None, error: str | None = None) -> None:
+        if not self.done.is_set():
+            self.response = response
+            self.error = error
+            self.done.set()
+
+
+class ClaudeAdapter(Adapter):
+    """Speaks to one Claude Code child. Its state belongs to the reader (Rule 1),
+    except what ``send`` and ``interrupt`` register before they write (an ack to
+    wait for, a turn, a control request), and the question ``answer_approval``
+    takes out of ``Permissions``."""
+
+    def __init__(self, link: LineLink, sink: SessionSink, *, session_id: str) -> None:
+        self._link = link
+        self._sink = sink
+        self.session_id = session_id  # chosen at launch; system/init must agree
+        self._ids = itertools.count(1)
+        self._controls: dict[str, _Control] = {}
+        self._closed = False
+        self._bad_lines = 0
+        # Prompts: an event per prompt awaiting its delivery ack, and the prompts the
+        # CLI has not taken up yet (Rule 2).
+        self._acks: dict[str, trio.Event] = {}
+        self._delivered: set[str] = set()
+        self._waiting: set[str] = set()
+        # The running turn.
+        self._turn_id: str | None = None
+        self._interrupt_requested = False
+        self._failure: dict[str, Any] | None = None  # diagnosed before the result
+        self._turn_journaled = trio.Event()  # Rule 2: the reader's gate
+        self._turn_journaled.set()
+        self._items = Items(sink)
+        self._permissions = Permissions(link, sink)
+
+    # -- control requests of ours -----------------------------------------------------
+
+    async def _control(self, request: dict[str, Any]) -> _Control:
+        """Send a control request; its response arrives through the reader. Raises
+        ``trio.BrokenResourceError`` (or Closed) when the child is gone."""
+        if self._closed:
+            raise trio.ClosedResourceError("claude has exited")
+        request_id = f"agentsd-{next(self._ids)}"
+        control = _Control(str(request.get("subtype")))
+        self._controls[request_id] = control
+        try:
+            await self._link.send(
+                {"type": "control_request", "request_id": request_id, "request": request}
+            )
+        except BaseException:
+            self._controls.pop(request_id, None)
+            raise
+        return control
+
+    # -- the handshake ----------------------------------------------------------------
+
+    async def handshake(self, resume_handle: str | None) -> str:
+        if resume_handle is not None and resume_handle != self.session_id:
+            raise AgentStartFailed(
+                f"claude was launched for session {self.session_id}, not {resume_handle}"
+            )
+        control = await self._control({"subtype": "initialize", "hooks": None})
+        while not control.done.is_set():
+            frame = await self._receive(strict=True)
+            if frame is None:
+                raise AgentExited(
+                    "claude exited during its handshake (its stderr log in the state "
+                    "directory says why)"
+                )
+            if frame.get("type") == "result":
+                raise AgentStartFailed(
+                    f"claude could not open session {self.session_id}: {result_error_text(frame)}"
+                )
+            await self._handle(frame)
+        if control.error is not None:
+            raise AgentStartFailed(f"claude refused initialize: {control.error}")
+        reported = _dict(control.response).get("claude_code_version")
+        version = parse_version(reported)
+        if version is None or version < MIN_VERSION:
+            oldest = ".".join(map(str, MIN_VERSION))
+            found = reported if isinstance(reported, str) else "a version too old to say"
+            raise AgentUnsupported(
+                f"claude {found} is not supported by agentsd (it needs {oldest} or later); "
+                f"upgrade it: {CLAUDE.install_hint()}",
+                version=found,
+                minimum=oldest,
+            )
+        return self.session_id
+
+    # -- the reader -------------------------------------------------------------------
+
+    async def _receive(self, *, strict: bool) -> dict[str, Any] | None:
+        """The next frame, or None at EOF. A line that is not a JSON object raises
+        ``AgentProtocolError`` when ``strict`` or after ``MAX_BAD_LINES`` in a row;
+        otherwise it is journaled and skipped (the agent may still be healthy)."""
+        while True:
+            line = await self._link.receive_line()
+            if line is None:
+                return None
+            try:
+                frame = msgspec.json.decode(line)
+            except msgspec.DecodeError:
+                frame = None
+            if isinstance(frame, dict):
+                self._bad_lines = 0
+                return frame
+            problem = f"claude wrote a line that is not a JSON object: {line[:200]!r}"
+            self._bad_lines += 1
+            if strict or self._bad_lines > MAX_BAD_LINES:
+                raise AgentProtocolError(problem)
+            await self._sink.emit(
+                "agent.error", {"kind": AgentProtocolError.kind, "message": problem}
+            )
+
+    async def run(self) -> None:
+        try:
+            while (frame := await self._receive(strict=False)) is not None:
+                if not self._turn_journaled.is_set():
+                    await self._turn_journaled.wait()
+                await self._handle(frame)
+        finally:
+            # Rule 1: nobody waits for an answer that can no longer come.
+            self._closed = True
+            for control in self._controls.values():
+                control.settle(error="claude exited before answering")
+            self._controls.clear()
+            for event in self._acks.values():
+                event.set()
+
+    async def _handle(self, frame: dict[str, Any]) -> None:
+        match frame.get("type"):
+            case "stream_event":
+                await self._items.on_stream_event(frame, self._turn_id)
+            case "assistant":
+                # A failed model call's prose comes as a synthetic assistant message;
+                # the turn's result carries it, with its kind.
+                if not frame.get("is_api_error_message"):
+                    await self._items.on_assistant(frame, self._turn_id)
+            case "user":
+                if frame.get("isReplay"):
+                    self._taken_up(frame.get("uuid"), picked=True)
+                else:
+                    await self._items.on_tool_results(frame, self._turn_id)
+            case "result":
+                await self._on_result(frame)
+            case "system":
+                await self._on_system(frame)
+            case "command_lifecycle":
+                self._on_lifecycle(frame)
+            case "control_request":
+                await self._permissions.on_request(frame)
+            case "control_response":
+                self._on_control_response(frame)
+            case "control_cancel_request":
+                await self._permissions.on_cancel(frame)
+            case _:
+                # Progress, rate-limit and keep-alive frames: nothing to journal.
+                pass
+
+    # -- prompts and turns (Rule 2) ---------------------------------------------------
+
+    def _taken_up(self, message_uuid: Any, *, picked: bool) -> None:
+        if not isinstance(message_uuid, str):
+            return
+        event = self._acks.get(message_uuid)
+        if event is not None:
+            self._delivered.add(message_uuid)
+            event.set()
+        if picked:
+            self._waiting.discard(message_uuid)
+
+    def _on_lifecycle(self, frame: dict[str, Any]) -> None:
+        self._taken_up(frame.get("command_uuid"), picked=frame.get("state") != "queued")
+
+    def _open_turn(self) -> str:
+        """Mint the next turn and make it the running one. Synchronous, so that a
+        concurrent ``send`` joins this turn instead of opening another."""
+        self._turn_id = f"turn-{uuid.uuid4().hex[:16]}"
+        self._interrupt_requested = False
+        self._failure = None
+        return self._turn_id
+
+    async def _end_turn(self, body: dict[str, Any]) -> None:
+        self._turn_id = None
+        self._interrupt_requested = False
+        self._failure = None
+        await self._sink.emit("turn.completed", body)
+
+    async def send(self, submission: Submission) -> Dispatch:
+        if self._closed:
+            return Dispatch(outcome="rejected", reason="the agent is not running")
+        message_uuid = str(uuid.uuid4())
+        acked = trio.Event()
+        self._acks[message_uuid] = acked
+        self._waiting.add(message_uuid)
+        turn_id = self._turn_id
+        gate: trio.Event | None = None
+        if turn_id is None:
+            turn_id = self._open_turn()
+            # Rule 2: the reader waits for turn.started to be journaled.
+            gate = self._turn_journaled = trio.Event()
+        try:
+            try:
+                await self._link.send(
+                    {
+                        "type": "user",
+                        "message": {"role": "user", "content": submission.text},
+                        "parent_tool_use_id": None,
+                        "session_id": self.session_id,
+                        "uuid": message_uuid,
+                    }
+                )
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._acks.pop(message_uuid, None)
+                self._waiting.discard(message_uuid)
+                if gate is not None and self._turn_id == turn_id:
+                    self._turn_id = None  # it never started
+                return Dispatch(outcome="rejected", reason="the agent is not running")
+            if gate is not None:
+                try:
+                    await self._sink.emit("turn.started", {"turnId": turn_id})
+                except RpcError as exc:
+                    # The prompt is written: its dispatch outcome must say so, whatever
+                    # became of the journal.
+                    log.warning("could not journal the start of %s: %s", turn_id, exc.message)
+        finally:
+            if gate is not None:
+                gate.set()
+        try:
+            with trio.move_on_after(ACK_TIMEOUT_S):
+                await acked.wait()
+        finally:
+            self._acks.pop(message_uuid, None)
+        if message_uuid in self._delivered:
+            self._delivered.discard(message_uuid)
+            return Dispatch(outcome="accepted", turn_id=turn_id)
+        return Dispatch(outcome="unknown", reason="claude did not confirm delivery")
+
+    async def interrupt(self, turn_id: str | None) -> bool:
+        if self._turn_id is None or self._closed:
+            return False
+        self._interrupt_requested = True
+        try:
+            control = await self._control({"subtype": "interrupt"})
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        with trio.move_on_after(CONTROL_TIMEOUT_S):
+            await control.done.wait()
+        return control.done.is_set() and control.error is None
+
+    async def _on_result(self, frame: dict[str, Any]) -> None:
+        turn_id = self._turn_id
+        await self._items.close_open(turn_id, interrupted=self._interrupt_requested)
+        if turn_id is None:
+            # Not a turn of ours (the CLI ran something on its own): report failures.
+            if frame.get("is_error") is not False:
+                await self._sink.emit(
+                    "agent.error", {"kind": "agent_error", "message": result_error_text(frame)}
+                )
+            return
+        body = turn_completed_body(
+            frame,
+            turn_id,
+            interrupt_requested=self._interrupt_requested,
+            failure=self._failure,
+        )
+        await self._end_turn(body)
+        if self._waiting:
+            await self._sink.emit("turn.started", {"turnId": self._open_turn()})
+
+    async def _on_system(self, frame: dict[str, Any]) -> None:
+        match frame.get("subtype"):
+            case "init":
+                reported = frame.get("session_id")
+                if reported != self.session_id:
+                    raise AgentProtocolError(
+                        f"claude reports session {reported!r} but was started for {self.session_id}"
+                    )
+            case "api_retry":
+                await self._sink.emit("agent.error", retry_body(frame, self._turn_id))
+                attempt = frame.get("attempt")
+                if (
+                    is_auth_retry(frame)
+                    and isinstance(attempt, int)
+                    and attempt >= AUTH_ATTEMPTS
+                    and self._turn_id is not None
+                    and self._failure is None
+                ):
+                    await self._give_up_auth(frame)
+            case _:
+                pass
+
+    async def _give_up_auth(self, frame: dict[str, Any]) -> None:
+        """Refused credentials do not heal with time: end the turn now instead of
+        after the CLI's remaining retries (minutes of backoff)."""
+        self._failure = {
+            "kind": "auth_refused",
+            "message": f"the model server refused the credentials (HTTP "
+            f"{frame.get('error_status')}); check the API key or log in again",
+        }
+        await self._sink.emit(
+            "agent.error", {**self._failure, "turnId": self._turn_id, "willRetry": False}
+        )
+        # A child that is gone cannot be interrupted; its exit settles the turn.
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await self._control({"subtype": "interrupt"})
+
+    # -- responses to ours, and the CLI's own requests (Rule 3) -------------------------
+
+    def _on_control_response(self, frame: dict[str, Any]) -> None:
+        response = _dict(frame.get("response"))
+        request_id = response.get("request_id")
+        control = self._controls.pop(request_id, None) if isinstance(request_id, str) else None
+        if control is None:
+            return  # an echo of our own answer, or a waiter that gave up
+        if response.get("subtype") == "success":
+            control.settle(response=_dict(response.get("response")))
+        else:
+            control.settle(error=_clip(response.get("error") or "an error without a message"))
+
+    async def answer_approval(self, native_id: str, decision: str) -> None:
+        await self._permissions.answer(native_id, decision)

@@ -1,0 +1,212 @@
+"""Claude Code stream-json frames as journal event bodies (pure: no I/O).
+
+The adapter in ``claude_adapter`` reads frames and keeps the turn's state; this
+module decides what a frame means for the journal. Every function takes decoded
+JSON and returns plain JSON values, so it is tested without a child process.
+
+Rule 1: what a client needs to render the conversation is kept (message text, tool
+name, input and output, outcome); payloads that can grow without bound (tool input
+and output) go through ``bounded_payload``.
+
+Rule 2: values the protocol does not promise are never trusted: a missing field is
+``None``, and a result that is not plainly a success is never reported as one.
+
+Error kinds match the Codex provider's, so clients switch on one vocabulary:
+``auth_refused`` (the model server refused the credentials), ``model_unreachable``
+(no HTTP answer at all), ``model_http_error`` (any other HTTP error status), and
+``agent_error`` (the CLI failed on its own: turn limit, execution error).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from agentsd.store.journal import bounded_payload
+
+MAX_OUTPUT_BYTES = 64 * 1024  # per tool output: the head a reader needs, not a log file
+MAX_INPUT_BYTES = 16 * 1024  # per tool input: a Write of a whole file is cut here
+AUTH_STATUSES = frozenset({401, 403})
+AUTH_ERRORS = frozenset({"authentication_failed", "authentication_error", "oauth_org_not_allowed"})
+
+_encoder = msgspec.json.Encoder()
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def text_of(content: Any) -> str:
+    """The text of a message's or a tool result's content: a string as is, the
+    ``text`` of every text block of a list (nested tool-result content included)."""
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for block in _list(content):
+        if not isinstance(block, dict):
+            continue
+        if isinstance(block.get("text"), str):
+            parts.append(block["text"])
+        elif "content" in block:
+            parts.append(text_of(block["content"]))
+    return "".join(parts)
+
+
+# -- tools -----------------------------------------------------------------------------
+
+
+def tool_input(value: Any) -> dict[str, Any]:
+    """The ``input`` member of a tool item: the input as the model wrote it, or when
+    its JSON is over ``MAX_INPUT_BYTES`` the bounded JSON text, marked truncated."""
+    data = _encoder.encode(value)
+    if len(data) <= MAX_INPUT_BYTES:
+        return {"input": value}
+    return {"input": bounded_payload(data, MAX_INPUT_BYTES), "inputTruncated": True}
+
+
+def tool_status(block: dict[str, Any], meta: Any) -> str:
+    """``completed``, ``failed`` or ``declined`` (a person or a rule refused it)."""
+    tool_use_id = block.get("tool_use_id")
+    for entry in _list(meta):
+        entry = _dict(entry)
+        decision = _dict(entry.get("permission_decision")).get("decision")
+        if entry.get("id") == tool_use_id and decision == "reject":
+            return "declined"
+    return "failed" if block.get("is_error") else "completed"
+
+
+def tool_output(block: dict[str, Any]) -> dict[str, Any]:
+    """A tool result's output as a bounded payload (``text``, ``byteLength``,
+    ``truncated``)."""
+    return bounded_payload(text_of(block.get("content")), MAX_OUTPUT_BYTES)
+
+
+def tool_results(frame: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``tool_result`` blocks of a ``user`` frame (the CLI's report of a tool)."""
+    content = _dict(frame.get("message")).get("content")
+    return [
+        block
+        for block in _list(content)
+        if isinstance(block, dict) and block.get("type") == "tool_result"
+    ]
+
+
+# -- failures --------------------------------------------------------------------------
+
+
+def error_kind(
+    status: Any, error: Any = None, api_error: Any = None, api_error_type: Any = None
+) -> str:
+    """The stable kind of a model-call failure (see the module docstring).
+
+    ``status`` is the HTTP status (None when no answer came); ``error`` the CLI's
+    classification (``authentication_failed``, ``server_error``, ``unknown``, ...);
+    ``api_error`` its transport verdict (``connection_failed``); ``api_error_type``
+    the API's error type."""
+    status_code = _int(status)
+    if status_code in AUTH_STATUSES or error in AUTH_ERRORS or api_error_type in AUTH_ERRORS:
+        return "auth_refused"
+    if status_code is not None:
+        return "model_http_error"
+    if api_error == "connection_failed" or error in ("unknown", "connection_error"):
+        return "model_unreachable"
+    return "agent_error"
+
+
+def retry_body(frame: dict[str, Any], turn_id: str | None) -> dict[str, Any]:
+    """``agent.error`` of a ``system/api_retry`` frame: the model call failed and the
+    CLI will try again after a delay."""
+    kind = error_kind(frame.get("error_status"), frame.get("error"))
+    status = _int(frame.get("error_status"))
+    what = f"HTTP {status}" if status is not None else "no answer"
+    attempt = _int(frame.get("attempt"))
+    most = _int(frame.get("max_retries"))
+    return {
+        "kind": kind,
+        "message": f"the model call failed ({what}, {frame.get('error')}); "
+        f"retry {attempt} of {most} in {_int(frame.get('retry_delay_ms'))} ms",
+        "turnId": turn_id,
+        "willRetry": True,
+        "attempt": attempt,
+        "maxRetries": most,
+        "status": status,
+    }
+
+
+def is_auth_retry(frame: dict[str, Any]) -> bool:
+    return error_kind(frame.get("error_status"), frame.get("error")) == "auth_refused"
+
+
+def result_error_text(result: dict[str, Any]) -> str:
+    """The most telling text of a failed ``result``: ``errors[]``, else ``result``
+    (where an API failure puts its prose), else the subtype."""
+    errors = [e for e in _list(result.get("errors")) if isinstance(e, str) and e.strip()]
+    if errors:
+        return "; ".join(errors)
+    text = _str(result.get("result"))
+    if text and text.strip():
+        return text.strip()
+    status = _int(result.get("api_error_status"))
+    if status is not None:
+        return f"API error (HTTP {status})"
+    return _str(result.get("subtype")) or "the agent reported an error"
+
+
+def turn_completed_body(
+    result: dict[str, Any],
+    turn_id: str | None,
+    *,
+    interrupt_requested: bool,
+    failure: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """``turn.completed {turnId, outcome}`` of a ``result`` frame.
+
+    ``success`` without ``is_error`` is ``completed``. An error after a client's
+    interrupt is ``interrupted``. ``failure`` (a failure the adapter diagnosed itself
+    before the result, such as refused credentials) wins over both readings. Any
+    other error is ``failed`` with ``error {kind, message}``; an API failure arrives
+    as ``subtype: success`` with ``is_error: true``, so ``is_error`` decides."""
+    body: dict[str, Any] = {"turnId": turn_id}
+    is_error = result.get("is_error") is not False or result.get("subtype") != "success"
+    if failure is not None:
+        body.update(outcome="failed", error=failure)
+    elif not is_error:
+        body["outcome"] = "completed"
+    elif interrupt_requested:
+        body["outcome"] = "interrupted"
+    else:
+        has_api_error = (
+            result.get("api_error_status") is not None or result.get("api_error") is not None
+        )
+        kind = (
+            error_kind(
+                result.get("api_error_status"),
+                None,
+                result.get("api_error"),
+                result.get("api_error_type"),
+            )
+            if has_api_error
+            else "agent_error"
+        )
+        body.update(outcome="failed", error={"kind": kind, "message": result_error_text(result)})
+    for key, name in (("duration_ms", "durationMs"), ("num_turns", "numTurns")):
+        value = _int(result.get(key))
+        if value is not None:
+            body[name] = value
+    cost = result.get("total_cost_usd")
+    if isinstance(cost, int | float) and not isinstance(cost, bool):
+        body["costUsd"] = cost
+    return body

@@ -1,0 +1,693 @@
+"""The ``claude`` provider against the real Claude Code CLI, through the daemon's socket.
+
+The CLI (bundled in ``claude-agent-sdk``, installed by the test extras) talks only to
+``fake_anthropic`` on 127.0.0.1; a dead proxy refuses anything else. Each test
+scripts what the model answers, drives a session with ``agentsctl.Client``, and
+checks the journal. A few tests replace the CLI with a small Python impostor
+(``FAKE_CLI``) to show what only a misbehaving agent can: an old version, garbage
+output, silence, control requests agentsd does not handle.
+
+Every wait has a deadline (no fixed sleeps); ``alarm`` bounds each test as a whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import msgspec
+import pytest
+
+from agentsctl.client import Client
+from agentsd.procfs import read_proc_info
+from agentsd.providers.claude import KNOWN_OPTIONS, option_flags
+from agentsd.providers.claude_events import error_kind, turn_completed_body
+from agentsd.providers.programs import CLAUDE, find_program
+from agentsd_protocol.errors import RpcError
+from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
+from tests.peers.fake_anthropic import (
+    AUTH_REFUSED,
+    DEAD_PROXY,
+    FakeAnthropic,
+    TextReply,
+    ToolUseReply,
+    running_fake_anthropic,
+)
+
+TEST_TIMEOUT_S = 120.0  # a whole test; a turn takes about a second, the machine is shared
+TURN_TIMEOUT_S = 60.0  # one wait for an event of a turn
+CALL_TIMEOUT_S = 60.0  # one request (create with start spawns and initializes claude)
+POLL_S = 0.02
+
+CLAUDE_PROGRAM = find_program(CLAUDE)
+needs_claude = pytest.mark.skipif(
+    CLAUDE_PROGRAM is None, reason=f"claude is not installed: {CLAUDE.install_hint()}"
+)
+
+
+# ---- bounds ------------------------------------------------------------------------
+
+
+class Overtime(Exception):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def alarm() -> Iterator[None]:
+    """Fail a test that runs past ``TEST_TIMEOUT_S`` (a backstop: every wait below
+    has its own deadline). SIGALRM interrupts a blocking socket read in the main
+    thread, where sync tests run."""
+
+    def expire(signum: int, frame: FrameType | None) -> None:
+        raise Overtime(f"the test ran longer than {TEST_TIMEOUT_S} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, TEST_TIMEOUT_S)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def eventually(check: Callable[[], Any], what: str, timeout_s: float = TURN_TIMEOUT_S) -> Any:
+    """Poll ``check()`` until it returns something truthy; AssertionError after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        time.sleep(POLL_S)
+
+
+# ---- fixtures ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[DaemonProcess]:
+    with running_daemon() as d:
+        yield d
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeAnthropic]:
+    with running_fake_anthropic() as f:
+        yield f
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    """A private HOME (Claude Code's config and transcripts) with a ``work`` cwd."""
+    base = make_temp_dir()
+    (base / "work").mkdir()
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+class Conversation:
+    """One claude session driven over one connection: its journal (from seq 0) and
+    its streamed deltas, collected as they arrive."""
+
+    def __init__(self, client: Client, session_id: str) -> None:
+        self.client = client
+        self.session_id = session_id
+        self.events: list[dict[str, Any]] = []
+        self.deltas: dict[str, list[tuple[int, str]]] = {}
+        client.call("agentSession.subscribe", {"sessionId": session_id, "afterSeq": 0})
+
+    def call(self, method: str, **params: Any) -> Any:
+        return self.client.call(method, {"sessionId": self.session_id, **params})
+
+    def send(self, text: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.call("agentSession.send", text=text)
+        return result
+
+    def info(self) -> dict[str, Any]:
+        session: dict[str, Any] = self.call("agentSession.get")["session"]
+        return session
+
+    def _pump(self, timeout_s: float) -> None:
+        note = self.client.next_notification(timeout_s)
+        if note is None:
+            return
+        params = msgspec.json.decode(note.params)
+        if note.method == "agentSession.event" and params["sessionId"] == self.session_id:
+            self.events.append(params["event"])
+        elif note.method == "agentSession.delta" and params["sessionId"] == self.session_id:
+            self.deltas.setdefault(params["itemId"], []).append((params["offset"], params["text"]))
+
+    def wait_for(
+        self,
+        kind: str,
+        match: Callable[[dict[str, Any]], bool] = lambda body: True,
+        after_seq: int = 0,
+        timeout_s: float = TURN_TIMEOUT_S,
+    ) -> dict[str, Any]:
+        """The first journaled event of ``kind`` after ``after_seq`` whose body
+        matches; AssertionError after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        seen = 0
+        while True:
+            for event in self.events[seen:]:
+                if event["seq"] > after_seq and event["kind"] == kind and match(event["body"]):
+                    return event
+            seen = len(self.events)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                kinds = [(e["seq"], e["kind"]) for e in self.events]
+                raise AssertionError(f"no {kind} within {timeout_s} s; the journal: {kinds}")
+            self._pump(min(left, 1.0))
+
+    def wait_for_delta(self, item_id: str, timeout_s: float = TURN_TIMEOUT_S) -> str:
+        """The text streamed so far for ``item_id``, once some was."""
+        deadline = time.monotonic() + timeout_s
+        while not self.deltas.get(item_id):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no streamed text for {item_id} within {timeout_s} s")
+            self._pump(min(left, 1.0))
+        return self.streamed_text(item_id)
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [e["body"] for e in self.events if e["kind"] == kind]
+
+    def streamed_text(self, item_id: str) -> str:
+        return "".join(text for _, text in sorted(self.deltas.get(item_id, [])))
+
+    def history(self) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        after = 0
+        while True:
+            page = self.call("agentSession.history", afterSeq=after, limit=500)
+            events += page["events"]
+            if not page["hasMore"] or not page["events"]:
+                return events
+            after = page["events"][-1]["seq"]
+
+
+@contextlib.contextmanager
+def conversation(
+    daemon: DaemonProcess,
+    env: dict[str, str],
+    cwd: Path,
+    options: dict[str, Any] | None = None,
+    command: list[str] | None = None,
+) -> Iterator[Conversation]:
+    """Create a claude session (started), follow it, and delete it afterwards (which
+    ends its child)."""
+    with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
+        params: dict[str, Any] = {"provider": "claude", "cwd": str(cwd), "env": env}
+        if options is not None:
+            params["options"] = options
+        if command is not None:
+            params["command"] = command
+        created = client.call("agentSession.create", params)
+        convo = Conversation(client, created["sessionId"])
+        try:
+            yield convo
+        finally:
+            with contextlib.suppress(RpcError, OSError):
+                client.call("agentSession.delete", {"sessionId": convo.session_id})
+
+
+def create_error(
+    daemon: DaemonProcess, env: dict[str, str], cwd: Path, **params: Any
+) -> tuple[RpcError, str]:
+    """Create a session whose start fails: the error, and the session's id (found by
+    listing, since the failed create returns none)."""
+    with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
+        before = {s["sessionId"] for s in client.call("agentSession.list", {})["sessions"]}
+        with pytest.raises(RpcError) as caught:
+            client.call(
+                "agentSession.create", {"provider": "claude", "cwd": str(cwd), "env": env, **params}
+            )
+        after = {s["sessionId"] for s in client.call("agentSession.list", {})["sessions"]}
+        new = after - before
+        assert len(new) == 1, (before, after)
+        return caught.value, new.pop()
+
+
+def journal_of(daemon: DaemonProcess, session_id: str) -> list[dict[str, Any]]:
+    with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
+        page = client.call("agentSession.history", {"sessionId": session_id, "limit": 500})
+        events: list[dict[str, Any]] = page["events"]
+        return events
+
+
+def live_processes_with(needle: str) -> list[int]:
+    """Pids of live (not zombie) processes whose command line contains ``needle``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        info = read_proc_info(int(entry))
+        if needle.encode() in cmdline and info is not None and not info.is_zombie:
+            found.append(int(entry))
+    return found
+
+
+def last_assistant_text(convo: Conversation) -> str:
+    texts = [b["text"] for b in convo.of_kind("item.completed") if b["type"] == "agentMessage"]
+    return texts[-1] if texts else ""
+
+
+# ---- pure pieces -----------------------------------------------------------------------
+
+
+def test_option_flags_map_known_options_and_refuse_unknown_ones() -> None:
+    flags = option_flags(
+        {"model": "sonnet", "permissionMode": "acceptEdits", "allowedTools": ["Read", "Bash"]}
+    )
+    assert flags == [
+        "--allowedTools",
+        "Read,Bash",
+        "--model",
+        "sonnet",
+        "--permission-mode",
+        "acceptEdits",
+    ]
+    with pytest.raises(RpcError, match="unknown claude option 'temperature'") as caught:
+        option_flags({"temperature": 0.2})
+    assert caught.value.kind == "invalid_params"
+    with pytest.raises(RpcError, match="maxTurns"):
+        option_flags({"maxTurns": 0})
+    assert "model" in KNOWN_OPTIONS
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "api_error", "kind"),
+    [
+        (401, "authentication_failed", None, "auth_refused"),
+        (403, None, None, "auth_refused"),
+        (529, "server_error", None, "model_http_error"),
+        (None, "unknown", None, "model_unreachable"),
+        (None, "server_error", "connection_failed", "model_unreachable"),
+        (None, None, None, "agent_error"),
+    ],
+)
+def test_error_kinds(status: Any, error: Any, api_error: Any, kind: str) -> None:
+    assert error_kind(status, error, api_error) == kind
+
+
+def test_result_outcomes() -> None:
+    success = {"type": "result", "subtype": "success", "is_error": False}
+    assert turn_completed_body(success, "t", interrupt_requested=False, failure=None)[
+        "outcome"
+    ] == ("completed")
+    aborted = {"type": "result", "subtype": "error_during_execution", "is_error": True}
+    body = turn_completed_body(aborted, "t", interrupt_requested=True, failure=None)
+    assert body["outcome"] == "interrupted"
+    body = turn_completed_body(aborted, "t", interrupt_requested=False, failure=None)
+    assert body["outcome"] == "failed"
+    assert body["error"]["kind"] == "agent_error"
+    api = {**success, "is_error": True, "api_error_status": 500, "result": "API Error: 500"}
+    body = turn_completed_body(api, "t", interrupt_requested=False, failure=None)
+    assert body["error"] == {"kind": "model_http_error", "message": "API Error: 500"}
+    # A result without is_error is never taken for a success.
+    body = turn_completed_body({"subtype": "success"}, "t", interrupt_requested=False, failure=None)
+    assert body["outcome"] == "failed"
+
+
+# ---- the real CLI ------------------------------------------------------------------------
+
+
+@needs_claude
+def test_full_turn_streams_text(daemon: DaemonProcess, fake: FakeAnthropic, home: Path) -> None:
+    reply = "The quick brown fox jumps over the lazy dog, streamed in small pieces."
+    fake.script(TextReply(reply, chunk_chars=5, delay_s=0.005))
+    with conversation(daemon, fake.claude_env(home), home / "work") as convo:
+        handle = convo.info()["providerHandle"]
+        assert handle and len(handle) == 36  # the uuid chosen at launch
+        sent = convo.send("Say something")
+        assert sent["dispatch"] == "accepted", sent
+        started = convo.wait_for("turn.started")
+        done = convo.wait_for("turn.completed")
+        assert done["body"]["outcome"] == "completed", done
+        assert done["body"]["turnId"] == started["body"]["turnId"] == sent["turnId"]
+        message = convo.wait_for("item.completed", lambda b: b["type"] == "agentMessage")
+        assert message["body"]["text"] == reply
+        assert message["body"]["turnId"] == sent["turnId"]
+        assert len(convo.deltas[message["body"]["itemId"]]) > 1  # it streamed
+        assert convo.streamed_text(message["body"]["itemId"]) == reply
+        item_started = convo.wait_for("item.started")
+        assert started["seq"] < item_started["seq"] < message["seq"] < done["seq"]
+        assert eventually(lambda: convo.info()["status"] == "idle", "the session is idle")
+        # The model saw the prompt; the fake saw nothing but model calls.
+        assert "Say something" in fake.message_requests()[-1].texts()
+        assert {r.path.split("?")[0] for r in fake.requests} == {"/v1/messages"}
+
+
+@needs_claude
+@pytest.mark.parametrize("decision", ["allow", "deny"])
+def test_bash_tool_call_waits_for_a_clients_decision(
+    daemon: DaemonProcess, fake: FakeAnthropic, home: Path, decision: str
+) -> None:
+    # ``echo hi`` alone is read-only and Claude Code runs it unasked; the redirect
+    # makes it a write, which needs permission.
+    command = "echo hi > hi.txt"
+    fake.script(
+        ToolUseReply({"command": command, "description": "Write hi to a file"}),
+        TextReply("All done."),
+    )
+    work = home / "work"
+    with conversation(daemon, fake.claude_env(home), work) as convo:
+        sent = convo.send("Please write hi to hi.txt")
+        assert sent["dispatch"] == "accepted", sent
+        asked = convo.wait_for("approval.requested")
+        body = asked["body"]
+        assert body["kind"] == "tool"
+        assert body["options"] == ["allow", "deny"]
+        assert body["detail"] == command
+        assert "Bash" in body["title"]
+        assert convo.info()["status"] == "attention"
+        tool = convo.wait_for("item.started", lambda b: b["type"] == "toolCall")
+        assert tool["body"]["name"] == "Bash"
+        assert tool["body"]["input"]["command"] == command
+        assert not (work / "hi.txt").exists()  # nothing ran before the answer
+
+        answered = convo.call(
+            "agentSession.respond", approvalId=body["approvalId"], decision=decision
+        )
+        assert answered["decision"] == decision
+        done = convo.wait_for("turn.completed")
+        assert done["body"]["outcome"] == "completed", done
+        result = convo.wait_for("item.completed", lambda b: b["type"] == "toolCall")["body"]
+        assert result["itemId"] == tool["body"]["itemId"]
+        assert result["name"] == "Bash"
+        assert result["input"]["command"] == command
+        assert last_assistant_text(convo) == "All done."
+        # The model saw the tool's result in its next call.
+        second = fake.wait_for_message_requests(2)[1]
+        tool_results = [
+            block
+            for message in second.messages
+            for block in (message["content"] if isinstance(message["content"], list) else [])
+            if block.get("type") == "tool_result"
+        ]
+        assert len(tool_results) == 1
+        if decision == "allow":
+            assert result["status"] == "completed"
+            assert (work / "hi.txt").read_text() == "hi\n"
+            assert not tool_results[0].get("is_error")
+        else:
+            assert result["status"] == "declined"
+            assert not (work / "hi.txt").exists()
+            assert tool_results[0]["is_error"] is True
+            assert "refused" in result["output"]["text"]
+        assert convo.info()["status"] == "idle"
+
+
+@needs_claude
+def test_interrupt_mid_stream(daemon: DaemonProcess, fake: FakeAnthropic, home: Path) -> None:
+    long_story = "Once upon a time, " * 200  # 3600 chars at 5 per 50 ms: 36 s if not stopped
+    fake.script(TextReply(long_story, chunk_chars=5, delay_s=0.05))
+    with conversation(daemon, fake.claude_env(home), home / "work") as convo:
+        sent = convo.send("Tell me a long story")
+        assert sent["dispatch"] == "accepted", sent
+        item = convo.wait_for("item.started")
+        convo.wait_for_delta(item["body"]["itemId"])
+        started = time.monotonic()
+        result = convo.call("agentSession.interrupt")
+        assert result["interrupted"] is True, result
+        done = convo.wait_for("turn.completed")
+        assert done["body"]["outcome"] == "interrupted", done
+        assert time.monotonic() - started < 20.0  # well before the story would end
+        message = convo.wait_for("item.completed", lambda b: b["type"] == "agentMessage")
+        assert 0 < len(message["body"]["text"]) < len(long_story)
+        assert convo.info()["status"] == "idle"
+        # The session goes on: the next prompt gets an answer.
+        fake.script(TextReply("Back again."))
+        after = done["seq"]
+        assert convo.send("Are you there?")["dispatch"] == "accepted"
+        again = convo.wait_for("turn.completed", after_seq=after)
+        assert again["body"]["outcome"] == "completed", again
+        assert last_assistant_text(convo) == "Back again."
+
+
+@needs_claude
+def test_close_then_send_resumes_natively(
+    daemon: DaemonProcess, fake: FakeAnthropic, home: Path
+) -> None:
+    fake.script(TextReply("Noted: PAPAYA."), TextReply("The word was PAPAYA."))
+    with conversation(daemon, fake.claude_env(home), home / "work") as convo:
+        convo.send("Remember the word PAPAYA")
+        first = convo.wait_for("turn.completed")
+        handle = convo.info()["providerHandle"]
+        closed = convo.call("agentSession.close")
+        assert closed["wasRunning"] is True
+        assert closed["session"]["phase"] == "stopped"
+
+        sent = convo.send("What was the word?")  # starts claude again, with --resume
+        assert sent["dispatch"] == "accepted", sent
+        done = convo.wait_for("turn.completed", after_seq=first["seq"])
+        assert done["body"]["outcome"] == "completed", done
+        assert convo.info()["providerHandle"] == handle
+        assert last_assistant_text(convo) == "The word was PAPAYA."
+        texts = fake.message_requests()[-1].texts()
+        assert "Remember the word PAPAYA" in texts
+        assert "Noted: PAPAYA." in texts
+        assert texts.index("Remember the word PAPAYA") < texts.index("What was the word?")
+
+
+@needs_claude
+def test_close_before_any_message_then_send(
+    daemon: DaemonProcess, fake: FakeAnthropic, home: Path
+) -> None:
+    """Claude Code writes a transcript only once a message was sent: a session
+    stopped before that starts again under the same id, without ``--resume``."""
+    with conversation(daemon, fake.claude_env(home), home / "work") as convo:
+        handle = convo.info()["providerHandle"]
+        convo.call("agentSession.close")
+        assert convo.send("Hello")["dispatch"] == "accepted"
+        assert convo.wait_for("turn.completed")["body"]["outcome"] == "completed"
+        assert convo.info()["providerHandle"] == handle
+
+
+@needs_claude
+def test_daemon_killed_mid_turn(fake: FakeAnthropic, home: Path) -> None:
+    state = make_temp_dir()
+    try:
+        fake.script(TextReply("A story that is cut short. " * 100, chunk_chars=5, delay_s=0.05))
+        env = fake.claude_env(home)
+        with running_daemon(state_dir=state) as first:
+            with Client(first.socket, timeout_s=CALL_TIMEOUT_S) as client:
+                created = client.call(
+                    "agentSession.create",
+                    {"provider": "claude", "cwd": str(home / "work"), "env": env},
+                )
+                convo = Conversation(client, created["sessionId"])
+                convo.send("Tell me a story")
+                item = convo.wait_for("item.started")
+                convo.wait_for_delta(item["body"]["itemId"])
+                info = convo.info()
+            handle = info["providerHandle"]
+            pid = info["child"]["pid"]
+            child = read_proc_info(pid)
+            assert child is not None and live_processes_with(handle) == [pid]
+            first.process.kill()
+            first.process.wait(timeout=10)
+
+        with running_daemon(state_dir=state) as second:
+            # Recovery ran before the daemon served: the orphan is gone.
+            now = read_proc_info(pid)
+            assert now is None or now.is_zombie or now.start_time != child.start_time
+            assert live_processes_with(handle) == []
+            journal = journal_of(second, created["sessionId"])
+            ends = [e["body"] for e in journal if e["kind"] == "turn.completed"]
+            assert ends and ends[-1]["outcome"] == "interrupted", ends
+            assert ends[-1].get("reason") == "daemon-restart"
+
+            fake.script(TextReply("Resumed after the restart."))
+            with Client(second.socket, timeout_s=CALL_TIMEOUT_S) as client:
+                convo = Conversation(client, created["sessionId"])
+                after = convo.info()["headSeq"]
+                sent = convo.send("Where were we?")
+                assert sent["dispatch"] == "accepted", sent
+                done = convo.wait_for("turn.completed", after_seq=after)
+                assert done["body"]["outcome"] == "completed", done
+                assert convo.info()["providerHandle"] == handle
+                assert "Tell me a story" in fake.message_requests()[-1].texts()
+                client.call("agentSession.delete", {"sessionId": created["sessionId"]})
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
+# ---- failures --------------------------------------------------------------------------
+
+
+@needs_claude
+def test_auth_refused_fails_the_turn_clearly(
+    daemon: DaemonProcess, fake: FakeAnthropic, home: Path
+) -> None:
+    fake.default = AUTH_REFUSED
+    with conversation(daemon, fake.claude_env(home), home / "work") as convo:
+        sent = convo.send("Hello?")
+        assert sent["dispatch"] == "accepted", sent  # the CLI took the prompt
+        started = time.monotonic()
+        done = convo.wait_for("turn.completed")
+        assert done["body"]["outcome"] == "failed", done
+        assert done["body"]["error"]["kind"] == "auth_refused"
+        # Without the adapter giving up, the CLI would retry for minutes.
+        assert time.monotonic() - started < 30.0
+        errors = convo.of_kind("agent.error")
+        assert errors and all(e["kind"] == "auth_refused" for e in errors)
+        assert convo.info()["status"] == "idle"
+
+
+@needs_claude
+def test_model_server_unreachable_fails_the_turn_clearly(
+    daemon: DaemonProcess, fake: FakeAnthropic, home: Path
+) -> None:
+    env = {
+        **fake.claude_env(home),
+        "ANTHROPIC_BASE_URL": DEAD_PROXY,  # nothing listens there
+        "CLAUDE_CODE_MAX_RETRIES": "1",  # the CLI's own backoff would take minutes
+    }
+    with conversation(daemon, env, home / "work") as convo:
+        assert convo.send("Hello?")["dispatch"] == "accepted"
+        done = convo.wait_for("turn.completed")
+        assert done["body"]["outcome"] == "failed", done
+        assert done["body"]["error"]["kind"] == "model_unreachable"
+        assert "ECONNREFUSED" in done["body"]["error"]["message"]
+        retries = convo.of_kind("agent.error")
+        assert retries and retries[0]["kind"] == "model_unreachable"
+        assert retries[0]["willRetry"] is True
+
+
+def test_missing_binary_is_agent_not_found(daemon: DaemonProcess, home: Path) -> None:
+    error, session_id = create_error(
+        daemon, {"HOME": str(home)}, home / "work", command=[str(home / "no-such-claude")]
+    )
+    assert error.kind == "agent_not_found", error
+    exited = [e for e in journal_of(daemon, session_id) if e["kind"] == "child.exited"]
+    assert exited and exited[-1]["body"]["error"]["kind"] == "agent_not_found"
+
+
+def test_unknown_option_is_refused_at_start(daemon: DaemonProcess, home: Path) -> None:
+    error, _ = create_error(
+        daemon, {"HOME": str(home)}, home / "work", options={"temperature": 0.5}
+    )
+    assert error.kind == "invalid_params"
+    assert "temperature" in error.message
+
+
+# ---- an impostor CLI ----------------------------------------------------------------------
+
+# Speaks just enough stream-json to show one misbehaviour, chosen by its first
+# argument; the provider appends its real flags after it.
+FAKE_CLI = r"""
+import json, sys
+mode = sys.argv[1]
+def send(obj):
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+def ok(request_id, version="2.1.0"):
+    send({"type": "control_response", "response": {"subtype": "success",
+          "request_id": request_id, "response": {"claude_code_version": version}}})
+session = sys.argv[sys.argv.index("--session-id") + 1] if "--session-id" in sys.argv else None
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg.get("type") == "control_request" and msg["request"]["subtype"] == "initialize":
+        if mode == "old":
+            ok(msg["request_id"], "1.0.3")
+        elif mode == "garbage":
+            sys.stdout.write("Welcome to Claude Code!\n")
+            sys.stdout.flush()
+        elif mode == "silent":
+            pass
+        elif mode == "asks":
+            send({"type": "control_request", "request_id": "cli-1",
+                  "request": {"subtype": "hook_callback", "callback_id": "h1"}})
+            answer = json.loads(sys.stdin.readline())
+            with open(sys.argv[2], "w") as f:
+                json.dump(answer, f)
+            ok(msg["request_id"])
+        else:
+            ok(msg["request_id"])
+    elif msg.get("type") == "user":
+        send({"type": "command_lifecycle", "command_uuid": msg["uuid"], "state": "queued"})
+        send({"type": "system", "subtype": "init", "session_id": session})
+        send({"type": "user", "message": msg["message"], "uuid": msg["uuid"], "isReplay": True})
+        sys.stdout.write("<<< not json >>>\n")
+        send({"type": "assistant", "message": {"id": "m1", "content": [
+              {"type": "text", "text": "still here"}]}})
+        send({"type": "result", "subtype": "success", "is_error": False})
+"""
+
+
+def fake_cli(mode: str, *args: str) -> list[str]:
+    return [sys.executable, "-c", FAKE_CLI, mode, *args]
+
+
+@pytest.mark.parametrize(
+    ("mode", "kind"),
+    [("old", "agent_unsupported"), ("garbage", "agent_protocol_error")],
+)
+def test_bad_handshakes_are_journaled_with_their_kind(
+    daemon: DaemonProcess, home: Path, mode: str, kind: str
+) -> None:
+    error, session_id = create_error(
+        daemon, {"HOME": str(home)}, home / "work", command=fake_cli(mode)
+    )
+    assert error.kind == kind, error
+    exited = [e for e in journal_of(daemon, session_id) if e["kind"] == "child.exited"]
+    assert exited and exited[-1]["body"]["error"]["kind"] == kind
+    if mode == "old":
+        assert "1.0.3" in error.message and "2.0.0" in error.message
+
+
+def test_handshake_timeout(home: Path) -> None:
+    config = home / "config.toml"
+    config.write_text("handshake_timeout_s = 1.0\n")
+    with running_daemon(extra_args=["--config", str(config)]) as d:
+        error, session_id = create_error(
+            d, {"HOME": str(home)}, home / "work", command=fake_cli("silent")
+        )
+        assert error.kind == "handshake_timeout", error
+        exited = [e for e in journal_of(d, session_id) if e["kind"] == "child.exited"]
+        assert exited[-1]["body"]["error"]["kind"] == "handshake_timeout"
+
+
+def test_unknown_control_requests_get_an_error_answer(daemon: DaemonProcess, home: Path) -> None:
+    answer_file = home / "answer.json"
+    with conversation(
+        daemon, {"HOME": str(home)}, home / "work", command=fake_cli("asks", str(answer_file))
+    ) as convo:
+        answer = msgspec.json.decode(answer_file.read_bytes())
+        assert answer["type"] == "control_response"
+        assert answer["response"]["subtype"] == "error"
+        assert answer["response"]["request_id"] == "cli-1"
+        assert "hook_callback" in answer["response"]["error"]
+        warning = convo.wait_for("agent.warning")
+        assert warning["body"]["source"] == "hook_callback"
+
+
+def test_malformed_output_mid_session_is_journaled_and_skipped(
+    daemon: DaemonProcess, home: Path
+) -> None:
+    with conversation(daemon, {"HOME": str(home)}, home / "work", command=fake_cli("ok")) as convo:
+        assert convo.send("hi")["dispatch"] == "accepted"
+        done = convo.wait_for("turn.completed")
+        assert done["body"]["outcome"] == "completed"
+        bad = convo.wait_for("agent.error")
+        assert bad["body"]["kind"] == "agent_protocol_error"
+        assert "not json" in bad["body"]["message"]
+        assert last_assistant_text(convo) == "still here"
