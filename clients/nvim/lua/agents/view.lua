@@ -1,0 +1,349 @@
+--- The session buffer: a scratch buffer that streams one session.
+---
+--- One view per session, kept in `M.views` until its buffer is wiped. The buffer is
+--- hidden, not wiped, when its window closes, so it keeps streaming and `:AgentsAttach`
+--- shows it again. A view owns a `agents.follow` (the subscription) and an
+--- `agents.transcript` (the lines); it renders at most every `RENDER_DELAY_MS`.
+---
+--- The last line carries a status as virtual text (working, approval pending,
+--- reconnecting); it is not part of the transcript.
+---
+--- Buffer-local keys (see `config.keymaps`): accept / decline the approval under the
+--- cursor (else the oldest pending one), choose any option with `vim.ui.select`, send
+--- a prompt, interrupt the turn, close the window.
+
+local config = require('agents.config')
+local follow = require('agents.follow')
+local transcript = require('agents.transcript')
+
+local M = {}
+
+local RENDER_DELAY_MS = 15 -- coalesces a burst of deltas into one redraw
+local NAMESPACE = vim.api.nvim_create_namespace('agents')
+
+---@type table<string, agents.View>
+M.views = {}
+
+---@class agents.View
+---@field session_id string
+---@field buf integer
+---@field transcript agents.Transcript
+---@field follow agents.Follow
+local View = {}
+View.__index = View
+
+local ACCEPT = { '^accept', '^allow', '^approve', '^yes' }
+local DECLINE = { '^decline', '^deny', '^reject', '^no' }
+
+--- The option of `options` that means accept (or decline), by name.
+---@param options string[]
+---@param patterns string[]
+---@return string|nil
+local function pick_option(options, patterns)
+  for _, pattern in ipairs(patterns) do
+    for _, option in ipairs(options) do
+      if option:lower():match(pattern) then
+        return option
+      end
+    end
+  end
+  return nil
+end
+M.pick_option = pick_option
+
+--- "a accept, d decline, ..." for the mapped keys among `names`; nil if none is.
+---@param names string[]
+---@return string|nil
+local function describe_keys(names)
+  local keys = config.options.keymaps or {}
+  local parts = {}
+  for _, name in ipairs(names) do
+    if keys[name] then
+      table.insert(parts, keys[name] .. ' ' .. name)
+    end
+  end
+  return #parts > 0 and table.concat(parts, ', ') or nil
+end
+
+---@return string|nil
+local function key_hint()
+  local keys = describe_keys({ 'accept', 'decline', 'choose', 'send', 'interrupt', 'close' })
+  return keys and ('keys: ' .. keys)
+end
+
+---@return string|nil
+local function approval_hint()
+  local keys = describe_keys({ 'accept', 'decline', 'choose' })
+  return keys and ('(' .. keys .. ')')
+end
+
+--- The view of `session_id`, made on first use; it follows the session (again, if
+--- it had stopped) through `client`.
+---@param client agents.Client
+---@param session_id string
+---@return agents.View
+function M.get(client, session_id)
+  local view = M.views[session_id]
+  if not (view and vim.api.nvim_buf_is_valid(view.buf)) then
+    view = setmetatable({ session_id = session_id, render_pending = false }, View)
+    view.transcript =
+      transcript.new(session_id, { hint = key_hint(), approval_hint = approval_hint() })
+    view.buf = view:make_buffer()
+    M.views[session_id] = view
+  end
+  if not view.follow or view.follow.state == 'stopped' then
+    view:start_follow(client, view.follow and view.follow.last_seq or 0)
+  end
+  view:render()
+  return view
+end
+
+--- Follow the session after `after_seq` (what the transcript already shows).
+---@param client agents.Client
+---@param after_seq integer
+function View:start_follow(client, after_seq)
+  self.follow = follow.new(client, self.session_id, {
+    event = function(event)
+      self.transcript:apply(event)
+      self:schedule_render()
+    end,
+    delta = function(params)
+      self.transcript:delta(params.itemId, params.offset or 0, tostring(params.text or ''))
+      self:schedule_render()
+    end,
+    state = function(state, detail)
+      self.follow_state, self.follow_detail = state, detail
+      self:schedule_render()
+    end,
+    gone = function()
+      self.transcript:notice('[the session no longer exists]')
+      self:schedule_render()
+    end,
+  })
+  self.follow:start(after_seq)
+end
+
+---@return integer buf
+function View:make_buffer()
+  local name = 'agents://' .. self.session_id
+  local old = vim.fn.bufnr(name)
+  if old ~= -1 then
+    vim.api.nvim_buf_delete(old, { force = true })
+  end
+  local buf = vim.api.nvim_create_buf(false, true)
+  vim.api.nvim_buf_set_name(buf, name)
+  vim.bo[buf].buftype = 'nofile'
+  vim.bo[buf].bufhidden = 'hide'
+  vim.bo[buf].swapfile = false
+  vim.bo[buf].modifiable = false
+  vim.bo[buf].filetype = 'agents'
+  vim.b[buf].agents_session_id = self.session_id
+  vim.api.nvim_create_autocmd('BufWipeout', {
+    buffer = buf,
+    once = true,
+    callback = function()
+      if self.follow then
+        self.follow:stop()
+      end
+      if M.views[self.session_id] == self then
+        M.views[self.session_id] = nil
+      end
+    end,
+  })
+  self:map_keys(buf)
+  return buf
+end
+
+-- What each `config.keymaps` entry does: its description and the View method.
+local ACTIONS = {
+  accept = { 'Accept the approval', 'accept' },
+  decline = { 'Decline the approval', 'decline' },
+  choose = { 'Answer the approval', 'choose' },
+  send = { 'Send a prompt', 'prompt_send' },
+  interrupt = { 'Interrupt the turn', 'interrupt' },
+  close = { 'Close the window', 'close_window' },
+}
+
+---@param buf integer
+function View:map_keys(buf)
+  local keys = config.options.keymaps or {}
+  for name, action in pairs(ACTIONS) do
+    local lhs = keys[name]
+    if lhs then
+      local description, method = action[1], action[2]
+      vim.keymap.set('n', lhs, function()
+        self[method](self)
+      end, { buffer = buf, nowait = true, silent = true, desc = 'agents: ' .. description })
+    end
+  end
+end
+
+--- Show the buffer: 'split', 'vsplit', 'tab' or 'current'.
+---@param how string|nil
+function View:show(how)
+  local wins = vim.fn.win_findbuf(self.buf)
+  if #wins > 0 then
+    vim.api.nvim_set_current_win(wins[1])
+    return
+  end
+  how = how or config.options.open
+  if how == 'vsplit' then
+    vim.cmd('vsplit')
+  elseif how == 'tab' then
+    vim.cmd('tabnew')
+  elseif how ~= 'current' then
+    vim.cmd('split')
+  end
+  vim.api.nvim_win_set_buf(0, self.buf)
+  vim.wo.wrap = true
+  vim.wo.linebreak = true
+  self:follow_cursor(vim.api.nvim_get_current_win())
+end
+
+function View:close_window()
+  if #vim.api.nvim_list_wins() > 1 then
+    vim.api.nvim_win_close(0, false)
+  else
+    vim.cmd('enew')
+  end
+end
+
+function View:schedule_render()
+  if self.render_pending then
+    return
+  end
+  self.render_pending = true
+  vim.defer_fn(function()
+    self.render_pending = false
+    self:render()
+  end, RENDER_DELAY_MS)
+end
+
+---@param win integer
+function View:follow_cursor(win)
+  local last = vim.api.nvim_buf_line_count(self.buf)
+  vim.api.nvim_win_set_cursor(win, { last, 0 })
+end
+
+--- Write what changed into the buffer; windows whose cursor sat on the last line
+--- keep following the end.
+function View:render()
+  if not vim.api.nvim_buf_is_valid(self.buf) then
+    return
+  end
+  local start, lines = self.transcript:flush()
+  if start then
+    local last = vim.api.nvim_buf_line_count(self.buf)
+    local following = {}
+    for _, win in ipairs(vim.fn.win_findbuf(self.buf)) do
+      if vim.api.nvim_win_get_cursor(win)[1] >= last then
+        table.insert(following, win)
+      end
+    end
+    vim.bo[self.buf].modifiable = true
+    vim.api.nvim_buf_set_lines(self.buf, start, -1, false, lines)
+    vim.bo[self.buf].modifiable = false
+    for _, win in ipairs(following) do
+      self:follow_cursor(win)
+    end
+  end
+  self:render_status()
+end
+
+--- One line saying what the session is doing now.
+---@return string, string text and highlight group
+function View:status()
+  local state, detail = self.follow_state, self.follow_detail
+  if state == 'stopped' then
+    return '', 'Comment'
+  end
+  if state == 'idle' and detail then
+    return 'disconnected (' .. detail .. '); reconnecting...', 'WarningMsg'
+  end
+  if state ~= 'live' then
+    return 'connecting...', 'Comment'
+  end
+  local pending = #self.transcript:pending_approvals()
+  if pending > 0 then
+    return string.format('waiting for approval %s', approval_hint() or ''), 'WarningMsg'
+  end
+  if self.transcript.turn_running then
+    return 'working...', 'Comment'
+  end
+  return '', 'Comment'
+end
+
+function View:render_status()
+  local text, group = self:status()
+  vim.b[self.buf].agents_status = text
+  vim.api.nvim_buf_clear_namespace(self.buf, NAMESPACE, 0, -1)
+  if text ~= '' then
+    local last = vim.api.nvim_buf_line_count(self.buf) - 1
+    vim.api.nvim_buf_set_extmark(self.buf, NAMESPACE, last, 0, { virt_text = { { text, group } } })
+  end
+end
+
+--- The approval the keys act on: the pending one under the cursor, else the oldest.
+---@return table|nil
+function View:target_approval()
+  if vim.api.nvim_get_current_buf() == self.buf then
+    local line = vim.api.nvim_win_get_cursor(0)[1] - 1
+    local entry = self.transcript:entry_at(line)
+    if entry and entry.kind == 'approval' and not entry.decision then
+      return entry
+    end
+  end
+  return self.transcript:pending_approvals()[1]
+end
+
+--- Answer the target approval with its accepting (or declining) option.
+---@param which string 'accept' | 'decline'
+function View:answer(which)
+  local entry = self:target_approval()
+  if not entry then
+    vim.notify('agents: no approval is pending', vim.log.levels.INFO)
+    return
+  end
+  local options = entry.options or {}
+  local decision = pick_option(options, which == 'accept' and ACCEPT or DECLINE)
+  if not decision then
+    decision = which == 'accept' and options[1] or options[#options]
+  end
+  require('agents').respond(self.session_id, entry.approval_id, decision or which)
+end
+
+function View:accept()
+  self:answer('accept')
+end
+
+function View:decline()
+  self:answer('decline')
+end
+
+function View:interrupt()
+  require('agents').interrupt(self.session_id)
+end
+
+--- Pick any option of the target approval with `vim.ui.select`.
+function View:choose()
+  local entry = self:target_approval()
+  if not entry then
+    vim.notify('agents: no approval is pending', vim.log.levels.INFO)
+    return
+  end
+  vim.ui.select(entry.options or {}, { prompt = entry.title or 'Approval' }, function(choice)
+    if choice then
+      require('agents').respond(self.session_id, entry.approval_id, choice)
+    end
+  end)
+end
+
+function View:prompt_send()
+  vim.ui.input({ prompt = 'Send to ' .. self.session_id .. ': ' }, function(text)
+    if text and text ~= '' then
+      require('agents').send(text, self.session_id)
+    end
+  end)
+end
+
+return M

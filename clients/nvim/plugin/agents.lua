@@ -1,0 +1,53 @@
+-- agents.nvim: the :Agents* commands. Everything else loads on first use
+-- (`require('agents')`), so starting Neovim costs nothing more than these definitions.
+
+if vim.g.loaded_agents or vim.fn.has('nvim-0.7') == 0 then
+  return
+end
+vim.g.loaded_agents = 1
+
+local PROVIDERS = { 'mock', 'codex', 'claude', 'acp' }
+
+local function command(name, fn, opts)
+  vim.api.nvim_create_user_command(name, fn, opts)
+end
+
+local function optional(args)
+  return args ~= '' and args or nil
+end
+
+local function complete_sessions(lead)
+  return require('agents').complete_sessions(lead)
+end
+
+command('AgentsNew', function(o)
+  require('agents').new(optional(o.args))
+end, {
+  nargs = '?',
+  desc = 'Create an agent session in the current directory',
+  complete = function(lead)
+    return vim.tbl_filter(function(p)
+      return vim.startswith(p, lead)
+    end, PROVIDERS)
+  end,
+})
+
+command('AgentsList', function()
+  require('agents').list()
+end, { nargs = 0, desc = 'Pick a session to attach to' })
+
+command('AgentsAttach', function(o)
+  require('agents').attach(optional(o.args))
+end, { nargs = '?', complete = complete_sessions, desc = 'Show a session in a buffer' })
+
+command('AgentsSend', function(o)
+  require('agents').send(optional(o.args))
+end, { nargs = '*', desc = 'Send a prompt to the current session' })
+
+command('AgentsInterrupt', function(o)
+  require('agents').interrupt(optional(o.args))
+end, { nargs = '?', complete = complete_sessions, desc = "Interrupt the session's turn" })
+
+command('AgentsClose', function(o)
+  require('agents').close(optional(o.args))
+end, { nargs = '?', complete = complete_sessions, desc = "End the session's agent" })

@@ -1,0 +1,312 @@
+--- Test harness for agents.nvim, driven by tests/clients/test_nvim.py through
+--- Neovim's RPC (`nvim_exec_lua`).
+---
+--- Every wait here is `vim.wait` with a deadline (the event loop keeps running, so
+--- the plugin streams meanwhile); a timeout raises an error that carries what the
+--- buffer showed, which the Python side reports as the test failure.
+
+local M = {}
+
+M.notifications = {} -- every vim.notify message, in order: { msg, level }
+
+local POLL_MS = 10
+
+--- Point the plugin at `socket`, capture vim.notify, and load the commands.
+---@param socket string
+---@param opts table|nil setup options
+function M.setup(socket, opts)
+  vim.g.agents_socket = socket
+  require('agents').setup(vim.tbl_deep_extend('force', {
+    open = 'current',
+    reconnect = { initial_ms = 50, max_ms = 400 },
+  }, opts or {}))
+  vim.cmd('runtime! plugin/agents.lua')
+  vim.notify = function(msg, level)
+    table.insert(M.notifications, { msg = msg, level = level or vim.log.levels.INFO })
+  end
+end
+
+local function view(session_id)
+  local v = require('agents.view').views[session_id]
+  if not v then
+    error('no view of session ' .. tostring(session_id), 2)
+  end
+  return v
+end
+
+--- Wait for `predicate`; on timeout raise "<what>" with the session's lines.
+local function wait(timeout_ms, predicate, what, session_id)
+  if vim.wait(timeout_ms, predicate, POLL_MS) then
+    return
+  end
+  local detail = ''
+  local v = session_id and require('agents.view').views[session_id]
+  if v then
+    detail = '\n--- buffer ---\n'
+      .. table.concat(vim.api.nvim_buf_get_lines(v.buf, 0, -1, false), '\n')
+      .. '\n--- follow: '
+      .. tostring(v.follow.state)
+      .. ' '
+      .. tostring(v.follow_detail)
+  end
+  local notes = {}
+  for _, n in ipairs(M.notifications) do
+    table.insert(notes, n.msg)
+  end
+  error(
+    string.format(
+      'timed out after %d ms waiting for %s%s\n--- notifications ---\n%s',
+      timeout_ms,
+      what,
+      detail,
+      table.concat(notes, '\n')
+    ),
+    0
+  )
+end
+
+--- Run an Ex command (so the test goes through plugin/agents.lua).
+function M.cmd(command)
+  vim.cmd(command)
+end
+
+--- `:AgentsNew [provider]` (or `require('agents').new` with session options) and
+--- wait until its buffer is the current one; returns the session id.
+function M.new_session(provider, options, timeout_ms)
+  provider = provider ~= vim.NIL and provider or nil -- Python's None arrives as vim.NIL
+  options = options ~= vim.NIL and options or nil
+  local before = vim.api.nvim_get_current_buf()
+  if options then
+    require('agents').new(provider, { options = options })
+  else
+    vim.cmd('AgentsNew ' .. (provider or ''))
+  end
+  wait(timeout_ms, function()
+    local buf = vim.api.nvim_get_current_buf()
+    return buf ~= before and vim.b[buf].agents_session_id ~= nil
+  end, 'the new session buffer')
+  local session_id = vim.b.agents_session_id
+  wait(timeout_ms, function()
+    return view(session_id).follow.state == 'live'
+  end, 'the subscription', session_id)
+  return session_id
+end
+
+function M.lines(session_id)
+  return vim.api.nvim_buf_get_lines(view(session_id).buf, 0, -1, false)
+end
+
+--- Wait until the session buffer contains `text` (plain) `count` times (default
+--- once, exactly: more is a failure too); returns the lines.
+function M.wait_text(session_id, text, timeout_ms, count)
+  count = count or 1
+  local function occurrences()
+    local n = 0
+    for _, line in ipairs(M.lines(session_id)) do
+      local from = 1
+      while true do
+        local at = line:find(text, from, true)
+        if not at then
+          break
+        end
+        n = n + 1
+        from = at + #text
+      end
+    end
+    return n
+  end
+  wait(timeout_ms, function()
+    return occurrences() >= count
+  end, string.format('%q in the buffer', text), session_id)
+  local n = occurrences()
+  if n ~= count then
+    error(
+      string.format(
+        '%q is in the buffer %d times, not %d:\n%s',
+        text,
+        n,
+        count,
+        table.concat(M.lines(session_id), '\n')
+      ),
+      0
+    )
+  end
+  return M.lines(session_id)
+end
+
+--- Wait until one line of the session buffer equals `line`; returns the lines.
+function M.wait_line(session_id, line, timeout_ms)
+  wait(timeout_ms, function()
+    return vim.tbl_contains(M.lines(session_id), line)
+  end, string.format('the line %q', line), session_id)
+  return M.lines(session_id)
+end
+
+--- The text of every agent message of the session, in order.
+function M.messages(session_id)
+  local out = {}
+  for _, entry in ipairs(view(session_id).transcript.entries) do
+    if entry.kind == 'message' then
+      table.insert(out, require('agents.transcript').item_text(entry))
+    end
+  end
+  return out
+end
+
+--- Wait until no turn runs and the subscription is live.
+function M.wait_idle(session_id, timeout_ms)
+  wait(timeout_ms, function()
+    local v = view(session_id)
+    return v.follow.state == 'live' and not v.transcript.turn_running
+  end, 'the turn to end', session_id)
+end
+
+--- Wait until the session buffer has caught up to journal seq `seq` (and is live).
+function M.wait_seq(session_id, seq, timeout_ms)
+  wait(timeout_ms, function()
+    local f = view(session_id).follow
+    return f.last_seq >= seq and f.state == 'live'
+  end, 'seq ' .. seq, session_id)
+end
+
+--- Wait for a pending approval; returns its id.
+function M.wait_approval(session_id, timeout_ms)
+  wait(timeout_ms, function()
+    return #view(session_id).transcript:pending_approvals() > 0
+  end, 'an approval', session_id)
+  return view(session_id).transcript:pending_approvals()[1].approval_id
+end
+
+--- Type `keys` in the session buffer (its buffer-local mappings apply).
+function M.press(session_id, keys)
+  local v = view(session_id)
+  v:show('current')
+  vim.cmd('normal ' .. keys)
+end
+
+function M.follow_state(session_id)
+  local v = view(session_id)
+  return {
+    state = v.follow.state,
+    last_seq = v.follow.last_seq,
+    subscription = v.follow.subscription_id,
+    lagged = v.lagged or 0,
+    disconnects = v.disconnects or 0,
+  }
+end
+
+function M.wait_follow_state(session_id, state, timeout_ms)
+  wait(timeout_ms, function()
+    return view(session_id).follow.state == state
+  end, 'follow state ' .. state, session_id)
+end
+
+--- Record every distinct text the buffer showed for lines matching `prefix`,
+--- so a test can tell that text streamed in (several partial versions).
+function M.record_stream(session_id)
+  local v = view(session_id)
+  v.seen = {}
+  vim.api.nvim_buf_attach(v.buf, false, {
+    on_lines = function(_, buf, _, first, _, last_new)
+      for _, line in ipairs(vim.api.nvim_buf_get_lines(buf, first, last_new, false)) do
+        v.seen[line] = true
+      end
+    end,
+  })
+end
+
+function M.seen_lines(session_id)
+  return vim.tbl_keys(view(session_id).seen or {})
+end
+
+--- Count the lagged notifications the session's follow receives, and the times
+--- the connection was lost.
+function M.count_lagged(session_id)
+  local v = view(session_id)
+  v.lagged, v.disconnects = 0, 0
+  v.follow.client:on('notification', function(method, params)
+    if method == 'agentSession.lagged' and params.sessionId == session_id then
+      v.lagged = v.lagged + 1
+    end
+  end)
+  v.follow.client:on('disconnect', function()
+    v.disconnects = v.disconnects + 1
+  end)
+end
+
+--- Stop (or resume) reading the daemon's socket, as a stuck editor would.
+function M.pause_reading()
+  local client = require('agents').client()
+  client.pipe:read_stop()
+end
+
+function M.resume_reading()
+  local client = require('agents').client()
+  client.pipe:read_start(client.on_read)
+end
+
+--- `:checkhealth agents`, as lines.
+function M.checkhealth()
+  vim.cmd('checkhealth agents')
+  local lines = vim.api.nvim_buf_get_lines(0, 0, -1, false)
+  vim.cmd('bwipeout!')
+  return lines
+end
+
+--- Wait for a vim.notify message containing `text`; returns it.
+function M.wait_notification(text, timeout_ms)
+  local found
+  wait(timeout_ms, function()
+    for _, n in ipairs(M.notifications) do
+      if n.msg:find(text, 1, true) then
+        found = n.msg
+        return true
+      end
+    end
+    return false
+  end, 'a notification containing ' .. text)
+  return found
+end
+
+--- Replace vim.ui.select: record the items shown and pick the one for which
+--- `pick(formatted)` contains `choose` (plain), or none.
+function M.stub_select(choose)
+  M.selected = nil
+  vim.ui.select = function(items, opts, on_choice)
+    local shown = {}
+    local picked
+    for _, item in ipairs(items) do
+      local text = opts.format_item and opts.format_item(item) or tostring(item)
+      table.insert(shown, text)
+      if not picked and choose and text:find(choose, 1, true) then
+        picked = item
+      end
+    end
+    M.selected = shown
+    on_choice(picked)
+  end
+end
+
+--- Replace vim.ui.input: answer with `text`.
+function M.stub_input(text)
+  vim.ui.input = function(_, on_confirm)
+    on_confirm(text)
+  end
+end
+
+function M.current_buffer_session()
+  return vim.b.agents_session_id
+end
+
+--- The names of every global, sorted (a test compares them before and after the
+--- plugin ran, to catch a leaked global).
+function M.globals()
+  local names = {}
+  for k in pairs(_G) do
+    table.insert(names, k)
+  end
+  table.sort(names)
+  return names
+end
+
+return M

@@ -1,0 +1,399 @@
+"""The Neovim plugin (clients/nvim) end to end: a real headless ``nvim`` against a
+real ``agentsd`` with the mock provider.
+
+The test drives Neovim over its own msgpack-RPC socket (``--listen``): each step is
+one ``nvim_exec_lua`` call into the harness ``tests/clients/nvim/lua/agents_test``,
+whose waits are ``vim.wait`` with a deadline, so the plugin keeps streaming while a
+step waits. A second client (``agentsctl.Client``) watches the same session.
+
+Without ``nvim`` these tests are skipped, except under CI (``$CI`` set), where a
+missing ``nvim`` is a failure: CI installs it (``apt-get install neovim``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from agentsctl import Client
+from agentsd_protocol.errors import AlreadyResolved
+from tests.daemon_process import make_temp_dir, running_daemon
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGIN_DIR = REPO / "clients" / "nvim"
+HARNESS_DIR = Path(__file__).resolve().parent / "nvim"
+NVIM = shutil.which("nvim")
+
+WAIT_MS = 15_000  # one step inside Neovim: a mock turn takes well under a second
+RPC_MARGIN_S = 10.0  # on top of the step's own wait, before the driver gives up
+START_TIMEOUT_S = 10.0  # Neovim starts in ~50 ms; the machine is shared
+EVENT_TIMEOUT_S = 15.0  # the watching Python client waiting for an event
+
+pytestmark = pytest.mark.skipif(
+    NVIM is None and not os.environ.get("CI"),
+    reason="nvim is not installed (apt-get install neovim); under CI this fails",
+)
+
+
+class NvimError(Exception):
+    """A Lua error raised inside Neovim (the message carries the harness's detail)."""
+
+
+class Nvim:
+    """A headless Neovim with the plugin and the harness on its runtimepath, driven
+    over msgpack-RPC. Requests are strictly sequential; every receive has a deadline."""
+
+    def __init__(self, base: Path) -> None:
+        if NVIM is None:
+            pytest.fail("nvim is not installed but $CI is set: CI must `apt-get install neovim`")
+        self.address = base / "nvim.sock"
+        self.log_path = base / "nvim.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTSD_")}
+        env.update(
+            XDG_CONFIG_HOME=str(base / "nvim-config"),
+            XDG_DATA_HOME=str(base / "nvim-data"),
+            XDG_STATE_HOME=str(base / "nvim-state"),
+            XDG_RUNTIME_DIR=str(base / "nvim-run"),
+        )
+        command = [
+            NVIM,
+            "--headless",
+            "-u",
+            "NONE",
+            "-i",
+            "NONE",
+            "-n",
+            "--listen",
+            str(self.address),
+            "--cmd",
+            f"set runtimepath^={PLUGIN_DIR} runtimepath+={HARNESS_DIR}",
+        ]
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
+            )
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._next_id = 0
+        self._buf = b""
+        try:
+            self._connect()
+        except BaseException:
+            self.close()
+            raise
+
+    def _connect(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self.process.poll() is not None:
+                raise AssertionError(f"nvim exited while starting: {self.log()}")
+            try:
+                self.sock.connect(str(self.address))
+                return
+            except (FileNotFoundError, ConnectionRefusedError):
+                if time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"nvim did not listen within {START_TIMEOUT_S} s"
+                    ) from None
+                time.sleep(0.01)  # polling for the socket to appear, under the deadline
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def request(self, method: str, *args: Any, timeout_s: float) -> Any:
+        self._next_id += 1
+        msgid = self._next_id
+        self.sock.settimeout(timeout_s)
+        self.sock.sendall(msgspec.msgpack.encode([0, msgid, method, list(args)]))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                message = msgspec.msgpack.decode(self._buf)
+            except msgspec.DecodeError:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"nvim did not answer {method} in {timeout_s} s") from None
+                self.sock.settimeout(remaining)
+                data = self.sock.recv(1 << 20)
+                if not data:
+                    raise AssertionError(
+                        f"nvim closed its socket; its log:\n{self.log()}"
+                    ) from None
+                self._buf += data
+                continue
+            self._buf = b""
+            kind, reply_id, error, result = message
+            assert kind == 1 and reply_id == msgid, message
+            if error is not None:
+                raise NvimError(error[1] if isinstance(error, list) else str(error))
+            return result
+
+    def lua(self, code: str, *args: Any, timeout_s: float = RPC_MARGIN_S) -> Any:
+        return self.request("nvim_exec_lua", code, list(args), timeout_s=timeout_s)
+
+    def h(self, function: str, *args: Any) -> Any:
+        """Call ``require('agents_test').<function>(...)``; steps that wait get
+        ``WAIT_MS`` in their arguments, and the driver waits that long plus a margin."""
+        return self.lua(
+            f"return require('agents_test').{function}(...)",
+            *args,
+            timeout_s=WAIT_MS / 1000 + RPC_MARGIN_S,
+        )
+
+    def close(self) -> None:
+        """Quit Neovim. The socket stays open until Neovim closes it: a notification
+        still unread when its channel closes is dropped, and Neovim would not quit."""
+        with contextlib.suppress(OSError):
+            self.sock.settimeout(START_TIMEOUT_S)
+            self.sock.sendall(msgspec.msgpack.encode([2, "nvim_command", ["qa!"]]))
+            while self.sock.recv(65536):
+                pass
+        self.sock.close()
+        try:
+            self.process.wait(timeout=START_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=START_TIMEOUT_S)
+            raise AssertionError(f"nvim did not quit; its log:\n{self.log()}") from None
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    path = make_temp_dir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def nvim(base: Path) -> Iterator[Nvim]:
+    instance = Nvim(base)
+    try:
+        yield instance
+    except BaseException as exc:
+        exc.add_note(f"nvim log:\n{instance.log()}")
+        raise
+    finally:
+        instance.close()
+
+
+Event = dict[str, Any]
+
+
+def watch(client: Client, session_id: str, *, live_only: bool = False) -> None:
+    """Subscribe the Python client to the journal of ``session_id``: all of it, or
+    (``live_only``) what comes after its current head."""
+    params: dict[str, Any] = {"sessionId": session_id}
+    if not live_only:
+        params["afterSeq"] = 0
+    client.call("agentSession.subscribe", params)
+
+
+def events_until(client: Client, done: Callable[[Event], bool]) -> list[Event]:
+    """Journal events the client receives, up to and including the first ``done`` one."""
+    deadline = time.monotonic() + EVENT_TIMEOUT_S
+    events: list[Event] = []
+    while True:
+        remaining = deadline - time.monotonic()
+        notification = client.next_notification(max(0.0, remaining))
+        if notification is None:
+            kinds = [e["kind"] for e in events]
+            raise AssertionError(f"no matching event within {EVENT_TIMEOUT_S} s; saw {kinds}")
+        if notification.method == "agentSession.event":
+            event = notification.decode(dict[str, Any])["event"]
+            events.append(event)
+            if done(event):
+                return events
+
+
+def turn_completed(event: Event) -> bool:
+    return bool(event["kind"] == "turn.completed")
+
+
+def agent_texts(events: list[Event]) -> list[str]:
+    return [
+        e["body"]["text"]
+        for e in events
+        if e["kind"] == "item.completed" and e["body"].get("type") == "agentMessage"
+    ]
+
+
+def test_nvim_streams_a_session_and_answers_its_approval(nvim: Nvim) -> None:
+    with running_daemon() as daemon, Client(daemon.socket) as watcher:
+        nvim.h("setup", str(daemon.socket))
+        # Slow chunks, so the stream is seen growing in the buffer.
+        options = {"chunks": 8, "chunkDelayS": 0.04}
+        session_id = nvim.h("new_session", "mock", options, WAIT_MS)
+        watch(watcher, session_id)
+
+        nvim.h("record_stream", session_id)
+        reply = "streamed from the mock agent into a Neovim buffer"
+        nvim.h("cmd", f"AgentsSend echo {reply}")
+        nvim.h("wait_line", session_id, reply, WAIT_MS)
+        partial = [s for s in nvim.h("seen_lines", session_id) if s and reply.startswith(s)]
+        assert any(s != reply for s in partial), f"the reply never showed partly: {partial}"
+        first_turn = events_until(watcher, turn_completed)
+        assert agent_texts(first_turn) == [reply]
+
+        nvim.h("cmd", "AgentsSend please approve the command")
+        approval_id = nvim.h("wait_approval", session_id, WAIT_MS)
+        nvim.h("press", session_id, "a")  # the buffer-local keymap
+        nvim.h("wait_line", session_id, "  -> accept (by client)", WAIT_MS)
+        nvim.h("wait_line", session_id, "Command approved.", WAIT_MS)
+        nvim.h("wait_line", session_id, "[tool] shell: ls -la (completed)", WAIT_MS)
+        nvim.h("wait_idle", session_id, WAIT_MS)
+
+        # The second client saw the same approval, resolved by Neovim, and the same text.
+        second_turn = events_until(watcher, turn_completed)
+        requested = [e["body"] for e in second_turn if e["kind"] == "approval.requested"]
+        resolved = [e["body"] for e in second_turn if e["kind"] == "approval.resolved"]
+        assert [r["approvalId"] for r in requested] == [approval_id]
+        assert resolved == [{"approvalId": approval_id, "decision": "accept", "by": "client"}]
+        assert agent_texts(second_turn) == ["Command approved."]
+        assert nvim.h("messages", session_id) == [reply, "Command approved."]
+        with pytest.raises(AlreadyResolved):
+            watcher.call(
+                "agentSession.respond",
+                {"sessionId": session_id, "approvalId": approval_id, "decision": "decline"},
+            )
+
+
+def test_nvim_catches_up_after_the_daemon_restarts(nvim: Nvim, base: Path) -> None:
+    state_dir = base / "state"
+    socket_path = base / "run" / "agentsd.sock"
+    with running_daemon(state_dir=state_dir, socket_path=socket_path):
+        nvim.h("setup", str(socket_path))
+        session_id = nvim.h("new_session", "mock", None, WAIT_MS)
+        nvim.h("cmd", "AgentsSend echo before the restart")
+        nvim.h("wait_line", session_id, "before the restart", WAIT_MS)
+        nvim.h("wait_idle", session_id, WAIT_MS)
+    nvim.h("wait_follow_state", session_id, "idle", WAIT_MS)
+
+    # While Neovim cannot reach it (another socket), the session moves on.
+    with running_daemon(state_dir=state_dir) as elsewhere, Client(elsewhere.socket) as other:
+        watch(other, session_id, live_only=True)  # the turn before the restart is over
+        other.call("agentSession.send", {"sessionId": session_id, "text": "echo while away"})
+        events_until(other, turn_completed)
+
+    # Back on the socket Neovim knows: it reconnects, resubscribes after its last
+    # seq, and the buffer catches up from the journal, then follows live.
+    with running_daemon(state_dir=state_dir, socket_path=socket_path) as daemon:
+        nvim.h("wait_line", session_id, "while away", WAIT_MS)
+        nvim.h("wait_follow_state", session_id, "live", WAIT_MS)
+        with Client(daemon.socket) as other:
+            other.call("agentSession.send", {"sessionId": session_id, "text": "echo after"})
+        nvim.h("wait_line", session_id, "after", WAIT_MS)
+        nvim.h("wait_idle", session_id, WAIT_MS)
+        # Nothing was shown twice.
+        nvim.h("wait_text", session_id, "> echo before the restart", WAIT_MS, 1)
+        nvim.h("wait_text", session_id, "> echo while away", WAIT_MS, 1)
+        assert nvim.h("messages", session_id) == ["before the restart", "while away", "after"]
+        lines = nvim.h("lines", session_id)
+        assert any(line.startswith("[agent exited: ") for line in lines), lines
+
+
+def test_nvim_resubscribes_after_lagging(nvim: Nvim) -> None:
+    flood = 12_000  # one-character deltas: twice what the daemon and the kernel buffer for nvim
+    with running_daemon() as daemon, Client(daemon.socket) as watcher:
+        nvim.h("setup", str(daemon.socket))
+        session_id = nvim.h("new_session", "mock", {"floodStdout": flood}, WAIT_MS)
+        nvim.h("count_lagged", session_id)
+        watch(watcher, session_id)
+        nvim.h("pause_reading")  # a stuck editor: the daemon's queue for it overflows
+        watcher.call("agentSession.send", {"sessionId": session_id, "text": "echo flooded"})
+        events = events_until(watcher, turn_completed)
+        nvim.h("resume_reading")
+        final = agent_texts(events)
+        assert final == ["." * flood + "flooded"]
+        nvim.h("wait_seq", session_id, events[-1]["seq"], WAIT_MS)
+        assert nvim.h("messages", session_id) == final
+        state = nvim.h("follow_state", session_id)
+        # Caught up through agentSession.lagged and a resubscribe (not a reconnect:
+        # the daemon must tell a slow subscriber, not drop its connection).
+        assert state["lagged"] >= 1, f"the daemon sent no agentSession.lagged: {state}"
+        assert state["disconnects"] == 0, f"nvim lost its connection instead: {state}"
+        assert state["state"] == "live", state
+
+
+def test_checkhealth_reports_the_socket_and_the_daemon(nvim: Nvim, base: Path) -> None:
+    missing = base / "missing.sock"
+    nvim.h("setup", str(missing))
+    report = "\n".join(nvim.h("checkhealth"))
+    assert str(missing) in report
+    assert "ERROR" in report and "does not exist" in report, report
+
+    with running_daemon() as daemon, Client(daemon.socket) as client:
+        version = client.status().version
+        nvim.h("setup", str(daemon.socket))
+        report = "\n".join(nvim.h("checkhealth"))
+    assert f"socket: {daemon.socket}" in report, report
+    assert "the socket exists" in report, report
+    assert f"agentsd {version} is running" in report, report
+    assert "ERROR" not in report, report
+
+
+def test_nvim_commands_list_interrupt_close_and_errors(nvim: Nvim, base: Path) -> None:
+    globals_before = nvim.h("globals")
+    with running_daemon() as daemon:
+        nvim.h("setup", str(daemon.socket))
+        session_id = nvim.h("new_session", None, None, WAIT_MS)  # :AgentsNew, default provider
+        assert nvim.h("follow_state", session_id)["state"] == "live"
+
+        # :AgentsList shows the sessions with vim.ui.select; picking one attaches.
+        nvim.lua("vim.cmd('enew')")
+        nvim.h("stub_select", session_id)
+        nvim.h("cmd", "AgentsList")
+        nvim.lua(
+            "assert(vim.wait(...,function() return vim.b.agents_session_id ~= nil end, 10))",
+            WAIT_MS,
+        )
+        assert nvim.h("current_buffer_session") == session_id
+        shown = nvim.lua("return require('agents_test').selected")
+        assert len(shown) == 1 and shown[0].startswith(session_id) and "mock" in shown[0], shown
+
+        # An approval keeps the turn running; :AgentsInterrupt ends it.
+        nvim.h("stub_input", "please approve")
+        nvim.h("press", session_id, "i")  # the send keymap asks with vim.ui.input
+        nvim.h("wait_approval", session_id, WAIT_MS)
+        nvim.h("cmd", "AgentsInterrupt")
+        nvim.h("wait_line", session_id, "[turn interrupted]", WAIT_MS)
+        nvim.h("wait_idle", session_id, WAIT_MS)
+
+        nvim.h("cmd", "AgentsClose")
+        nvim.h("wait_line", session_id, "[agent exited: requested]", WAIT_MS)
+        nvim.h("wait_notification", f"closed session {session_id}", WAIT_MS)
+
+        # Errors are notified with the daemon's data.kind.
+        nvim.h("cmd", "AgentsNew no-such-provider")
+        nvim.h("wait_notification", "[unknown_provider]", WAIT_MS)
+        nvim.h("cmd", "AgentsSend hello")  # the closed session starts again on send
+        nvim.h("wait_line", session_id, "Hello from the mock agent.", WAIT_MS)
+        nvim.lua("require('agents').send('hi', 'no-such-session')")
+        nvim.h("wait_notification", "[session_not_found]", WAIT_MS)
+
+        # After a deliberate disconnect, attaching resumes the buffer where it was.
+        nvim.lua("require('agents').disconnect()")
+        nvim.h("cmd", f"AgentsAttach {session_id}")
+        nvim.h("wait_follow_state", session_id, "live", WAIT_MS)
+        nvim.h("cmd", "AgentsSend echo once more")
+        nvim.h("wait_line", session_id, "once more", WAIT_MS)
+        nvim.h("wait_text", session_id, "Hello from the mock agent.", WAIT_MS, 1)
+
+    # The daemon is gone: a new request fails at once, saying so.
+    nvim.lua("require('agents').send('hi', 'whatever')")
+    nvim.h("wait_notification", "[daemon_unreachable]", WAIT_MS)
+    leaked = set(nvim.h("globals")) - set(globals_before)
+    assert not leaked, f"globals leaked: {sorted(leaked)}"
+
+
+def test_nvim_plugin_units(nvim: Nvim) -> None:
+    failures = nvim.lua("return require('agents_test.unit').run()")
+    assert failures == [], "\n".join(failures)
