@@ -98,6 +98,15 @@ def test_open_creates_directory_file_and_schema_v1(db_path: Path) -> None:
     assert stat.S_IMODE(db_path.stat().st_mode) == 0o600
 
 
+def test_empty_existing_file_is_migrated(db_path: Path) -> None:
+    # What a crash between creating the file and SQLite's first write leaves.
+    db_path.parent.mkdir(parents=True)
+    db_path.touch()
+    with closing(open_database(db_path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert [row[0] for row in conn.execute("SELECT count(*) FROM sessions")] == [0]
+
+
 def test_connection_settings(opened: sqlite3.Connection) -> None:
     assert opened.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert opened.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL

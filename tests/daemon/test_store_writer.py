@@ -69,9 +69,29 @@ def file_bytes(path: Path) -> bytes:
     return path.read_bytes()
 
 
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions in ``exc``, with every group flattened."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
+    return [exc]
+
+
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "agentsd.sqlite3"
+
+
+async def record_outcome(
+    store: Store,
+    op: Callable[[sqlite3.Connection], str],
+    outcomes: dict[int, object],
+    index: int,
+) -> None:
+    """``outcomes[index]`` = what ``store.write(op)`` returned or raised."""
+    try:
+        outcomes[index] = await store.write(op)
+    except Exception as exc:
+        outcomes[index] = exc
 
 
 async def queue_behind_gate(
@@ -83,15 +103,8 @@ async def queue_behind_gate(
     nursery.start_soon(store.write, gate)
     await gate.wait_entered()
     outcomes: dict[int, object] = {}
-
-    async def submit(index: int, op: Callable[[sqlite3.Connection], str]) -> None:
-        try:
-            outcomes[index] = await store.write(op)
-        except Exception as exc:
-            outcomes[index] = exc
-
     for index, op in enumerate(ops):
-        nursery.start_soon(submit, index, op)
+        nursery.start_soon(record_outcome, store, op, outcomes, index)
     await trio.testing.wait_all_tasks_blocked()
     assert store.queued_writes == len(ops)
     return gate, outcomes
@@ -100,16 +113,9 @@ async def queue_behind_gate(
 async def gather(store: Store, ops: list[Callable[[sqlite3.Connection], str]]) -> dict[int, object]:
     """Submit ``ops`` concurrently; each op's result or exception by index."""
     outcomes: dict[int, object] = {}
-
-    async def submit(index: int, op: Callable[[sqlite3.Connection], str]) -> None:
-        try:
-            outcomes[index] = await store.write(op)
-        except Exception as exc:
-            outcomes[index] = exc
-
     async with trio.open_nursery() as nursery:
         for index, op in enumerate(ops):
-            nursery.start_soon(submit, index, op)
+            nursery.start_soon(record_outcome, store, op, outcomes, index)
     return outcomes
 
 
@@ -406,12 +412,13 @@ async def test_fatal_op_stops_the_writer_and_no_caller_hangs(db_path: Path) -> N
     outcomes: dict[int, object] = {}
     with trio.fail_after(TEST_TIMEOUT_S):
         async with trio.open_nursery() as outer:
-            with pytest.RaisesGroup(Fatal, allow_unwrapped=True, flatten_subgroups=True):
+            with pytest.raises(BaseException) as caught:
                 async with open_store(db_path) as store:
                     ops = [insert_session("a"), fatal, insert_session("b")]
                     gate, outcomes = await queue_behind_gate(store, outer, ops)
                     gate.open()
                     await trio.sleep_forever()  # the writer's failure cancels this
+    assert [type(leaf) for leaf in leaves(caught.value)] == [Fatal]
     # The fatal op's own caller too: the BaseException went to the writer.
     for index in range(3):
         failure = outcomes[index]
