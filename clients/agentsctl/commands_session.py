@@ -35,13 +35,13 @@ def configure_session_id(parser: argparse.ArgumentParser) -> None:
 
 def configure_new(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "provider", nargs="?", metavar="PROVIDER", help="codex, claude, acp or mock (or --provider)"
+        "provider", nargs="?", metavar="PROVIDER", help="codex, claude or mock (or --provider)"
     )
     parser.add_argument(
         "--provider",
         dest="provider_option",
         metavar="PROVIDER",
-        help="the agent provider: codex, claude, acp or mock",
+        help="the agent provider: codex, claude or mock",
     )
     parser.add_argument(
         "-m",
