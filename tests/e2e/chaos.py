@@ -464,6 +464,7 @@ def run(rounds: int, seed: int, clients: int = 3, verbose: bool = False) -> Summ
             for thread in threads:
                 thread.join(timeout=CLIENT_TIMEOUT_S * 2)
         summary.rounds += 1
+        summary.acked = len(record.acked)
         if verbose:
             print(f"round {round_no + 1}: {summary.line()}", flush=True)
     with start_daemon(base) as daemon:
