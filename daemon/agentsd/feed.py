@@ -120,6 +120,8 @@ class Subscription:
                 while True:
                     while self._queue:
                         await self._below_high_water()
+                        if not self._queue:
+                            break  # lagged while waiting: the queue was dropped
                         item = self._queue.popleft()
                         if isinstance(item, Delta):
                             self._send_delta(item)
@@ -127,7 +129,7 @@ class Subscription:
                         if item.seq <= self.cursor:
                             continue
                         if item.seq > self.cursor + 1:
-                            await self._fill_to(store, item.seq - 1)
+                            await self._close_gap(store, item.seq - 1)
                         self._send_event(item)
                     if self._lagged:
                         self._send_lagged()
@@ -145,6 +147,24 @@ class Subscription:
         if self._lagged:
             # Lagged while waiting: what is queued is gone; resume from the cursor.
             self._queue.clear()
+
+    async def _close_gap(self, store: Store, last_seq: int) -> None:
+        """Deliver the events up to ``last_seq`` before a later one. Events committed
+        in one batch are published by their writers' tasks in any order, so the
+        missing ones are usually offered a moment later: take them from the queue
+        (their queued copies are then skipped as duplicates) rather than wait for a
+        store read, during which a flood would overflow the queue. Read the rest
+        (a publisher cancelled after its commit) from the store."""
+        await trio.lowlevel.checkpoint()
+        queued = {
+            item.seq: item
+            for item in self._queue
+            if isinstance(item, StoredEvent) and self.cursor < item.seq <= last_seq
+        }
+        while (event := queued.get(self.cursor + 1)) is not None:
+            await self.connection.wait_outbound_below(CONNECTION_HIGH_WATER_BYTES)
+            self._send_event(event)
+        await self._fill_to(store, last_seq)
 
     async def _fill_to(self, store: Store, last_seq: int) -> None:
         while self.cursor < last_seq:

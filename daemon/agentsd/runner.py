@@ -125,6 +125,7 @@ class Sink:
         self._task = task
         self._items: dict[str, ItemText] = {}
         self._dirty: set[str] = set()
+        self._streamed = trio.Event()  # set by delta(): text waits for a snapshot
 
     def _current(self) -> bool:
         return is_current(self._session.lease, self._lease.fence, self._lease.generation)
@@ -163,10 +164,16 @@ class Sink:
         item = self._items.setdefault(item_id, ItemText())
         offset = item.add(text)
         self._dirty.add(item_id)
+        self._streamed.set()
         self._supervisor.feed.publish_delta(
             self._session.id,
             Delta(item_id=item_id, offset=offset, text=text, after_seq=self._session.head_seq),
         )
+
+    async def wait_streamed(self) -> None:
+        """Return once ``delta`` was called since the last return."""
+        await self._streamed.wait()
+        self._streamed = trio.Event()
 
     async def flush_snapshots(self) -> None:
         events = self._snapshots()
@@ -236,6 +243,12 @@ async def run_session(supervisor: Supervisor, session: Session, task: SessionTas
     try:
         with task.scope:
             await _run(supervisor, session, task)
+    except RpcError as exc:
+        # A failure with a name, not a bug: the store refused to take the lease
+        # (``storage_unavailable`` on a full disk). Whoever waits for the start gets it.
+        log.warning("session %s: could not start its agent: %s", session.id, exc.message)
+        if task.start_error is None and not task.ready.is_set():
+            task.start_error = exc
     except Exception as exc:
         # Rule 3: the session boundary. The failure is already journaled by _run
         # when it concerns the agent; anything else is a bug, logged here.
@@ -399,7 +412,10 @@ async def _watch_idle(supervisor: Supervisor, session: Session, task: SessionTas
 
 
 async def _flush_snapshots(sink: Sink) -> None:
+    # Wakes only once text streamed: a timer per idle session (20 wakeups a second
+    # each) costs most of a core at a few hundred sessions.
     while True:
+        await sink.wait_streamed()
         await trio.sleep(SNAPSHOT_INTERVAL_S)
         try:
             await sink.flush_snapshots()

@@ -30,6 +30,10 @@ from agentsd.records import SessionRow
 from agentsd_protocol.errors import AgentProtocolError
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a tool result can be big; a line past this is broken
+# One read holds ~1000 short lines (streaming deltas). Handling them all without a
+# checkpoint would let a flooding agent hold the event loop, and fill every
+# subscriber's queue by a thousand items before its pump runs once (invariant 8).
+LINES_PER_CHECKPOINT = 256
 READ_BYTES = 64 * 1024
 
 
@@ -91,6 +95,7 @@ class LineLink:
         self._scan_from = 0
         self._send_lock = trio.Lock()
         self._encoder = msgspec.json.Encoder()
+        self._lines_since_checkpoint = 0
 
     async def send(self, message: Any) -> None:
         data = self._encoder.encode(message) + b"\n"
@@ -98,6 +103,10 @@ class LineLink:
             await self._send_stream.send_all(data)
 
     async def receive_line(self) -> bytes | None:
+        if self._lines_since_checkpoint >= LINES_PER_CHECKPOINT:
+            # Before a line is taken: a cancellation here loses nothing.
+            self._lines_since_checkpoint = 0
+            await trio.lowlevel.checkpoint()
         while True:
             newline = self._buf.find(b"\n", self._scan_from)
             if newline >= 0:
@@ -105,6 +114,7 @@ class LineLink:
                 del self._buf[: newline + 1]
                 self._scan_from = 0
                 if line.strip():
+                    self._lines_since_checkpoint += 1
                     return line
                 continue
             self._scan_from = len(self._buf)
@@ -113,6 +123,7 @@ class LineLink:
                     f"the agent wrote a line longer than {MAX_LINE_BYTES} bytes"
                 )
             data = await self._receive_stream.receive_some(READ_BYTES)
+            self._lines_since_checkpoint = 0  # receive_some is a checkpoint
             if not data:
                 if self._buf.strip():
                     line = bytes(self._buf)

@@ -46,6 +46,8 @@ class MockAdapter(Adapter):
         self._link = link
         self._sink = sink
         self._acks: dict[str, trio.Event] = {}
+        self._acked_turns: dict[str, str] = {}  # prompt id -> the turn its ack named
+        self._starting: dict[str, list[trio.Event]] = {}  # acks waiting for turn.started
         self._interrupt_replies: list[trio.Event] = []
         self._interrupt_running = False
         self._turn_id: str | None = None
@@ -66,27 +68,45 @@ class MockAdapter(Adapter):
         return handle
 
     async def run(self) -> None:
-        while True:
-            try:
-                frame = await self._link.receive()
-            except AgentProtocolError as exc:
-                # One bad line is reported and skipped; the agent may still be healthy.
-                await self._sink.emit("agent.error", {"message": exc.message})
-                continue
-            if frame is None:
-                return
-            await self._translate(frame)
+        try:
+            while True:
+                try:
+                    frame = await self._link.receive()
+                except AgentProtocolError as exc:
+                    # One bad line is reported and skipped; the agent may still be healthy.
+                    await self._sink.emit("agent.error", {"message": exc.message})
+                    continue
+                if frame is None:
+                    return
+                await self._translate(frame)
+        finally:
+            # Acked, but their turn.started will never come: the agent did take them.
+            for waiters in self._starting.values():
+                for waiter in waiters:
+                    waiter.set()
+            self._starting.clear()
 
     async def _translate(self, frame: dict[str, Any]) -> None:
         sink = self._sink
         match frame.get("type"):
             case "ack":
-                event = self._acks.pop(str(frame.get("id")), None)
-                if event is not None:
-                    event.set()
+                prompt_id = str(frame.get("id"))
+                event = self._acks.pop(prompt_id, None)
+                if event is None:
+                    return
+                turn_id = frame.get("turnId")
+                if not isinstance(turn_id, str) or turn_id == self._turn_id:
+                    event.set()  # steered the running turn
+                    return
+                # A new turn: the send is confirmed once its turn.started is journaled,
+                # so that an interrupt right after the send finds the turn running.
+                self._acked_turns[prompt_id] = turn_id
+                self._starting.setdefault(turn_id, []).append(event)
             case "turn_started":
                 self._turn_id = str(frame.get("turnId"))
                 await sink.emit("turn.started", {"turnId": self._turn_id})
+                for waiter in self._starting.pop(self._turn_id, []):
+                    waiter.set()
             case "delta":
                 item_id = str(frame.get("itemId"))
                 if item_id not in self._open_items:
@@ -163,8 +183,10 @@ class MockAdapter(Adapter):
             return Dispatch(outcome="rejected", reason="the agent is not running")
         with trio.move_on_after(ACK_TIMEOUT_S):
             await acked.wait()
-            return Dispatch(outcome="accepted", turn_id=self._turn_id)
+            turn_id = self._acked_turns.pop(submission.client_message_id, self._turn_id)
+            return Dispatch(outcome="accepted", turn_id=turn_id)
         self._acks.pop(submission.client_message_id, None)
+        self._acked_turns.pop(submission.client_message_id, None)
         return Dispatch(outcome="unknown", reason="the agent did not confirm delivery")
 
     async def interrupt(self, turn_id: str | None) -> bool:

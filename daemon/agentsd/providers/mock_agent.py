@@ -9,7 +9,10 @@ Options arrive as a JSON object in ``AGENTSD_MOCK_OPTIONS`` (all optional):
 environment, hence the spawn token), ``crashAfterS`` (``os._exit(3)``),
 ``floodStdout`` (N extra one-character deltas per turn, as fast as possible),
 ``invalidOutput`` (a non-JSON line right after ``initialized``), ``chunks`` (5),
-``chunkDelayS`` (0.01), ``replyText``, ``stateDir`` (conversations for resume).
+``chunkDelayS`` (0.01), ``replyText``, ``stateDir`` (conversations for resume),
+``ackDelayS`` (0: wait this long before taking each prompt, its ack and its turn;
+nothing else is handled meanwhile; opens the window between a send's commit and its
+delivery for crash tests).
 
 Frames in (one JSON object per line) and what answers them:
 
@@ -65,6 +68,7 @@ class Options:
         self.invalid_output = _get(raw, "invalidOutput", bool, False)
         self.chunks = max(1, _get(raw, "chunks", int, 5))
         self.chunk_delay_s = max(0.0, _get(raw, "chunkDelayS", float, 0.01))
+        self.ack_delay_s = max(0.0, _get(raw, "ackDelayS", float, 0.0))
         self.reply_text = _get(raw, "replyText", str, "Hello from the mock agent.")
         self.state_dir = _get(raw, "stateDir", str, None)
 
@@ -199,6 +203,8 @@ class Agent:
         if not isinstance(text, str):
             self.out.write({"type": "error", "message": "prompt text must be a string"})
             return
+        if self.options.ack_delay_s:
+            time.sleep(self.options.ack_delay_s)
         self.messages.append({"role": "user", "text": text})
         turn = self.turn
         steering = turn is not None

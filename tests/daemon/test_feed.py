@@ -1,0 +1,342 @@
+"""The live feed against a real store: catch-up, live switch-over, gaps, lag.
+
+The property (feed Rule 1, DESIGN.md invariant 8): whatever the interleaving of
+appends (published in any order, or committed and never published), subscribes
+(from the head or from any ``afterSeq``), slow readers and disconnects, every
+subscriber receives each seq after its cursor exactly once and in order; one that
+falls behind receives a contiguous prefix and then ``lagged`` with the seq to resume
+after, and nothing more.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, cast
+
+import attrs
+import msgspec
+import trio
+import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentsd import feed as feed_module
+from agentsd import records
+from agentsd.connection import Connection
+from agentsd.feed import Delta, Feed, Subscription
+from agentsd.store.journal import StoredEvent, append_events, read_events
+from agentsd.store.writer import Store, open_store
+from agentsd_protocol.api.stream import DeltaNotification, EventNotification, LaggedNotification
+from tests.polling import eventually
+
+SESSION = "s1"
+
+
+class FakeConnection:
+    """What a subscription uses of a connection. ``blocked`` stands for a client
+    that does not read: the pump waits as it would above the high-water mark."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Any]] = []
+        self.blocked = False
+        self._lot = trio.lowlevel.ParkingLot()
+
+    def notify(self, method: str, params: object) -> bool:
+        self.sent.append((method, params))
+        return True
+
+    async def wait_outbound_below(self, limit: int) -> None:
+        while self.blocked:
+            await self._lot.park()
+
+    def set_blocked(self, blocked: bool) -> None:
+        self.blocked = blocked
+        if not blocked:
+            self._lot.unpark_all()
+
+    def events(self) -> list[EventNotification]:
+        return [p for m, p in self.sent if m == "agentSession.event"]
+
+
+@attrs.define
+class Subscriber:
+    subscription: Subscription
+    connection: FakeConnection
+    start: int
+    disconnected: bool = False
+
+
+async def _make_session(store: Store) -> None:
+    now = time.time()
+    row = records.SessionRow(
+        id=SESSION,
+        host_id="h",
+        provider="mock",
+        cwd="/",
+        title=None,
+        options={},
+        env={},
+        command=None,
+        provider_handle=None,
+        created_at=now,
+        updated_at=now,
+    )
+    await store.write(lambda conn: records.insert_session(conn, row, []))
+
+
+class Journal:
+    """Appends the way the supervisor does: commit, then publish (Rule 2 of
+    ``supervisor``); the head the subscribe handler sees moves on publish."""
+
+    def __init__(self, store: Store, feed: Feed) -> None:
+        self.store = store
+        self.feed = feed
+        self.head = 0
+        self._bodies = itertools.count()
+        self._offsets = itertools.count()
+        self._in_flight = 0
+        self._idle = trio.Event()
+
+    async def append(self, count: int, publish: bool) -> None:
+        items = [
+            ("test.event", msgspec.json.encode({"n": next(self._bodies)})) for _ in range(count)
+        ]
+        self._in_flight += 1
+        try:
+            stored = await self.store.write(
+                lambda conn: append_events(conn, SESSION, 0, items, time.time())
+            )
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+        if publish:  # otherwise: a publisher cancelled between its commit and publish
+            self.head = max(self.head, stored[-1].seq)
+            self.feed.publish(SESSION, stored)
+
+    async def settle(self) -> None:
+        """Wait for the appends in flight, then until every pump is blocked."""
+        while self._in_flight:
+            self._idle = trio.Event()
+            await self._idle.wait()
+        await trio.testing.wait_all_tasks_blocked()
+
+    def delta(self) -> None:
+        offset = next(self._offsets)
+        self.feed.publish_delta(
+            SESSION, Delta(item_id="i", offset=offset, text="x", after_seq=self.head)
+        )
+
+
+# One step of an interleaving: "yield" lets other tasks run a little, "settle" until
+# every append landed and every pump waits.
+steps = st.one_of(
+    st.tuples(st.just("append"), st.integers(1, 6), st.booleans()),
+    st.tuples(st.just("append"), st.integers(1, 3), st.just(True)),
+    st.tuples(st.just("delta"), st.integers(1, 5)),
+    st.tuples(st.just("subscribe"), st.none() | st.integers(0, 40)),
+    st.tuples(st.just("disconnect"), st.integers(0, 10)),
+    st.tuples(st.just("block"), st.integers(0, 10), st.booleans()),
+    st.tuples(st.just("yield"), st.integers(1, 4)),
+    st.tuples(st.just("settle")),
+    st.tuples(st.just("settle")),
+)
+
+
+@settings(
+    max_examples=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(plan=st.lists(steps, min_size=1, max_size=40), max_queued=st.sampled_from([3, 8, 2048]))
+async def test_each_live_subscriber_sees_every_seq_after_its_cursor_exactly_once_in_order(
+    plan: list[tuple[Any, ...]], max_queued: int
+) -> None:
+    saved = feed_module.MAX_QUEUED
+    feed_module.MAX_QUEUED = max_queued  # small bounds exercise lag and catch-up refills
+    try:
+        with tempfile.TemporaryDirectory() as tmp, trio.fail_after(30):
+            async with open_store(Path(tmp) / "agentsd.db") as store:
+                await _make_session(store)
+                await _run_plan(store, plan)
+    finally:
+        feed_module.MAX_QUEUED = saved
+
+
+async def _run_plan(store: Store, plan: list[tuple[Any, ...]]) -> None:
+    feed = Feed()
+    journal = Journal(store, feed)
+    subscribers: list[Subscriber] = []
+    async with trio.open_nursery() as pumps:
+        async with trio.open_nursery() as publishers:
+            for step in plan:
+                match step:
+                    case ("append", count, publish):
+                        publishers.start_soon(journal.append, count, publish)
+                    case ("delta", count):
+                        for _ in range(count):
+                            journal.delta()
+                    case ("subscribe", after):
+                        subscribers.append(_subscribe(feed, store, journal, after, pumps))
+                    case ("disconnect", index) if subscribers:
+                        subscriber = subscribers[index % len(subscribers)]
+                        subscriber.disconnected = True
+                        subscriber.subscription.end()
+                    case ("block", index, blocked) if subscribers:
+                        subscribers[index % len(subscribers)].connection.set_blocked(blocked)
+                    case ("yield", count):
+                        for _ in range(count):
+                            await trio.lowlevel.checkpoint()
+                    case ("settle",):
+                        await journal.settle()
+                    case _:
+                        pass
+        # A last published append reveals any gap left by unpublished commits.
+        await journal.append(1, True)
+        for subscriber in subscribers:
+            subscriber.connection.set_blocked(False)
+
+        def settled() -> bool:
+            return all(
+                s.subscription.ended or s.subscription.cursor == journal.head for s in subscribers
+            )
+
+        await eventually(settled)
+        pumps.cancel_scope.cancel()
+
+    stored, _ = await store.read(
+        lambda conn: read_events(conn, SESSION, after_seq=0, limit=10_000, max_bytes=1 << 30)
+    )
+    truth = {e.seq: e for e in stored}
+    assert sorted(truth) == list(range(1, journal.head + 1))
+    for subscriber in subscribers:
+        _check(subscriber, truth, journal.head)
+
+
+def _subscribe(
+    feed: Feed, store: Store, journal: Journal, after: int | None, pumps: trio.Nursery
+) -> Subscriber:
+    """As ``handle_subscribe`` does: register first, then start the pump."""
+    start = journal.head if after is None else min(after, journal.head)
+    connection = FakeConnection()
+    subscription = Subscription(feed, SESSION, cast(Connection, connection), start)
+    feed.add(subscription)
+    pumps.start_soon(subscription.run, store, lambda: journal.head)
+    return Subscriber(subscription, connection, start)
+
+
+def _check(subscriber: Subscriber, truth: dict[int, StoredEvent], head: int) -> None:
+    sent = subscriber.connection.sent
+    events = subscriber.connection.events()
+    seqs = [e.seq for e in events]
+    # Exactly once, in order, from the cursor on, with what the store holds.
+    assert seqs == list(range(subscriber.start + 1, subscriber.start + 1 + len(seqs))), seqs
+    for event in events:
+        assert event.session_id == SESSION and event.seq == event.event.seq
+        assert bytes(event.event.body) == truth[event.seq].body
+    lagged = [p for m, p in sent if m == "agentSession.lagged"]
+    if lagged:
+        # Dropped: told where to resume, and nothing after that.
+        assert len(lagged) == 1 and sent[-1][0] == "agentSession.lagged"
+        notice = lagged[0]
+        assert isinstance(notice, LaggedNotification)
+        assert notice.resume_after_seq == (seqs[-1] if seqs else subscriber.start)
+    elif not subscriber.disconnected:
+        assert not seqs or seqs[-1] == head
+        assert subscriber.start == head or seqs, "a live subscriber missed everything"
+    # Deltas are ephemeral (dropped on lag or refill) but never reordered.
+    offsets = [p.offset for m, p in sent if isinstance(p, DeltaNotification)]
+    assert offsets == sorted(set(offsets))
+
+
+async def test_catch_up_overflowing_the_live_queue_is_refilled_from_the_store(
+    tmp_path: Path,
+) -> None:
+    """While a subscriber catches up (held back here by a client that does not
+    read), far more is published than its queue holds: the overflow is read back
+    from the store, not reported as lag."""
+    saved = feed_module.MAX_QUEUED
+    feed_module.MAX_QUEUED = 4
+    try:
+        with trio.fail_after(30):
+            async with open_store(tmp_path / "agentsd.db") as store:
+                await _make_session(store)
+                feed = Feed()
+                journal = Journal(store, feed)
+                await journal.append(20, True)
+                async with trio.open_nursery() as pumps:
+                    subscriber = _subscribe(feed, store, journal, 0, pumps)
+                    subscriber.connection.set_blocked(True)
+                    for _ in range(10):
+                        await journal.append(3, True)
+                    subscriber.connection.set_blocked(False)
+                    await eventually(lambda: subscriber.subscription.cursor == journal.head)
+                    pumps.cancel_scope.cancel()
+                assert [e.seq for e in subscriber.connection.events()] == list(range(1, 51))
+                assert not [m for m, _ in subscriber.connection.sent if m != "agentSession.event"]
+    finally:
+        feed_module.MAX_QUEUED = saved
+
+
+async def test_an_ended_subscription_leaves_the_feed(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with open_store(tmp_path / "agentsd.db") as store:
+            await _make_session(store)
+            feed = Feed()
+            journal = Journal(store, feed)
+            async with trio.open_nursery() as pumps:
+                subscribers = [_subscribe(feed, store, journal, None, pumps) for _ in range(3)]
+                assert feed.subscriber_count(SESSION) == 3
+                subscribers[0].subscription.end()
+                assert feed.subscriber_count(SESSION) == 2
+                feed.end_session(SESSION)
+                assert feed.subscriber_count(SESSION) == 0
+                assert feed.by_id == {}
+                await journal.append(3, True)  # published to nobody
+                pumps.cancel_scope.cancel()
+            for subscriber in subscribers:
+                assert subscriber.connection.sent == []
+
+
+async def test_nothing_blocks_the_daemon_lagging_while_the_client_is_stalled_drops_cleanly(
+    tmp_path: Path,
+) -> None:
+    """The pump waits for a stalled client with events queued; meanwhile the queue
+    overflows. Once the client drains, the subscriber is told where to resume and
+    the subscription ends (it used to pop from the emptied queue and crash the
+    connection)."""
+    saved = feed_module.MAX_QUEUED
+    feed_module.MAX_QUEUED = 4
+    try:
+        with trio.fail_after(30):
+            async with open_store(tmp_path / "agentsd.db") as store:
+                await _make_session(store)
+                feed = Feed()
+                journal = Journal(store, feed)
+                await journal.append(3, True)
+                async with trio.open_nursery() as pumps:
+                    subscriber = _subscribe(feed, store, journal, None, pumps)
+                    await journal.settle()
+                    subscriber.connection.set_blocked(True)
+                    await journal.append(2, True)
+                    await journal.settle()  # the pump waits for the client, 2 queued
+                    await journal.append(4, True)  # overflow: lagged
+                    await journal.settle()
+                    subscriber.connection.set_blocked(False)
+                    await eventually(lambda: subscriber.subscription.ended)
+                assert subscriber.connection.sent == [
+                    (
+                        "agentSession.lagged",
+                        LaggedNotification(
+                            subscription_id=subscriber.subscription.id,
+                            session_id=SESSION,
+                            resume_after_seq=3,
+                        ),
+                    )
+                ]
+                assert feed.subscriber_count(SESSION) == 0
+    finally:
+        feed_module.MAX_QUEUED = saved
