@@ -34,6 +34,11 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         30.0  # real agents start in about a second; 30 s covers cold caches
     )
     max_frame_bytes: int = 8 * 1024 * 1024
+    # A frame, once begun, must arrive whole within this (a stalled half-frame
+    # would hold a connection slot forever); local clients write one in microseconds.
+    frame_timeout_s: float = 10.0
+    # A client whose socket takes no batch of replies for this long is cut off.
+    send_timeout_s: float = 30.0
     ladder: LadderConfig = LadderConfig()
     providers: dict[str, ProviderConfig] = {}
 

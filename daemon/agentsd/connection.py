@@ -12,6 +12,11 @@ not grow with a slow or dead client, and nothing else waits for it.
 
 Rule 4: a framing error (garbage, an oversized frame) gets one error reply with id
 null and then the connection is closed; other connections never notice.
+
+Rule 5: a frame, once begun, must arrive whole within ``frame_timeout_s`` of waiting
+on its client (time the daemon spends not reading does not count); a half-frame that
+stalls longer is a framing error (Rule 4). Without this a client that stops mid-frame
+(crashed, or stopped with SIGSTOP) would hold its connection slot forever.
 """
 
 from __future__ import annotations
@@ -48,7 +53,10 @@ RECEIVE_BYTES = 64 * 1024  # one read; large frames arrive over several
 MAX_IN_FLIGHT = 64  # concurrent requests per connection before we stop reading
 MAX_OUTBOUND_BYTES = 16 * 1024 * 1024  # queued for one client before it is cut off
 MAX_OUTBOUND_MESSAGES = 4096  # the same bound counted in messages
-SEND_TIMEOUT_S = 30.0  # a client that accepts no bytes for this long is gone
+# wait_outbound_below also waits past this many queued messages: a flood of small
+# notifications must make a pump wait, not reach MAX_OUTBOUND_MESSAGES and cut off
+# a client that reads.
+OUTBOUND_HIGH_WATER_MESSAGES = MAX_OUTBOUND_MESSAGES // 2
 FLUSH_TIMEOUT_S = 2.0  # how long a reply that must precede an action may take
 WRITE_BATCH_BYTES = 256 * 1024  # one send_all; large enough to amortize, small enough to interleave
 
@@ -128,9 +136,13 @@ class Connection:
         return self._queued_bytes
 
     async def wait_outbound_below(self, limit: int) -> None:
-        """Wait until less than ``limit`` bytes are queued for this client (how a
+        """Wait until less than ``limit`` bytes (and fewer than
+        ``OUTBOUND_HIGH_WATER_MESSAGES`` messages) are queued for this client (how a
         subscription pump yields to a slow reader instead of flooding it)."""
-        while self._queued_bytes >= limit:
+        while (
+            self._queued_bytes >= limit
+            or self._receive.statistics().current_buffer_used >= OUTBOUND_HIGH_WATER_MESSAGES
+        ):
             await self._progress.park()
 
     def spawn(self, fn: Callable[..., Awaitable[None]], *args: object) -> None:
@@ -161,7 +173,7 @@ class Connection:
                 events.append(more_flushed)
                 size += len(more)
             self._writer_busy = True
-            with trio.move_on_after(SEND_TIMEOUT_S) as timeout:
+            with trio.move_on_after(self.app.config.send_timeout_s) as timeout:
                 await self._stream.send_all(frames[0] if len(frames) == 1 else b"".join(frames))
             self._writer_busy = False
             if timeout.cancelled_caught:
@@ -206,13 +218,30 @@ class Connection:
                 await self._stream.aclose()
 
     async def _read_loop(self, nursery: trio.Nursery) -> None:
+        frame_timeout_s = self.app.config.frame_timeout_s
+        stalled_s = 0.0  # how long the unfinished frame at the buffer's tail waited (Rule 5)
         while True:
-            data = await self._stream.receive_some(RECEIVE_BYTES)
+            if not self._decoder.in_frame:
+                stalled_s = 0.0
+                data = await self._stream.receive_some(RECEIVE_BYTES)
+            else:
+                waited_from = trio.current_time()
+                with trio.move_on_after(frame_timeout_s - stalled_s):
+                    data = await self._stream.receive_some(RECEIVE_BYTES)
+                stalled_s += trio.current_time() - waited_from
+                if stalled_s >= frame_timeout_s:
+                    await self._refuse(
+                        ParseError(
+                            f"Parse error: a frame was left unfinished for {frame_timeout_s:g} s"
+                        )
+                    )
+                    return
             if not data:
                 return
             try:
                 self._decoder.feed(data)
                 for frame in self._decoder.frames():
+                    stalled_s = 0.0  # what follows this frame is a new one
                     decoded = decode_frame(frame)
                     if _answers_at_once(decoded):
                         # No task of its own: a task switch costs more than the work.
@@ -221,12 +250,16 @@ class Connection:
                     await self._in_flight.acquire()
                     nursery.start_soon(self._handle_frame, decoded)
             except (ParseError, FrameTooLarge) as exc:
-                flushed = trio.Event()
-                self.send_message(encode_error(None, exc), flushed)
-                with trio.move_on_after(FLUSH_TIMEOUT_S):
-                    await flushed.wait()
-                self.close(f"framing error: {exc.message}")
+                await self._refuse(exc)
                 return
+
+    async def _refuse(self, exc: ParseError | FrameTooLarge) -> None:
+        """Rule 4: one error reply with id null, then close."""
+        flushed = trio.Event()
+        self.send_message(encode_error(None, exc), flushed)
+        with trio.move_on_after(FLUSH_TIMEOUT_S):
+            await flushed.wait()
+        self.close(f"framing error: {exc.message}")
 
     async def _handle_frame(self, decoded: DecodedFrame) -> None:
         try:

@@ -11,7 +11,8 @@ Rule 3: a handler whose own write must be atomic with the ledger entry (``send``
 journals its submission and a provisional entry in one commit) calls
 ``record_provisional`` inside that write; otherwise the entry is written after the
 handler succeeded, before the reply. Failed mutations are not recorded: a retry runs
-again.
+again. If that entry cannot be written (a full disk) the handler's answer still
+stands, because its own rows are committed; only its replay is lost.
 
 Rule 4: entries expire after ``TTL_S``; past ``CAPACITY`` live entries new ids are
 refused with ``operation_ledger_full`` (the daemon keeps serving everything else).
@@ -20,6 +21,7 @@ refused with ``operation_ledger_full`` (the daemon keeps serving everything else
 from __future__ import annotations
 
 import hashlib
+import logging
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable
@@ -30,7 +32,9 @@ import msgspec
 import trio
 
 from agentsd.store.writer import Store
-from agentsd_protocol.errors import OperationConflict, OperationLedgerFull
+from agentsd_protocol.errors import OperationConflict, OperationLedgerFull, StorageUnavailable
+
+log = logging.getLogger(__name__)
 
 TTL_S = 24 * 3600.0  # a client retries within seconds; a day covers laptops that slept
 CAPACITY = 100_000  # live entries; a runaway client cannot grow the database without bound
@@ -127,7 +131,11 @@ class Ledger:
                 await self._reserve(now)
             value = await execute()
             encoded = _encoder.encode(value)
-            await self._store.write(lambda conn: record(conn, op, encoded, time.time()))
+            try:
+                await self._store.write(lambda conn: record(conn, op, encoded, time.time()))
+            except StorageUnavailable as exc:
+                # Rule 3: an error now would make the client retry what is done.
+                log.warning("operation %s done but not recorded: %s", op.op_id, exc.message)
             return value
         finally:
             del self._in_flight[op.op_id]

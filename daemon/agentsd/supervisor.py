@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sqlite3
+import stat
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -46,7 +48,10 @@ from agentsd_protocol.api.daemon import SessionCounts
 from agentsd_protocol.api.session import ExitCause, ExitInfo, SessionError, SessionInfo
 from agentsd_protocol.api.stream import SessionStatus, StatusNotification
 from agentsd_protocol.errors import (
+    CwdNotDirectory,
+    CwdNotFound,
     ExitUnproven,
+    InvalidParams,
     InvalidState,
     SessionNotFound,
     StaleFence,
@@ -118,6 +123,31 @@ class Supervisor:
                 currentFence=session.fence,
             )
         return session
+
+    def check_cwd(self, cwd: str) -> str:
+        """``cwd``, if an agent may run there: an absolute path to a directory that does
+        not resolve (symlinks and ``..`` followed) into the state directory. Checked at
+        create and again at every start: a directory can be swapped for a symlink in
+        between. Raises ``InvalidParams``, ``CwdNotFound`` or ``CwdNotDirectory``."""
+        if not os.path.isabs(cwd):
+            raise InvalidParams(f"Invalid params: cwd must be an absolute path, got {cwd!r}")
+        if "\0" in cwd:  # os.stat would raise ValueError, an internal error
+            raise InvalidParams("Invalid params: cwd must not contain a NUL character")
+        try:
+            st = os.stat(cwd)
+        except FileNotFoundError:
+            raise CwdNotFound(f"cwd {cwd} does not exist", cwd=cwd) from None
+        except OSError as exc:
+            raise CwdNotFound(f"cwd {cwd} cannot be used: {exc.strerror}", cwd=cwd) from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise CwdNotDirectory(f"cwd {cwd} is not a directory", cwd=cwd)
+        real = Path(cwd).resolve()
+        state = self.state_dir.resolve()
+        if real == state or state in real.parents:
+            raise InvalidParams(
+                "Invalid params: cwd must not be inside the daemon's state directory"
+            )
+        return cwd
 
     def stderr_path(self, session_id: str) -> Path:
         return self.state_dir / "logs" / f"{session_id}.stderr.log"
@@ -279,6 +309,7 @@ class Supervisor:
             if task is None:
                 if session.phase == "exit-unproven":
                     await self._retry_unproven(session)
+                self.check_cwd(session.row.cwd)
                 task = SessionTask()
                 session.task = task
                 self._nursery.start_soon(run_session, self, session, task)

@@ -62,6 +62,12 @@ class FrameDecoder:
         """Bytes received but not yet returned as a frame (an unfinished frame)."""
         return len(self._buf)
 
+    @property
+    def in_frame(self) -> bool:
+        """True while a frame has begun and not yet completed: bytes are buffered, or
+        a Content-Length header was read and its body has not all arrived."""
+        return bool(self._buf) or self._body_len is not None
+
     def feed(self, data: bytes) -> None:
         if self._broken:
             raise ParseError("Parse error: the stream is already broken")

@@ -13,6 +13,7 @@ answers get ``already_resolved`` with the winner.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 import uuid
@@ -31,11 +32,14 @@ from agentsd_protocol.errors import (
     ApprovalNotFound,
     InvalidParams,
     RpcError,
+    StorageUnavailable,
 )
 
 if TYPE_CHECKING:
     from agentsd.connection import Call
     from agentsd.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
 
 MAX_PROMPT_BYTES = 1024 * 1024  # a prompt is typed or pasted; files go through the agent's tools
 
@@ -58,7 +62,17 @@ async def _deliver(supervisor: Supervisor, session: Session, cmid: str, text: st
         body["reason"] = dispatch.reason
     if dispatch.turn_id is not None:
         body["turnId"] = dispatch.turn_id
-    await supervisor.append(session, [("submission.dispatched", body)])
+    try:
+        await supervisor.append(session, [("submission.dispatched", body)])
+    except StorageUnavailable as exc:
+        # The submission is durable and the agent may have it: an error reply now
+        # would invite a retry that sends it twice. Its outcome stays unjournaled, so
+        # the journal settles it ``unknown`` when its child ends (as after a crash).
+        log.warning("session %s: outcome of %s not journaled: %s", session.id, cmid, exc.message)
+        reason = f"its outcome could not be journaled ({exc.message})"
+        if dispatch.reason:
+            reason = f"{dispatch.reason}; {reason}"
+        dispatch = Dispatch(outcome=dispatch.outcome, reason=reason, turn_id=dispatch.turn_id)
     if session.task is not None:
         session.task.touch()
     return dispatch

@@ -3,40 +3,18 @@ and its agent's life."""
 
 from __future__ import annotations
 
-import os
-import stat
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from agentsd_protocol.api import conversation as capi
 from agentsd_protocol.api import session as api
-from agentsd_protocol.errors import CwdNotDirectory, CwdNotFound, InvalidParams
+from agentsd_protocol.errors import InvalidParams
 
 if TYPE_CHECKING:
     from agentsd.connection import Call
-    from agentsd.supervisor import Supervisor
 
 MAX_TITLE_CHARS = 500  # a status-bar label, not a document
-
-
-def _check_cwd(supervisor: Supervisor, cwd: str) -> str:
-    if not os.path.isabs(cwd):
-        raise InvalidParams(f"Invalid params: cwd must be an absolute path, got {cwd!r}")
-    try:
-        st = os.stat(cwd)
-    except FileNotFoundError:
-        raise CwdNotFound(f"cwd {cwd} does not exist", cwd=cwd) from None
-    except OSError as exc:
-        raise CwdNotFound(f"cwd {cwd} cannot be used: {exc.strerror}", cwd=cwd) from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise CwdNotDirectory(f"cwd {cwd} is not a directory", cwd=cwd)
-    real = Path(cwd).resolve()
-    state = supervisor.state_dir.resolve()
-    if real == state or state in real.parents:
-        raise InvalidParams("Invalid params: cwd must not be inside the daemon's state directory")
-    return cwd
 
 
 def _check_title(title: str | None) -> None:
@@ -55,7 +33,7 @@ def _check_launch(env: dict[str, str], command: list[str] | None) -> None:
 async def handle_create(call: Call, params: api.CreateParams) -> api.CreateResult:
     supervisor = call.app.supervisor
     supervisor.provider(params.provider)
-    cwd = _check_cwd(supervisor, params.cwd)
+    cwd = supervisor.check_cwd(params.cwd)
     _check_title(params.title)
     _check_launch(params.env, params.command)
 

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 MAX_HISTORY_EVENTS = 1000  # per page
 MAX_HISTORY_BYTES = 1024 * 1024  # per page, so a page of large tool outputs stays small
+MAX_SEQ = 2**63 - 1  # SQLite's largest INTEGER; a larger bound means the same as this one
 _watch_ids = itertools.count(1)
 
 
@@ -32,12 +33,14 @@ async def handle_history(call: Call, params: api.HistoryParams) -> api.HistoryRe
     after = params.after_seq if params.before_seq is None and params.after_seq is not None else None
     if params.after_seq is None and params.before_seq is None:
         after = 0
+    before = None if params.before_seq is None else min(params.before_seq, MAX_SEQ)
+    after = None if after is None else min(after, MAX_SEQ)
     events, more = await supervisor.store.read(
         lambda conn: read_events(
             conn,
             session.id,
             after_seq=after,
-            before_seq=params.before_seq,
+            before_seq=before,
             limit=params.limit,
             max_bytes=MAX_HISTORY_BYTES,
         )
