@@ -16,6 +16,7 @@ from agentsd.config import Config, ConfigError, load_config
 from agentsd.listener import SocketInUse
 from agentsd.logging_setup import configure_logging
 from agentsd.paths import AlreadyRunning, UnsafeDirectory
+from agentsd.providers import provider_registry
 from agentsd.server import ServiceManager, serve_daemon
 from agentsd.store.database import SchemaTooNew
 from agentsd.systemd import SystemdEnvError
@@ -59,6 +60,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         config_path = Path(args.config) if args.config else default_config_path()
         config = load_config(config_path, required=args.config is not None)
+        unknown = sorted(set(config.providers) - set(provider_registry()))
+        if unknown:
+            raise ConfigError(
+                f"config file {config_path}: unknown provider(s) {', '.join(unknown)} "
+                f"(known: {', '.join(sorted(provider_registry()))})"
+            )
     except ConfigError as exc:
         print(f"agentsd: {exc}", file=sys.stderr)
         sys.exit(EXIT_USAGE)

@@ -283,12 +283,22 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
     child: Child | None = None
     program = "agent"
     try:
-        spec = provider.launch(session.row, supervisor.state_dir)
+        configured = supervisor.config.providers.get(session.row.provider)
+        row = session.row
+        if configured is not None and configured.command and not row.command:
+            # The daemon's config names the program; a session's own command wins.
+            row = attrs.evolve(row, command=configured.command)
+        spec = provider.launch(row, supervisor.state_dir)
         program = spec.argv[0]
         process_spec = ProcessSpec(
             argv=list(spec.argv),
             cwd=session.row.cwd,
-            env={**os.environ, **spec.env, **session.row.env},
+            env={
+                **os.environ,
+                **(configured.env if configured is not None else {}),
+                **spec.env,
+                **session.row.env,
+            },
             token=lease.token,
             stderr_path=supervisor.stderr_path(session.id),
         )

@@ -126,3 +126,11 @@ def test_the_daemon_refuses_a_bad_log_level_in_the_file(base: Path) -> None:
 
 def test_the_daemon_refuses_a_bad_log_level_option(base: Path) -> None:
     assert_usage_error(base, "--log-level", "chatty", needles=["chatty"])
+
+
+def test_an_unknown_provider_in_the_config_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('[providers.nosuch]\ncommand = ["x"]\n')
+    result = run_daemon(["--config", str(config), "--state-dir", str(tmp_path / "state")])
+    assert result.returncode == 2
+    assert "nosuch" in result.stderr

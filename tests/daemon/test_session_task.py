@@ -6,6 +6,7 @@ single owner; plus the misbehaving agents of the mock provider."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 import trio
 
 from agentsd import records
-from agentsd.config import Config, LadderConfig
+from agentsd.config import Config, LadderConfig, ProviderConfig
 from agentsd.procfs import is_same_process, scan_processes
 from agentsd.providers import provider_registry
 from agentsd.providers.base import Submission
@@ -312,4 +313,30 @@ async def test_an_approval_does_not_outlive_its_turn(store: Store, tmp_path: Pat
             kinds = [(k, b.get("decision")) for _, k, b in await journal(store, session.id)]
             resolved = kinds.index(("approval.resolved", "cancelled"))
             assert kinds.index(("turn.completed", None)) > resolved
+            await sup.close(session)
+
+
+async def test_configured_provider_env_and_command_reach_the_agent(
+    store: Store, tmp_path: Path
+) -> None:
+    """``[providers.NAME]`` in the daemon's config: its env is given to every agent of
+    that provider (under the session's own env), its command replaces the default."""
+    marker = tmp_path / "started-by-config"
+    command = [
+        sys.executable,
+        "-c",
+        f"open({str(marker)!r}, 'w').close(); "
+        "import runpy; runpy.run_module('agentsd.providers.mock_agent', run_name='__main__')",
+    ]
+    config = make_config(
+        providers={"mock": ProviderConfig(command=command, env={"AGENTSD_TEST_MARK": "config"})}
+    )
+    with trio.fail_after(60):
+        async with await _supervisor(store, tmp_path, config) as sup:
+            session = await create(sup, tmp_path)
+            await sup.start(session)
+            assert session.child is not None
+            environ = await trio.Path(f"/proc/{session.child.pid}/environ").read_bytes()
+            assert b"AGENTSD_TEST_MARK=config" in environ.split(b"\0")
+            assert await trio.Path(marker).exists()
             await sup.close(session)

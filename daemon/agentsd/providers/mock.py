@@ -48,8 +48,6 @@ class MockAdapter(Adapter):
         self._acks: dict[str, trio.Event] = {}
         self._acked_turns: dict[str, str] = {}  # prompt id -> the turn its ack named
         self._starting: dict[str, list[trio.Event]] = {}  # acks waiting for turn.started
-        self._interrupt_replies: list[trio.Event] = []
-        self._interrupt_running = False
         self._turn_id: str | None = None
         self._open_items: set[str] = set()
 
@@ -160,10 +158,7 @@ class MockAdapter(Adapter):
                     else ["accept", "decline"],
                 )
             case "interrupt_result":
-                self._interrupt_running = bool(frame.get("running"))
-                for waiter in self._interrupt_replies:
-                    waiter.set()
-                self._interrupt_replies.clear()
+                pass  # the mock's answer to an interrupt with no turn running: nothing to do
             case "error":
                 await sink.emit("agent.error", {"message": str(frame.get("message", ""))})
             case other:
