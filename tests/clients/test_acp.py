@@ -38,7 +38,7 @@ from agentsctl.acp.turns import (
     TurnTracker,
 )
 from agentsctl.acp.updates import UpdateTranslator
-from agentsctl.aio import open_client
+from agentsctl.async_client import open_client
 from agentsctl.client import Client
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
 from tests.daemon_process import DaemonProcess, running_daemon

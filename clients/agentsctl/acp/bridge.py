@@ -50,7 +50,7 @@ from agentsctl.acp.turns import (
     TurnTracker,
 )
 from agentsctl.acp.updates import UpdateTranslator, approval_tool_call
-from agentsctl.aio import AsyncClient, Subscription
+from agentsctl.async_client import AsyncClient, Subscription
 from agentsctl.daemon import DaemonUnreachable
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
 from agentsd_protocol.errors import (

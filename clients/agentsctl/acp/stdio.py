@@ -16,7 +16,7 @@ import trio
 
 from agentsctl.acp.bridge import Bridge, BridgeConfig
 from agentsctl.acp.peer import Peer
-from agentsctl.aio import open_client, sole_exception
+from agentsctl.async_client import open_client, sole_exception
 
 
 async def serve_acp(

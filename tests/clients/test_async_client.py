@@ -14,8 +14,8 @@ import pytest
 import trio
 import trio.testing
 
-from agentsctl import aio
-from agentsctl.aio import AsyncClient, Subscription, follow, open_client
+from agentsctl import async_client
+from agentsctl.async_client import AsyncClient, Subscription, follow, open_client
 from agentsctl.daemon import DaemonDisconnected, DaemonNotRunning
 from agentsd_protocol.api import stream as st
 from agentsd_protocol.errors import InvalidParams, SessionNotFound
@@ -36,8 +36,8 @@ def daemon() -> Iterator[DaemonProcess]:
 
 
 def test_every_registered_method_has_a_typed_call() -> None:
-    assert set(aio.TYPED_METHODS) == set(METHODS)
-    for name in aio.TYPED_METHODS.values():
+    assert set(async_client.TYPED_METHODS) == set(METHODS)
+    for name in async_client.TYPED_METHODS.values():
         assert callable(getattr(AsyncClient, name)), name
 
 

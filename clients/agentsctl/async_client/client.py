@@ -10,8 +10,8 @@ from typing import Any
 
 import trio
 
-from agentsctl.aio.connection import RECONNECT_DEADLINE_S, Connector
-from agentsctl.aio.follow import Subscription, Watch
+from agentsctl.async_client.connection import RECONNECT_DEADLINE_S, Connector
+from agentsctl.async_client.follow import Subscription, Watch
 from agentsd_protocol.api import conversation as c
 from agentsd_protocol.api import daemon as d
 from agentsd_protocol.api import session as s

@@ -38,8 +38,8 @@ CLI's start-up stays off trio).
 
 from __future__ import annotations
 
-from agentsctl.aio.client import TYPED_METHODS, AsyncClient, open_client, sole_exception
-from agentsctl.aio.follow import Subscription, SubscriptionItem, Watch
+from agentsctl.async_client.client import TYPED_METHODS, AsyncClient, open_client, sole_exception
+from agentsctl.async_client.follow import Subscription, SubscriptionItem, Watch
 from agentsctl.daemon import DaemonDisconnected, DaemonUnreachable
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The following half of the trio client: subscriptions and watches, which survive
 lagging, dropped connections and daemon restarts.
 
-See Rules 3 and 4 of ``agentsctl.aio``.
+See Rules 3 and 4 of ``agentsctl.async_client``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Generic, TypeVar
 import msgspec
 import trio
 
-from agentsctl.aio.connection import Connection, Connector, Route, decode_result
+from agentsctl.async_client.connection import Connection, Connector, Route, decode_result
 from agentsctl.daemon import DaemonUnreachable
 from agentsd_protocol.api import stream as st
 from agentsd_protocol.errors import RpcError

@@ -1,7 +1,7 @@
 """The connection half of the trio client: one socket to the daemon, its reader task,
 requests matched to replies by id, and notifications routed to their followers.
 
-See Rules 1 and 2 of ``agentsctl.aio``.
+See Rules 1 and 2 of ``agentsctl.async_client``.
 """
 
 from __future__ import annotations
