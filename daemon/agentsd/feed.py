@@ -32,6 +32,7 @@ import trio
 from agentsd.store.journal import StoredEvent, read_events
 from agentsd_protocol.api.stream import (
     DeltaNotification,
+    EndedNotification,
     EventNotification,
     JournalEvent,
     LaggedNotification,
@@ -249,8 +250,19 @@ class Feed:
         for sub in tuple(self._by_session.get(session_id, ())):
             sub.offer(delta)
 
-    def end_session(self, session_id: str) -> None:
+    def end_session(self, session_id: str, reason: str) -> None:
+        """End every subscription of a session that is gone, telling each subscriber
+        why (``agentSession.ended``) so it does not wait or resubscribe."""
         for sub in tuple(self._by_session.get(session_id, ())):
+            sub.connection.notify(
+                "agentSession.ended",
+                EndedNotification(
+                    subscription_id=sub.id,
+                    session_id=session_id,
+                    last_seq=sub.cursor,
+                    reason=reason,
+                ),
+            )
             sub.end()
 
     def subscriber_count(self, session_id: str) -> int:

@@ -349,7 +349,7 @@ class Supervisor:
             session.deleting = False
             raise
         self.sessions.pop(session.id, None)
-        self.feed.end_session(session.id)
+        self.feed.end_session(session.id, "deleted")
         self.status_maybe_changed(session, deleted=True)
 
     async def _retry_unproven(self, session: Session) -> None:

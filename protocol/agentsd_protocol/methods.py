@@ -161,5 +161,8 @@ NOTIFICATIONS: dict[str, NotificationType] = {
         NotificationType(
             "agentSession.status", st.StatusNotification, "A watched session's status changed."
         ),
+        NotificationType(
+            "agentSession.ended", st.EndedNotification, "The subscribed session was deleted."
+        ),
     ]
 }

@@ -292,13 +292,18 @@ async def test_an_ended_subscription_leaves_the_feed(tmp_path: Path) -> None:
                 assert feed.subscriber_count(SESSION) == 3
                 subscribers[0].subscription.end()
                 assert feed.subscriber_count(SESSION) == 2
-                feed.end_session(SESSION)
+                feed.end_session(SESSION, "deleted")
                 assert feed.subscriber_count(SESSION) == 0
                 assert feed.by_id == {}
                 await journal.append(3, True)  # published to nobody
                 pumps.cancel_scope.cancel()
-            for subscriber in subscribers:
-                assert subscriber.connection.sent == []
+            # Ended by hand: told nothing. Ended with the session: told why, once.
+            assert subscribers[0].connection.sent == []
+            for subscriber in subscribers[1:]:
+                ((method, notice),) = subscriber.connection.sent
+                assert method == "agentSession.ended"
+                assert notice.reason == "deleted"
+                assert notice.subscription_id == subscriber.subscription.id
 
 
 async def test_nothing_blocks_the_daemon_lagging_while_the_client_is_stalled_drops_cleanly(

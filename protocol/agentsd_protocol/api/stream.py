@@ -100,6 +100,16 @@ class LaggedNotification(Result, frozen=True, kw_only=True):
     resume_after_seq: int
 
 
+class EndedNotification(Result, frozen=True, kw_only=True):
+    """``agentSession.ended``: the subscription ended because its session is gone
+    (``reason``: ``deleted``); there is nothing to resubscribe to."""
+
+    subscription_id: str
+    session_id: str
+    last_seq: int
+    reason: str
+
+
 class StatusNotification(Result, frozen=True, kw_only=True):
     """``agentSession.status``: a session's phase or status changed (or it was
     deleted: ``deleted`` true)."""
