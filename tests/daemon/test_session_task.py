@@ -22,6 +22,7 @@ from agentsd.config import Config, LadderConfig, ProviderConfig
 from agentsd.procfs import is_same_process, scan_processes
 from agentsd.providers import provider_registry
 from agentsd.providers.base import Submission
+from agentsd.runner import SessionTask, Sink
 from agentsd.session import Session
 from agentsd.store.journal import read_events
 from agentsd.store.writer import Store, open_store
@@ -339,4 +340,34 @@ async def test_configured_provider_env_and_command_reach_the_agent(
             environ = await trio.Path(f"/proc/{session.child.pid}/environ").read_bytes()
             assert b"AGENTSD_TEST_MARK=config" in environ.split(b"\0")
             assert await trio.Path(marker).exists()
+            await sup.close(session)
+
+
+async def test_fencing_events_from_a_previous_child_are_not_journaled(
+    store: Store, tmp_path: Path
+) -> None:
+    """A sink bound to an earlier (fence, generation) drops what it is given: only
+    the current child may write to the journal (DESIGN.md invariant 3)."""
+    with trio.fail_after(60):
+        async with await _supervisor(store, tmp_path, make_config()) as sup:
+            session = await create(sup, tmp_path)
+            await sup.start(session)
+            first = session.lease
+            assert first is not None
+            stale = Sink(sup, session, first, SessionTask())
+            await sup.close(session)
+            await sup.start(session)
+            assert session.fence == first.fence + 1
+            head = session.head_seq
+            await stale.emit("agent.error", {"message": "from the old child"})
+            stale.delta("item-x", "old text")
+            await stale.flush_snapshots()
+            assert session.lease is not None
+            current = Sink(sup, session, session.lease, SessionTask())
+            await current.emit("agent.error", {"message": "from the current child"})
+            events = await journal(store, session.id)
+            assert [b["message"] for _, k, b in events if k == "agent.error"] == [
+                "from the current child"
+            ]
+            assert events[-1][0] == head + 1
             await sup.close(session)
