@@ -10,7 +10,9 @@ time, then SIGKILLs the daemon. After the restart it checks:
 
 1. no process carrying a spawn token from before the kill survives;
 2. every mutation that got a success reply is in the journal (the workers keep
-   their own record of replies);
+   their own record of replies), unless a later delete took the session: a delete
+   whose reply was cut off by the kill may or may not have committed, and either
+   outcome is right, decided at the next restart;
 3. every session's seq is contiguous;
 4. no session ever had two live children (child.spawned / child.exited alternate,
    at most one lease is held);
@@ -93,6 +95,8 @@ class Record:
     followers: list[Follower] = attrs.field(factory=list)
     sessions: set[str] = attrs.field(factory=set)
     deleted: set[str] = attrs.field(factory=set)
+    # Deletes whose reply never came (the daemon died first): either outcome is right.
+    delete_unknown: set[str] = attrs.field(factory=set)
     threads: list[threading.Thread] = attrs.field(factory=list)  # followers' readers
     lock: threading.Lock = attrs.field(factory=threading.Lock)
 
@@ -240,9 +244,13 @@ class Worker(threading.Thread):
             self.record.ack("close", session_id)
 
     def delete(self, client: Client, session_id: str) -> None:
-        client.call(
-            "agentSession.delete", {"sessionId": session_id, "clientOperationId": self._op_id()}
-        )
+        params = {"sessionId": session_id, "clientOperationId": self._op_id()}
+        try:
+            client.call("agentSession.delete", params)
+        except (DaemonUnreachable, OSError, TimeoutError):
+            with self.record.lock:
+                self.record.delete_unknown.add(session_id)
+            raise
         with self.record.lock:
             self.record.deleted.add(session_id)
         self.record.ack("delete", session_id)
@@ -358,6 +366,10 @@ def check(state: Path, tokens_before: list[str], record: Record, summary: Summar
     with record.lock:
         acked = list(record.acked)
         deleted = set(record.deleted)
+        # An unanswered delete that took effect is a deleted session from now on.
+        deleted |= record.delete_unknown - existing
+        record.deleted |= deleted
+        record.delete_unknown.clear()  # decided now: the ones still here were not deleted
     for ack in acked:
         summary.acked_checked += 1
         problem = _check_ack(ack, journals, deleted)
@@ -372,7 +384,7 @@ def _check_ack(
     if ack.kind == "delete":
         return f"deleted session {sid} is back" if sid in journals else None
     if sid in deleted:
-        return None  # deleted later by an acknowledged delete
+        return None  # deleted later, by an acknowledged delete or one that took effect
     events = journals.get(sid)
     if events is None:
         return f"acknowledged {ack.kind} on {sid}, but the session is gone"
