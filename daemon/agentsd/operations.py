@@ -148,6 +148,13 @@ class Ledger:
         return None if found is None else found[2]
 
     async def _reserve(self, now: float) -> None:
+        """Count one more live entry, refusing past capacity.
+
+        The counter is an upper bound, never an undercount: it grows on every new id,
+        and entries that expire or mutations that fail (and record nothing) leave it
+        high. That is safe: nothing is refused on the counter alone; at capacity it is
+        replaced by an exact count after purging expired entries.
+        """
         if self._live is None:
             self._live = await self._store.read(lambda conn: _count_live(conn, now))
         if self._live >= self._capacity:

@@ -231,3 +231,23 @@ async def test_the_ledger_is_bounded_and_purges_expired_entries(
     now = time.time()
     monkeypatch.setattr(time, "time", lambda: now + TTL_S + 1)
     assert await ledger.run(op_for(fourth), Counting()) == {"run": 1}
+
+
+async def test_failed_mutations_never_use_up_the_ledger(store: Store) -> None:
+    """Failures record nothing, so they must not count against the capacity: a
+    client whose mutations keep failing can still get its next ones recorded."""
+    ledger = Ledger(store, capacity=3)
+
+    async def failing() -> Any:
+        raise StorageUnavailable("disk full")
+
+    for i in range(10):
+        params = SendParams(session_id="s1", text=str(i), client_operation_id=f"bad-{i}")
+        with pytest.raises(StorageUnavailable):
+            await ledger.run(op_for(params), failing)
+    for i in range(3):
+        params = SendParams(session_id="s1", text=str(i), client_operation_id=f"op-{i}")
+        assert await ledger.run(op_for(params), Counting()) == {"run": 1}
+    fourth = SendParams(session_id="s1", text="3", client_operation_id="op-3")
+    with pytest.raises(OperationLedgerFull):
+        await ledger.run(op_for(fourth), Counting())
