@@ -36,9 +36,10 @@ REPORT_ENV = "AGENTSD_RELIABILITY_REPORT"
 SUITES = ("test_fuzz_live.py", "test_hostile_clients.py", "test_full_disk.py")
 
 # The liveness bound for a control connection's daemon.ping while a suite attacks the
-# daemon. A ping takes about a millisecond here; two seconds means "still serving",
-# not a performance figure.
-PING_BOUND_S = 2.0
+# daemon. A ping takes about a millisecond here; five seconds means "still serving",
+# not a performance figure (a stalled loop never answers; a loaded 2-core machine
+# under the attack once took 1.9 s).
+PING_BOUND_S = 5.0
 PROBE_INTERVAL_S = 0.02  # between the control connection's pings
 
 
