@@ -181,20 +181,27 @@ class Sink:
             await self._supervisor.append(self._session, events, fence=self._lease.fence)
 
     async def approval_requested(
-        self, native_id: str, kind: str, title: str, detail: str, options: list[str]
+        self,
+        native_id: str,
+        kind: str,
+        title: str,
+        detail: str,
+        options: list[str],
+        *,
+        item_id: str | None = None,
     ) -> str:
         approval_id = f"ap-{self._lease.fence}-{native_id}"
-        await self.emit(
-            "approval.requested",
-            {
-                "approvalId": approval_id,
-                "nativeId": native_id,
-                "kind": kind,
-                "title": title,
-                "detail": detail,
-                "options": options,
-            },
-        )
+        body: dict[str, Any] = {
+            "approvalId": approval_id,
+            "nativeId": native_id,
+            "kind": kind,
+            "title": title,
+            "detail": detail,
+            "options": options,
+        }
+        if item_id is not None:
+            body["itemId"] = item_id
+        await self.emit("approval.requested", body)
         return approval_id
 
     async def approval_cancelled(self, native_id: str) -> None:

@@ -37,7 +37,7 @@ from agentsctl.acp.turns import (
     Interrupt,
     TurnTracker,
 )
-from agentsctl.acp.updates import UpdateTranslator
+from agentsctl.acp.updates import UpdateTranslator, approval_tool_call
 from agentsctl.async_client import open_client
 from agentsctl.client import Client
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
@@ -176,6 +176,17 @@ def test_a_tool_item_is_announced_once_then_updated() -> None:
     ]
 
 
+@pytest.mark.parametrize("status", ["interrupted", "incomplete", "declined", "failed"])
+def test_a_tool_that_did_not_run_to_the_end_is_failed(status: str) -> None:
+    """Claude reports a tool cut short by an interrupt as ``interrupted`` or
+    ``incomplete``: the editor must not show it as completed."""
+    translator = UpdateTranslator()
+    translator.event(ev("item.started", itemId="c1", turnId="t", type="commandExecution"))
+    done = ev("item.completed", itemId="c1", turnId="t", type="commandExecution", status=status)
+    (update,) = wire(translator.event(done))
+    assert (update["toolCallId"], update["status"]) == ("c1", "failed")
+
+
 def test_a_tool_item_seen_only_completed_is_one_tool_call_with_its_status() -> None:
     translator = UpdateTranslator()
     body = {"name": "shell", "input": {"command": "rm -rf /"}, "status": "declined"}
@@ -220,6 +231,91 @@ def test_an_approval_is_a_tool_call_resolved_by_its_decision() -> None:
     ]
     unknown = ev("approval.resolved", approvalId="ap-0", decision="accept", by="client")
     assert translator.event(unknown) == []
+
+
+def tool_calls(updates: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Each tool call the editor was shown, by id: every status it went through.
+    Asserts ACP's shape: announced once, updated only once announced."""
+    statuses: dict[str, list[str]] = {}
+    for update in updates:
+        tool_call_id: str = update.get("toolCallId", "")
+        if update["sessionUpdate"] == "tool_call":
+            assert tool_call_id not in statuses, f"{tool_call_id} announced twice"
+            statuses[tool_call_id] = [update["status"]]
+        elif update["sessionUpdate"] == "tool_call_update":
+            assert tool_call_id in statuses, f"{tool_call_id} updated before it was announced"
+            if "status" in update:
+                statuses[tool_call_id].append(update["status"])
+    return statuses
+
+
+def test_an_approval_naming_its_item_is_that_items_tool_call() -> None:
+    """Rule 4, the approval first (the mock, Codex): one tool call, pending while it
+    is asked about, then what the agent reports; the permission request names it."""
+    translator = UpdateTranslator()
+    requested = ev(
+        "approval.requested",
+        approvalId="ap-1-r1",
+        itemId="t1-tool",
+        kind="command",
+        title="Run `ls -la`",
+        options=["accept", "decline"],
+    )
+    stream = [
+        ev("turn.started", turnId="t1"),
+        requested,
+        ev("approval.resolved", approvalId="ap-1-r1", decision="accept", by="client"),
+        ev(
+            "item.completed",
+            itemId="t1-tool",
+            turnId="t1",
+            type="toolCall",
+            name="shell",
+            input={"command": "ls -la"},
+            status="completed",
+        ),
+        ev("turn.completed", turnId="t1", outcome="completed"),
+    ]
+    updates = wire([u for event in stream for u in translator.event(event)])
+    assert tool_calls(updates) == {"t1-tool": ["pending", "in_progress", "completed"]}
+    assert updates[0]["title"] == "Run `ls -la`"
+    assert (updates[-1]["kind"], updates[-1]["rawInput"]) == ("execute", {"command": "ls -la"})
+    assert approval_tool_call(requested.body).tool_call_id == "t1-tool"
+
+
+def test_a_tool_announced_before_its_approval_waits_pending_then_runs() -> None:
+    """Rule 4, the tool first (Claude Code): the approval turns it back to pending."""
+    translator = UpdateTranslator()
+    tool = {"itemId": "toolu_1", "turnId": "t1", "type": "toolCall", "name": "Bash"}
+    stream = [
+        ev("item.started", **tool, input={"command": "echo hi > hi.txt"}),
+        ev("approval.requested", approvalId="ap-1-3", itemId="toolu_1", kind="tool", title="B"),
+        ev("approval.resolved", approvalId="ap-1-3", decision="allow", by="client"),
+        ev("item.completed", **tool, status="completed", text="done"),
+    ]
+    updates = wire([u for event in stream for u in translator.event(event)])
+    assert tool_calls(updates) == {
+        "toolu_1": ["in_progress", "pending", "in_progress", "completed"]
+    }
+
+
+@pytest.mark.parametrize("reported", [True, False], ids=["reported", "never-reported"])
+def test_a_refused_tool_call_ends_failed_and_stays_failed(reported: bool) -> None:
+    """Refused (here by the turn's end), whether or not the agent reports the tool
+    afterwards: failed, never completed by the turn that goes on, never pending."""
+    translator = UpdateTranslator()
+    stream = [
+        ev("turn.started", turnId="t1"),
+        ev("approval.requested", approvalId="ap-1-0", itemId="c1", kind="command"),
+        ev("approval.resolved", approvalId="ap-1-0", decision="cancelled", by="daemon"),
+    ]
+    if reported:
+        stream.append(ev("item.completed", itemId="c1", type="commandExecution", status="x"))
+    stream.append(ev("turn.completed", turnId="t1", outcome="completed"))
+    updates = wire([u for event in stream for u in translator.event(event)])
+    statuses = tool_calls(updates)
+    assert list(statuses) == ["c1"]
+    assert statuses["c1"][0] == "pending" and set(statuses["c1"][1:]) == {"failed"}
 
 
 def test_the_replay_and_the_live_stream_show_the_same_messages() -> None:
@@ -602,7 +698,8 @@ async def test_the_bridge_prompts_asks_cancels_and_replays(daemon: DaemonProcess
                 # its way (the bridge sees the resolution first): count it there too.
                 try:
                     async with open_client(daemon.socket) as other:
-                        await other.respond(session_id, params["toolCall"]["toolCallId"], "decline")
+                        approval_id = params["_meta"]["agentsd"]["approvalId"]
+                        await other.respond(session_id, approval_id, "decline")
                     await trio.sleep_forever()
                 finally:
                     withdrawn.set()
@@ -754,6 +851,27 @@ def test_an_sdk_client_prompts_asks_cancels_and_loads(
     ]
     outcomes = [e["body"]["outcome"] for e in events if e["kind"] == "turn.completed"]
     assert outcomes == ["completed", "completed", "interrupted", "completed", "completed"]
+
+
+def test_an_sdk_client_sees_an_approved_tool_as_one_tool_call(
+    daemon: DaemonProcess, temp_dir: Path
+) -> None:
+    """The permission request and the tool run it allows are one tool call: the
+    request's toolCallId is the one the tool's updates carry, pending to completed;
+    a denied one ends failed; ``session/load`` replays the same tool calls."""
+    report = _drive(daemon, "permission", temp_dir)
+    with Client(daemon.socket) as client:
+        events = client.call(
+            "agentSession.history", {"sessionId": report["sessionId"], "afterSeq": 0, "limit": 1000}
+        )["events"]
+    asked = [e["body"] for e in events if e["kind"] == "approval.requested"]
+    ran = [
+        e["body"]["itemId"]
+        for e in events
+        if e["kind"] == "item.completed" and e["body"]["type"] == "toolCall"
+    ]
+    assert [a["itemId"] for a in asked] == ran == [report["approvedId"], report["deniedId"]]
+    assert [a["approvalId"] for a in asked] == report["approvalIds"], "_meta names the approval"
 
 
 def test_killing_the_bridge_mid_turn_leaves_the_session_running(

@@ -86,6 +86,7 @@ async def _approval_turn(agent: JsonLines, decision: str) -> list[dict[str, Any]
         "type": "approval_request",
         "requestId": "r1",
         "turnId": "t1",
+        "itemId": "t1-tool",
         "kind": "command",
         "title": "Run `ls -la`",
         "detail": "The mock agent wants to run a shell command.",

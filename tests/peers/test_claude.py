@@ -18,18 +18,22 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import msgspec
 import pytest
+import trio
+import trio.testing
 
 from agentsctl.client import Client
 from agentsd.procfs import read_proc_info
+from agentsd.providers.base import LineLink
 from agentsd.providers.claude import KNOWN_OPTIONS, option_flags
 from agentsd.providers.claude_events import error_kind, turn_completed_body
+from agentsd.providers.claude_permissions import Permissions
 from agentsd.providers.programs import CLAUDE, find_program
 from agentsd_protocol.errors import RpcError
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
@@ -380,6 +384,7 @@ def test_bash_tool_call_waits_for_a_clients_decision(
         assert convo.info()["status"] == "attention"
         tool = convo.wait_for("item.started", lambda b: b["type"] == "toolCall")
         assert tool["body"]["name"] == "Bash"
+        assert body["itemId"] == tool["body"]["itemId"], "the approval names its tool call"
         assert tool["body"]["input"]["command"] == command
         assert not (work / "hi.txt").exists()  # nothing ran before the answer
 
@@ -413,6 +418,51 @@ def test_bash_tool_call_waits_for_a_clients_decision(
             assert tool_results[0]["is_error"] is True
             assert "refused" in result["output"]["text"]
         assert convo.info()["status"] == "idle"
+
+
+class ApprovalSink:
+    """A ``SessionSink`` that keeps the approvals it is asked to record."""
+
+    def __init__(self) -> None:
+        self.approvals: list[dict[str, Any]] = []
+
+    async def emit(self, kind: str, body: Mapping[str, Any]) -> int:
+        return 0
+
+    def delta(self, item_id: str, text: str) -> None:
+        pass
+
+    async def approval_requested(
+        self,
+        native_id: str,
+        kind: str,
+        title: str,
+        detail: str,
+        options: list[str],
+        *,
+        item_id: str | None = None,
+    ) -> str:
+        self.approvals.append({"nativeId": native_id, "itemId": item_id, "detail": detail})
+        return f"ap-{native_id}"
+
+    async def approval_cancelled(self, native_id: str) -> None:
+        pass
+
+
+async def test_a_permission_request_names_the_tool_call_it_asks_about() -> None:
+    """``can_use_tool`` carries the ``tool_use`` id of the call it gates: the
+    approval names it as its item, so clients show one tool call."""
+    sink = ApprovalSink()
+    send, receive = trio.testing.memory_stream_one_way_pair()
+    permissions = Permissions(LineLink(send, receive), sink)
+    request = {"subtype": "can_use_tool", "tool_name": "Bash", "input": {"command": "ls"}}
+    for request_id, extra in (("r1", {"tool_use_id": "toolu_1"}), ("r2", {})):
+        frame = {"type": "control_request", "request_id": request_id}
+        await permissions.on_request({**frame, "request": {**request, **extra}})
+    assert sink.approvals == [
+        {"nativeId": "r1", "itemId": "toolu_1", "detail": "ls"},
+        {"nativeId": "r2", "itemId": None, "detail": "ls"},
+    ]
 
 
 @needs_claude

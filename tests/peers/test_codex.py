@@ -195,6 +195,7 @@ def test_an_accepted_shell_command_runs(
             {"sessionId": sid, "approvalId": asked["approvalId"], "decision": "accept"},
         )
         ran = follower.wait_for("item.completed", lambda b: b["type"] == "commandExecution")
+        assert ran["body"]["itemId"] == asked["itemId"], "the approval names the item it ran"
         assert ran["body"]["status"] == "completed"
         assert ran["body"]["exitCode"] == 0
         assert ran["body"]["output"] == {"text": "hi\n", "byteLength": 3, "truncated": False}
@@ -262,6 +263,7 @@ def test_a_declined_file_change_is_not_applied_and_the_turn_goes_on(
             {"sessionId": sid, "approvalId": asked["approvalId"], "decision": "decline"},
         )
         item = follower.wait_for("item.completed", lambda b: b["type"] == "fileChange")
+        assert item["body"]["itemId"] == asked["itemId"], "the approval names the item"
         assert item["body"]["status"] == "declined"
         assert item["body"]["changes"] == [{"path": str(workdir / "new.txt"), "kind": "add"}]
         assert follower.wait_for("turn.completed")["body"]["outcome"] == "completed"
@@ -549,7 +551,14 @@ class RecordingSink:
         self.deltas.append((item_id, text))
 
     async def approval_requested(
-        self, native_id: str, kind: str, title: str, detail: str, options: list[str]
+        self,
+        native_id: str,
+        kind: str,
+        title: str,
+        detail: str,
+        options: list[str],
+        *,
+        item_id: str | None = None,
     ) -> str:
         if self.refuse_approvals:
             raise StorageUnavailable("the disk is full")
@@ -560,6 +569,7 @@ class RecordingSink:
                 "title": title,
                 "detail": detail,
                 "options": options,
+                "itemId": item_id,
             }
         )
         return f"ap-{native_id}"
@@ -843,6 +853,8 @@ async def test_approval_answers_take_the_shape_each_request_wants() -> None:
         "permissions",
         "question",
     ]
+    # Each names the item it asks about, so clients show the two as one tool call.
+    assert [a["itemId"] for a in sink.approvals] == ["i0", "i1", "i2", "i3"]
     assert answers == [
         {"decision": "acceptForSession"},
         {"decision": "decline"},

@@ -14,8 +14,10 @@ daemon-held session through it. Covered (ACP v1):
 - ``session/update``: ``user_message_chunk`` (prompts from other clients, and all of
   them on load), ``agent_message_chunk`` (streamed deltas), ``agent_thought_chunk``
   (reasoning), ``tool_call`` and ``tool_call_update`` (tool items and approvals).
-- ``session/request_permission`` for each approval; ``$/cancel_request`` withdraws it
-  when another client answered first, and cancels the editor's own requests.
+- ``session/request_permission`` for each approval, about the tool call it gates
+  (one toolCallId from the question to the tool's result, when the agent names the
+  tool); ``$/cancel_request`` withdraws it when another client answered first, and
+  cancels the editor's own requests.
 
 Not covered: image and audio prompts (not advertised), the editor's MCP servers (the
 daemon's agents bring their own tools; the list is accepted and ignored), the editor's

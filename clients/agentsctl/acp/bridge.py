@@ -12,9 +12,10 @@ the daemon session whose events become ``session/update`` notifications
 is missed between a prompt and its reply: a prompt is sent only once the binding's
 subscription is open.
 
-Rule 3: an approval becomes a ``session/request_permission``, once the editor has
-seen the history it belongs to. The editor's choice goes to
-``agentSession.respond``. If the approval is resolved another way first (another
+Rule 3: an approval becomes a ``session/request_permission`` about the tool call
+it concerns (``updates`` Rule 4), once the editor has seen the history it belongs
+to; its ``_meta.agentsd.approvalId`` names the daemon's approval. The editor's
+choice goes to ``agentSession.respond``. If the approval is resolved another way first (another
 client, the agent, the daemon), the editor's request is cancelled with
 ``$/cancel_request`` and its late answer ignored; the prompt goes on.
 """
@@ -282,6 +283,8 @@ class Binding:
             session_id=self.session_id,
             tool_call=approval_tool_call(approval.body),
             options=[acp.permission_option(option) for option in approval.options],
+            # The daemon's id of the question (the tool call's id is its item's).
+            meta={"agentsd": {"approvalId": approval.approval_id}},
         )
         decision: str | None = None
         try:

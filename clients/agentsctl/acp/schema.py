@@ -299,6 +299,7 @@ class RequestPermissionParams(Outbound, frozen=True, kw_only=True):
     session_id: str
     tool_call: PermissionToolCall
     options: list[PermissionOption]
+    meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
 
 
 class PermissionOutcome(Inbound, frozen=True, kw_only=True):

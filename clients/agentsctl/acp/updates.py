@@ -12,8 +12,14 @@ the user's own prompts: those a bridge sent itself (known by their
 ``clientOperationId``) are not echoed back to the editor that typed them.
 
 Rule 3: a tool call is announced once (``tool_call``) and then only updated
-(``tool_call_update``); approvals are tool calls too, keyed by their approval id,
-and end ``completed`` when allowed, ``failed`` otherwise.
+(``tool_call_update``).
+
+Rule 4: an approval is about a tool call. One that names its item (``itemId``) is
+that item's tool call, whichever of the two the journal shows first: ``pending``
+while it waits for the decision, ``in_progress`` once allowed, then what the item
+reports; ``failed`` once refused, whatever follows. An approval without an item is
+a tool call of its own, keyed by its approval id, ``completed`` when allowed and
+``failed`` otherwise.
 
 Pure: no I/O, no trio.
 """
@@ -31,7 +37,11 @@ _MESSAGE_TYPES: dict[str, type[acp.AgentMessageChunk | acp.AgentThoughtChunk]] =
     "agentMessage": acp.AgentMessageChunk,
     "reasoning": acp.AgentThoughtChunk,
 }
-_FAILED_STATUSES = {"failed", "error", "declined", "denied", "rejected", "cancelled", "canceled"}
+# An item status that means the tool did not run to the end: ACP's ``failed``.
+_FAILED_STATUSES = {
+    *("failed", "error", "declined", "denied", "rejected", "cancelled", "canceled"),
+    *("interrupted", "incomplete", "aborted"),
+}
 _ALLOWING = ("accept", "allow", "approve", "yes")
 
 
@@ -41,6 +51,9 @@ class _Item:
     turn_id: str | None = None
     sent: int = 0  # characters of its text already sent (Rule 1)
     announced: bool = False  # a tool call was sent for it (Rule 3)
+    described: bool = False  # its tool call has the agent's input and kind (Rule 4)
+    asking: set[str] = attrs.field(factory=set)  # its approvals awaiting a decision (Rule 4)
+    refused: bool = False  # an approval of it was refused: it stays failed (Rule 4)
 
 
 class UpdateTranslator:
@@ -49,7 +62,10 @@ class UpdateTranslator:
     def __init__(self) -> None:
         self.own_operations: set[str] = set()  # clientOperationIds of this bridge's prompts
         self._items: dict[str, _Item] = {}
-        self._approvals: set[str] = set()  # approval ids announced as tool calls
+        # Approvals announced, by approval id: the item each is about, or None when
+        # the approval is a tool call of its own (Rule 4).
+        self._approvals: dict[str, str | None] = {}
+        self._turn_id: str | None = None  # the turn running, as far as this stream shows
 
     def event(self, event: JournalEvent) -> list[acp.SessionUpdate]:
         body: dict[str, Any] = event.body if isinstance(event.body, dict) else {}
@@ -67,9 +83,14 @@ class UpdateTranslator:
                 return self._approval_requested(body)
             case "approval.resolved":
                 return self._approval_resolved(body)
+            case "turn.started":
+                self._turn_id = _opt_str(body.get("turnId"))
+                return []
             case "turn.completed":
+                self._turn_id = None
                 return self._settle(body.get("turnId"), str(body.get("outcome")))
             case "child.exited":
+                self._turn_id = None
                 return self._settle(None, "exited")
             case _:
                 return []
@@ -123,15 +144,20 @@ class UpdateTranslator:
 
     def _item_started(self, body: dict[str, Any]) -> list[acp.SessionUpdate]:
         item = self._item(body)
-        if item.type in _MESSAGE_TYPES or item.announced:
+        if item.type in _MESSAGE_TYPES:
             return []
-        item.announced = True
+        status: acp.ToolCallStatus = "pending" if item.asking else "in_progress"
+        if item.refused:
+            status = "failed"
+        if item.announced:
+            return [self._described(body, item, status=status)]
+        item.announced = item.described = True
         return [
             acp.ToolCall(
                 tool_call_id=str(body.get("itemId")),
                 title=_tool_title(body),
                 kind=acp.tool_kind(_tool_kind_hint(body)),
-                status="in_progress",
+                status=status,
                 raw_input=body.get("input"),
             )
         ]
@@ -142,18 +168,19 @@ class UpdateTranslator:
         del self._items[item_id]
         if item.type in _MESSAGE_TYPES:
             return self._text(item_id, item, _str(body.get("text")))
-        status: acp.ToolCallStatus = (
-            "failed" if str(body.get("status")).lower() in _FAILED_STATUSES else "completed"
-        )
+        failed = item.refused or str(body.get("status")).lower() in _FAILED_STATUSES
+        status: acp.ToolCallStatus = "failed" if failed else "completed"
         text = _str(body.get("text"))
         content = acp.text_content(text) if text else None
         output = {k: body[k] for k in ("status", "text") if body.get(k) is not None} or None
-        if item.announced:
+        if item.announced and item.described:
             return [
                 acp.ToolCallUpdate(
                     tool_call_id=item_id, status=status, content=content, raw_output=output
                 )
             ]
+        if item.announced:
+            return [self._described(body, item, status=status, content=content, raw_output=output)]
         return [
             acp.ToolCall(
                 tool_call_id=item_id,
@@ -166,6 +193,28 @@ class UpdateTranslator:
             )
         ]
 
+    def _described(
+        self,
+        body: dict[str, Any],
+        item: _Item,
+        *,
+        status: acp.ToolCallStatus,
+        content: list[acp.ToolCallContent] | None = None,
+        raw_output: Any = None,
+    ) -> acp.ToolCallUpdate:
+        """The update of a tool call its approval announced (Rule 4), once the agent
+        says what the tool is: its input and kind; the title stays the question's."""
+        item.described = True
+        kind = acp.tool_kind(_tool_kind_hint(body))
+        return acp.ToolCallUpdate(
+            tool_call_id=str(body.get("itemId")),
+            kind=None if kind == "other" else kind,
+            status=status,
+            content=content,
+            raw_input=body.get("input"),
+            raw_output=raw_output,
+        )
+
     def _settle(self, turn_id: object, outcome: str) -> list[acp.SessionUpdate]:
         """A turn ended (or the agent did): forget its items; a tool call still open
         ends ``failed`` unless the turn completed."""
@@ -174,23 +223,37 @@ class UpdateTranslator:
             if turn_id is not None and item.turn_id is not None and item.turn_id != turn_id:
                 continue
             del self._items[item_id]
-            if item.announced:
+            if item.announced and not item.refused:  # a refused one was failed already
                 status: acp.ToolCallStatus = "completed" if outcome == "completed" else "failed"
                 updates.append(acp.ToolCallUpdate(tool_call_id=item_id, status=status))
         return updates
 
-    # -- approvals ---------------------------------------------------------------------
+    # -- approvals (Rule 4) --------------------------------------------------------------
 
     def _approval_requested(self, body: dict[str, Any]) -> list[acp.SessionUpdate]:
         approval_id = str(body.get("approvalId"))
-        self._approvals.add(approval_id)
+        item_id = _opt_str(body.get("itemId"))
+        self._approvals[approval_id] = item_id
+        tool_call_id = item_id or approval_id
+        detail = _str(body.get("detail"))
+        if item_id is not None:
+            item = self._items.get(item_id)
+            if item is None:
+                item = self._items[item_id] = _Item(
+                    type=_str(body.get("kind")) or "tool", turn_id=self._turn_id
+                )
+            item.asking.add(approval_id)
+            if item.announced:
+                # The agent announced the tool first; it now waits for the decision.
+                return [acp.ToolCallUpdate(tool_call_id=item_id, status="pending")]
+            item.announced = True
         return [
             acp.ToolCall(
-                tool_call_id=approval_id,
+                tool_call_id=tool_call_id,
                 title=_str(body.get("title")) or "Permission requested",
                 kind=acp.tool_kind(_opt_str(body.get("kind"))),
                 status="pending",
-                content=acp.text_content(_str(body.get("detail"))) if body.get("detail") else [],
+                content=acp.text_content(detail) if detail else [],
                 raw_input={"kind": body.get("kind"), "options": body.get("options")},
             )
         ]
@@ -199,25 +262,37 @@ class UpdateTranslator:
         approval_id = str(body.get("approvalId"))
         if approval_id not in self._approvals:
             return []  # requested before this stream began: nothing to update
-        self._approvals.discard(approval_id)
+        item_id = self._approvals.pop(approval_id)
         decision = str(body.get("decision"))
         allowed = decision.lower().startswith(_ALLOWING)
-        return [
-            acp.ToolCallUpdate(
-                tool_call_id=approval_id,
-                status="completed" if allowed else "failed",
-                raw_output={"decision": decision, "by": body.get("by")},
-            )
-        ]
+        outcome = {"decision": decision, "by": body.get("by")}
+        if item_id is None:
+            return [
+                acp.ToolCallUpdate(
+                    tool_call_id=approval_id,
+                    status="completed" if allowed else "failed",
+                    raw_output=outcome,
+                )
+            ]
+        item = self._items.get(item_id)
+        if item is None or item.refused:
+            return []  # the item already ended (or failed): nothing left to decide
+        item.asking.discard(approval_id)
+        if not allowed:
+            item.refused = True
+            return [acp.ToolCallUpdate(tool_call_id=item_id, status="failed", raw_output=outcome)]
+        if item.asking:
+            return []  # another question about it is still open: it stays pending
+        return [acp.ToolCallUpdate(tool_call_id=item_id, status="in_progress")]
 
 
 def approval_tool_call(body: dict[str, Any]) -> acp.PermissionToolCall:
     """The ``toolCall`` of the permission request for an ``approval.requested`` body:
-    the tool call ``UpdateTranslator`` announced for it, by id, with its fields again
-    for an editor that missed the announcement."""
+    the tool call ``UpdateTranslator`` announced for it (its item's, Rule 4), by id,
+    with the question's fields again for an editor that missed the announcement."""
     detail = _str(body.get("detail"))
     return acp.PermissionToolCall(
-        tool_call_id=str(body.get("approvalId")),
+        tool_call_id=_opt_str(body.get("itemId")) or str(body.get("approvalId")),
         title=_str(body.get("title")) or "Permission requested",
         kind=acp.tool_kind(_opt_str(body.get("kind"))),
         status="pending",

@@ -73,9 +73,18 @@ class SessionSink(Protocol):
         ...
 
     async def approval_requested(
-        self, native_id: str, kind: str, title: str, detail: str, options: list[str]
+        self,
+        native_id: str,
+        kind: str,
+        title: str,
+        detail: str,
+        options: list[str],
+        *,
+        item_id: str | None = None,
     ) -> str:
-        """Record an approval durably and return its stable approval id."""
+        """Record an approval durably and return its stable approval id. ``item_id``
+        is the item (tool call) it asks about, when the agent names one: clients then
+        show the question and the tool run as one thing."""
         ...
 
     async def approval_cancelled(self, native_id: str) -> None: ...

@@ -116,11 +116,18 @@ class Permissions:
             )
             return
         title, detail = describe_permission(request)
+        # The tool call it asks about: the ``tool_use`` id its item carries.
+        tool_use_id = _str(request.get("tool_use_id"))
         # Registered before the await: a client may answer before the commit returns.
         self._pending[request_id] = request.get("input")
         try:
             await self._sink.approval_requested(
-                native_id=request_id, kind="tool", title=title, detail=detail, options=OPTIONS
+                native_id=request_id,
+                kind="tool",
+                title=title,
+                detail=detail,
+                options=OPTIONS,
+                item_id=tool_use_id,
             )
         except RpcError as exc:
             # Rule 1: a question nobody can durably answer is refused, not left hanging.

@@ -276,6 +276,7 @@ class CodexAdapter(Adapter):
                 title=ask.title,
                 detail=ask.detail,
                 options=ask.options,
+                item_id=item_id if isinstance(item_id, str) else None,
             )
         except RpcError as exc:
             # Rule 2: a question nobody can durably answer is refused, not left hanging.

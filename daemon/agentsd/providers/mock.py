@@ -148,6 +148,7 @@ class MockAdapter(Adapter):
                 self._turn_id = None
             case "approval_request":
                 options = frame.get("options")
+                tool_id = frame.get("itemId")  # the tool call it asks to run
                 await sink.approval_requested(
                     native_id=str(frame.get("requestId")),
                     kind=str(frame.get("kind", "command")),
@@ -156,6 +157,7 @@ class MockAdapter(Adapter):
                     options=[str(o) for o in options]
                     if isinstance(options, list)
                     else ["accept", "decline"],
+                    item_id=tool_id if isinstance(tool_id, str) else None,
                 )
             case "interrupt_result":
                 pass  # the mock's answer to an interrupt with no turn running: nothing to do

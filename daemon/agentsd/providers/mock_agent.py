@@ -23,7 +23,8 @@ Frames in (one JSON object per line) and what answers them:
   ``turn_started``, ``delta``s, ``message`` (the full text: the deltas joined),
   ``turn_completed {outcome: "completed"}``. While a turn runs, a prompt steers it:
   its reply is appended to the running turn. The word ``approve`` first raises an
-  ``approval_request`` and waits for ``approval_response {requestId, decision}``.
+  ``approval_request {requestId, itemId, ...}`` and waits for ``approval_response
+  {requestId, decision}``; then reports the ``tool_call`` of that ``itemId``.
   A text starting with ``echo `` is answered with the rest of it.
 - ``interrupt {turnId}`` ends the running turn (``message`` with what was streamed,
   then ``outcome: "interrupted"``); with no turn running ``interrupt_result
@@ -108,6 +109,7 @@ class Turn:
     def __init__(self, number: int) -> None:
         self.turn_id = f"t{number}"
         self.message_id = f"{self.turn_id}-message"
+        self.tool_id = f"{self.turn_id}-tool"  # the command an approval asks to run
         self.pending: list[str] = []  # pieces not yet streamed
         self.streamed: list[str] = []
         self.approval_id: str | None = None  # set while waiting for an answer
@@ -227,6 +229,7 @@ class Agent:
                     "type": "approval_request",
                     "requestId": turn.approval_id,
                     "turnId": turn.turn_id,
+                    "itemId": turn.tool_id,
                     "kind": "command",
                     "title": f"Run `{_APPROVAL_COMMAND}`",
                     "detail": "The mock agent wants to run a shell command.",
@@ -255,7 +258,7 @@ class Agent:
             {
                 "type": "tool_call",
                 "turnId": turn.turn_id,
-                "itemId": f"{turn.turn_id}-tool",
+                "itemId": turn.tool_id,
                 "name": "shell",
                 "input": {"command": _APPROVAL_COMMAND},
                 "status": "completed" if decision == "accept" else "declined",

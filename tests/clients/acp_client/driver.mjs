@@ -1,7 +1,7 @@
 // Drives `agentsctl acp` with the official ACP TypeScript SDK's client side, the way
 // an editor does. Run by tests/clients/test_acp.py:
 //
-//   node driver.mjs '{"scenario": "conversation" | "kill", "python": ..., "socket": ..., "cwd": ...}'
+//   node driver.mjs '{"scenario": "conversation" | "kill" | "permission", "python": ..., "socket": ..., "cwd": ...}'
 //
 // Each scenario asserts as it goes (node:assert) and prints one JSON report line on
 // stdout; any failure exits 1 with the reason on stderr. Every wait is bounded by
@@ -165,6 +165,22 @@ function messages(updates) {
   return byId;
 }
 
+function toolCalls(updates) {
+  // Each tool call the editor was shown, by toolCallId in first-seen order: its kind
+  // and every status it went through.
+  const byId = new Map();
+  for (const u of updates) {
+    if (u.sessionUpdate === "tool_call") {
+      byId.set(u.toolCallId, { kind: u.kind, statuses: [u.status ?? "pending"] });
+    } else if (u.sessionUpdate === "tool_call_update" && u.status) {
+      byId.get(u.toolCallId)?.statuses.push(u.status);
+    }
+  }
+  return byId;
+}
+
+const finalStatuses = (tools) => [...tools].map(([id, tool]) => [id, tool.statuses.at(-1)]);
+
 function waitAborted(signal) {
   return new Promise((_, reject) => {
     const abort = () => reject(new DOMException("withdrawn by the agent", "AbortError"));
@@ -212,13 +228,12 @@ async function conversation() {
   assert.deepEqual(asked.options.map((o) => [o.optionId, o.kind]), [["accept", "allow_once"], ["decline", "reject_once"]]);
   assert.ok(a.announced.has(asked.toolCall.toolCallId), "the permission's tool call was announced first");
   updates = a.since(mark);
-  const approvalUpdate = updates.find((u) => u.sessionUpdate === "tool_call_update" && u.toolCallId === asked.toolCall.toolCallId);
-  assert.equal(approvalUpdate?.status, "completed");
-  const shell = updates.find((u) => u.sessionUpdate === "tool_call" && u.toolCallId !== asked.toolCall.toolCallId);
+  // The permission's tool call is the shell command the agent then ran.
+  const shell = toolCalls(updates).get(asked.toolCall.toolCallId);
   assert.equal(shell?.kind, "execute");
-  assert.equal(shell?.status, "completed");
+  assert.equal(shell?.statuses.at(-1), "completed");
   assert.equal(textOf(updates, "agent_message_chunk").join(""), "Command approved.");
-  report.approvalId = asked.toolCall.toolCallId;
+  report.toolCallId = asked.toolCall.toolCallId;
 
   // session/cancel mid-turn ends the prompt `cancelled`.
   mark = a.mark();
@@ -237,7 +252,8 @@ async function conversation() {
   let withdrawn = false;
   let elsewhere = null;
   a.onPermission = async ({ params, signal }) => {
-    elsewhere = daemonCall("agentSession.respond", { sessionId, approvalId: params.toolCall.toolCallId, decision: "decline" });
+    const approvalId = params._meta.agentsd.approvalId;
+    elsewhere = daemonCall("agentSession.respond", { sessionId, approvalId, decision: "decline" });
     try {
       await waitAborted(signal);
     } finally {
@@ -267,7 +283,7 @@ async function conversation() {
   ]);
   assert.deepEqual([...messages(replay)], [...live], "the replay shows what was streamed live");
   const replayedTools = replay.filter((u) => u.sessionUpdate === "tool_call").map((u) => u.toolCallId);
-  assert.ok(replayedTools.includes(report.approvalId), "approvals are replayed as tool calls");
+  assert.ok(replayedTools.includes(report.toolCallId), "approved tool calls are replayed");
   report.replayed = replay.length;
 
   // The loaded session takes prompts on the new bridge.
@@ -321,7 +337,70 @@ async function kill() {
   return report;
 }
 
-const scenarios = { conversation, kill };
+async function permission() {
+  const report = {};
+  const a = new Bridge("bridge-1");
+  await a.initialize();
+  const { sessionId } = await withTimeout(a.agent.request(methods.agent.session.new, { cwd: config.cwd, mcpServers: [] }), "session/new");
+  report.sessionId = sessionId;
+
+  // The permission request names the agent's tool call, and that same tool call
+  // then runs: one toolCallId, pending -> ... -> completed.
+  const asked = [];
+  a.onPermission = async ({ params }) => {
+    assert.ok(a.announced.has(params.toolCall.toolCallId), "the permission's tool call was announced first");
+    asked.push(params);
+    return { outcome: { outcome: "selected", optionId: "accept" } };
+  };
+  let mark = a.mark();
+  let result = await withTimeout(a.prompt(sessionId, "please approve this"), "prompt with an approval");
+  assert.equal(result.stopReason, "end_turn");
+  assert.equal(asked.length, 1, "one permission request");
+  const approvedId = asked[0].toolCall.toolCallId;
+  let tools = toolCalls(a.since(mark));
+  assert.deepEqual([...tools.keys()], [approvedId], "one tool call: the one the permission asked about");
+  const approved = tools.get(approvedId);
+  assert.equal(approved.kind, "execute");
+  assert.equal(approved.statuses[0], "pending", "asked about before it ran");
+  assert.equal(approved.statuses.at(-1), "completed");
+  assert.equal(textOf(a.since(mark), "agent_message_chunk").join(""), "Command approved.");
+  report.approvedId = approvedId;
+  report.approvalIds = [asked[0]._meta.agentsd.approvalId];
+
+  // Denied: the same single tool call ends failed, not pending.
+  asked.length = 0;
+  a.onPermission = async ({ params }) => {
+    asked.push(params);
+    return { outcome: { outcome: "selected", optionId: "decline" } };
+  };
+  mark = a.mark();
+  result = await withTimeout(a.prompt(sessionId, "approve this one too"), "prompt with a denial");
+  assert.equal(result.stopReason, "end_turn");
+  assert.equal(asked.length, 1, "one permission request");
+  const deniedId = asked[0].toolCall.toolCallId;
+  tools = toolCalls(a.since(mark));
+  assert.deepEqual(finalStatuses(tools), [[deniedId, "failed"]], "the denied tool call ends failed");
+  assert.equal(textOf(a.since(mark), "agent_message_chunk").join(""), "Command declined.");
+  report.deniedId = deniedId;
+  report.approvalIds.push(asked[0]._meta.agentsd.approvalId);
+  const live = finalStatuses(toolCalls(a.since(0)));
+
+  // session/load replays the same single tool calls, settled: nothing is asked again.
+  const b = new Bridge("bridge-2");
+  b.onPermission = async ({ params }) => assert.fail(`asked again about ${params.toolCall.toolCallId}`);
+  await b.initialize();
+  await withTimeout(b.agent.request(methods.agent.session.load, { sessionId, cwd: config.cwd, mcpServers: [] }), "session/load");
+  const replayed = toolCalls(b.since(0));
+  assert.deepEqual(finalStatuses(replayed), live, "the replay shows the tool calls seen live");
+  assert.deepEqual(live, [[approvedId, "completed"], [deniedId, "failed"]]);
+  assert.equal(replayed.get(approvedId).statuses[0], "pending");
+
+  await a.close();
+  await b.close();
+  return report;
+}
+
+const scenarios = { conversation, kill, permission };
 
 try {
   const report = await scenarios[config.scenario]();
