@@ -48,6 +48,7 @@ it is written, tool calls (* ...), approvals (? ...) and notes (-- ...). With a
 terminal on stdin, a pending approval is asked about in place ([a]ccept/[d]ecline);
 otherwise the `agentsctl approve` command lines that answer it are printed. A lost
 connection or a restarted daemon is waited for and followed again from the last seq.
+Deleting the session ends the view at once, saying so and why (exit 4).
 
 exit status:
   0  detached with Ctrl-C (the session keeps running)

@@ -168,7 +168,8 @@ def run_approve(args: argparse.Namespace, target: Target) -> int:
 LOG_EPILOG = """\
 Without --follow the journal is read page by page and the command exits 0. With
 --follow it streams until Ctrl-C (exit 0), across lost connections and daemon
-restarts; it exits 4 if the session is deleted. --jsonl lines are journal events
+restarts; when the session is deleted it says so (with the reason and the last seq
+shown) on stderr and exits 4. --jsonl lines are journal events
 {seq, ts, fence, kind, body}; streamed agent text shows in the text view only.
 """
 
@@ -187,7 +188,7 @@ def configure_log(parser: argparse.ArgumentParser) -> None:
         "-f",
         "--follow",
         action="store_true",
-        help="keep streaming new events (and agent text) until Ctrl-C",
+        help="keep streaming new events (and agent text) until Ctrl-C or the session's deletion",
     )
     parser.add_argument(
         "--after-seq",

@@ -8,13 +8,15 @@ a duplicate and is dropped; so no lag, reconnect or restart repeats or skips an 
 Rule 2 (resubscribe): after ``agentSession.lagged`` the follower subscribes again on
 the same connection from its cursor. After a dropped connection it reconnects with
 backoff, never starting a daemon (one that went away was stopped or is restarting;
-it is waited for, not replaced), then watches and subscribes again. Deltas streamed
-while disconnected are not replayed: the next snapshot carries their text (see
+it is waited for, not replaced), then subscribes again. Deltas streamed while
+disconnected are not replayed: the next snapshot carries their text (see
 ``agentsctl.render``, Rule 1).
 
-Rule 3 (deletion): every connection also ``agentSession.watch``es the daemon; a
-``deleted`` status for the session, or ``session_not_found`` on a resubscription, ends
-following with ``SessionGone``. The first subscription's errors propagate unchanged.
+Rule 3 (deletion): ``agentSession.ended`` for the session ends following at once with
+``SessionGone`` (its reason, and the cursor): nothing is resubscribed. A deletion the
+follower was not told of (it happened while disconnected, or between a lag and the
+resubscription) shows as ``session_not_found`` on the resubscription, which ends
+following the same way. The first subscription's errors propagate unchanged.
 
 Rule 4: ``next(timeout_s)`` never blocks past its timeout, reconnecting included, so a
 caller can interleave keyboard input.
@@ -40,12 +42,22 @@ RECONNECT_FIRST_S = 0.05  # first pause before reconnecting, doubled up to RECON
 RECONNECT_MAX_S = 1.0  # a restarted daemon is seen within a second
 
 
-class SessionGone(Exception):
-    """The followed session was deleted (Rule 3)."""
+NOT_FOUND_ON_RESUBSCRIBE = "not found on resubscribe"  # the reason when no ended was seen
 
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"session {session_id} was deleted")
+
+class SessionGone(Exception):
+    """The followed session was deleted (Rule 3): ``reason`` is the daemon's (from
+    ``agentSession.ended``) or ``NOT_FOUND_ON_RESUBSCRIBE``; ``last_seq`` is the seq of
+    the last event handed out."""
+
+    def __init__(self, session_id: str, reason: str, last_seq: int) -> None:
+        super().__init__(
+            f"session {session_id} was deleted (reason: {reason}); "
+            f"following ended after seq {last_seq}"
+        )
         self.session_id = session_id
+        self.reason = reason
+        self.last_seq = last_seq
 
 
 class CaughtUp(msgspec.Struct, frozen=True):
@@ -80,6 +92,7 @@ class Follower:
         self._retry_at = 0.0
         self._backoff_s = RECONNECT_FIRST_S
         self._lost_reason: str | None = None
+        self._gone_error: SessionGone | None = None  # once gone, always gone
 
     def __enter__(self) -> Follower:
         return self
@@ -94,7 +107,7 @@ class Follower:
         (``SessionNotFound`` for an unknown session).
         """
         self._client = self._target.client()
-        self._start_following(self._client)
+        self._subscribe(self._client)
 
     def close(self) -> None:
         """Close the connection (idempotent); the daemon ends its subscription."""
@@ -105,13 +118,16 @@ class Follower:
     def next(self, timeout_s: float | None) -> FollowItem | None:
         """The next item, or None when ``timeout_s`` passes first (Rule 4).
 
-        Raises ``SessionGone`` (Rule 3). Connection trouble is handled here and
-        reported as ``Note`` items.
+        Raises ``SessionGone`` (Rule 3), after every item received before it was
+        handed out, and on every call after that. Connection trouble is handled here
+        and reported as ``Note`` items.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             if self._items:
                 return self._items.popleft()
+            if self._gone_error is not None:
+                raise self._gone_error
             client = self._client
             if client is None:
                 connected = self._reconnect(deadline)
@@ -129,10 +145,6 @@ class Follower:
             self._handle(notification)
 
     # -- subscription ---------------------------------------------------------------
-
-    def _start_following(self, client: Client) -> None:
-        client.call("agentSession.watch", st.WatchParams(), result_type=st.WatchResult)
-        self._subscribe(client)
 
     def _subscribe(self, client: Client) -> None:
         result = client.call(
@@ -171,13 +183,21 @@ class Follower:
             try:
                 self._subscribe(self._client)
             except SessionNotFound:
-                raise SessionGone(self.session_id) from None
+                self._gone(NOT_FOUND_ON_RESUBSCRIBE)
             except (DaemonUnreachable, ShuttingDown, TimeoutError) as exc:
                 self._lost(str(exc))
-        elif method == "agentSession.status":
-            status = notification.decode(st.StatusNotification)
-            if status.deleted and status.session.session_id == self.session_id:
-                raise SessionGone(self.session_id)
+        elif method == "agentSession.ended":
+            ended = notification.decode(st.EndedNotification)
+            if ended.session_id == self.session_id:
+                # Whichever subscription it names: the session itself is gone.
+                self._subscription = None
+                self._gone(ended.reason)
+
+    def _gone(self, reason: str) -> SessionGone:
+        """Record that the session is gone; ``next`` raises it once the items before
+        it are handed out."""
+        self._gone_error = SessionGone(self.session_id, reason, self.cursor)
+        return self._gone_error
 
     # -- reconnecting ---------------------------------------------------------------
 
@@ -202,11 +222,11 @@ class Follower:
         client: Client | None = None
         try:
             client = self._target.client(start=False)
-            self._start_following(client)
+            self._subscribe(client)
         except SessionNotFound:
             if client is not None:
                 client.close()
-            raise SessionGone(self.session_id) from None
+            raise self._gone(NOT_FOUND_ON_RESUBSCRIBE) from None
         except (DaemonUnreachable, ShuttingDown, TimeoutError):
             if client is not None:
                 client.close()

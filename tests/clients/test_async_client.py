@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 import trio.testing
@@ -132,6 +133,28 @@ async def test_following_from_the_head_skips_history(daemon: DaemonProcess) -> N
                 await _until_kind(events, "turn.completed", seen)
             assert seen[0].seq == head + 1
             assert seen[0].kind == "submission"
+
+
+async def test_a_subscription_of_a_deleted_session_raises_session_not_found(
+    daemon: DaemonProcess,
+) -> None:
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with open_client(daemon.socket) as client:
+            session_id = (await client.create("mock", "/tmp")).session_id
+            async with client.subscribe(session_id, after_seq=0) as events:
+                await _until_kind(events, "session.created", [])
+                await client.delete(session_id)
+                seqs = [events.last_seq]
+                with pytest.raises(SessionNotFound) as gone:
+                    async for item in events:
+                        if isinstance(item, st.JournalEvent):
+                            seqs.append(item.seq)
+                assert gone.value.details["reason"] == "deleted"
+                assert gone.value.details["lastSeq"] == events.last_seq
+                assert seqs == list(range(1, len(seqs) + 1))  # all it was sent, then the end
+                with pytest.raises(SessionNotFound):
+                    await events.__anext__()  # ended for good: nothing is resubscribed
+            assert events.ended is not None and events.ended.reason == "deleted"
 
 
 async def test_a_subscription_resumes_after_the_daemon_restarts(temp_dir: Path) -> None:
@@ -335,3 +358,52 @@ async def test_a_lost_subscription_gives_up_at_the_deadline() -> None:
             path.unlink()  # the daemon is gone for good
             with pytest.raises(DaemonNotRunning):
                 await events.__anext__()
+
+
+async def test_an_ended_subscription_neither_resubscribes_nor_unsubscribes() -> None:
+    after_ended: list[bytes] = []
+    script_done = trio.Event()
+
+    async def script(conn: FakeConnection) -> None:
+        await conn.subscribed("sub-1", after_seq=0, head=1)
+        await conn.event("sub-1", 1)
+        ended = {"subscriptionId": "sub-1", "sessionId": "s", "lastSeq": 1, "reason": "deleted"}
+        await conn.send({"jsonrpc": "2.0", "method": "agentSession.ended", "params": ended})
+        while data := await conn.stream.receive_some(65536):  # until the client leaves
+            after_ended.append(data)
+        script_done.set()
+
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with fake_daemon([script]) as path:
+            async with open_client(path) as client, client.subscribe("s", after_seq=0) as events:
+                first = await events.__anext__()
+                with pytest.raises(SessionNotFound) as gone:
+                    await events.__anext__()
+            await script_done.wait()
+    assert isinstance(first, st.JournalEvent) and first.seq == 1
+    assert gone.value.details == {"sessionId": "s", "reason": "deleted", "lastSeq": 1}
+    assert after_ended == []
+
+
+async def test_a_session_deleted_while_disconnected_raises_session_not_found() -> None:
+    async def first(conn: FakeConnection) -> None:
+        await conn.subscribed("sub-1", after_seq=0, head=1)
+        await conn.event("sub-1", 1)
+        # Then the connection drops; the session is deleted meanwhile.
+
+    async def second(conn: FakeConnection) -> None:
+        request = await conn.recv()
+        assert request["params"] == {"sessionId": "s", "afterSeq": 1}, request
+        error = msgspec.to_builtins(SessionNotFound("no session 's'").to_wire())
+        await conn.send({"jsonrpc": "2.0", "id": request["id"], "error": error})
+
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with (
+            fake_daemon([first, second]) as path,
+            open_client(path) as client,
+            client.subscribe("s", after_seq=0) as events,
+        ):
+            item = await events.__anext__()
+            with pytest.raises(SessionNotFound, match="no session 's'"):
+                await events.__anext__()
+    assert isinstance(item, st.JournalEvent) and item.seq == 1

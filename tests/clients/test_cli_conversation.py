@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from agentsctl.cli import (
@@ -43,6 +44,7 @@ from agentsctl.daemon import quick_call
 from agentsctl.follow import CaughtUp, Follower, Note, SessionGone
 from agentsctl.render import Transcript
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
+from agentsd_protocol.errors import SessionNotFound
 from tests.clients.conftest import FakeDaemon, Peer
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
 
@@ -679,7 +681,28 @@ def test_attach_exits_4_when_the_session_is_deleted(
     cli.wait_for(r"agent ready")
     assert run(daemon, capsys, "rm", session_id)[0] == EXIT_OK
     assert cli.wait() == EXIT_SESSION_GONE
-    assert f"session {session_id} was deleted" in cli.stderr()
+    err = cli.stderr()
+    # Told by agentSession.ended, with its reason; nothing is resubscribed.
+    assert f"session {session_id} was deleted (reason: deleted)" in err, err
+    assert "resubscribing" not in err and "reconnecting" not in err, err
+
+
+def test_log_follow_exits_4_when_the_session_is_deleted(
+    daemon: DaemonProcess, clis: list[Cli], capsys: pytest.CaptureFixture[str]
+) -> None:
+    session_id = new_session(daemon)
+    head = len(events(daemon, session_id))
+    cli = Cli(*at(daemon), "log", session_id, "--follow", "--jsonl")
+    clis.append(cli)
+    for _ in range(head):
+        json.loads(cli.wait_for(r"^\{"))  # the catch-up
+    assert run(daemon, capsys, "rm", session_id)[0] == EXIT_OK
+    assert cli.wait() == EXIT_SESSION_GONE
+    shown = [json.loads(line)["seq"] for line in cli.rest()]
+    assert shown == list(range(1, len(shown) + 1)), shown  # the log stays the journal
+    err = cli.stderr()
+    assert f"session {session_id} was deleted (reason: deleted)" in err, err
+    assert f"following ended after seq {shown[-1]}" in err, err
 
 
 def test_attach_to_an_unknown_session_exits_1(
@@ -804,9 +827,6 @@ def _event_params(subscription: str, seq: int) -> dict[str, Any]:
 
 
 def _serve_following(peer: Peer, after_seq: int, subscription: str, head_seq: int) -> None:
-    watch = peer.recv()
-    assert watch["method"] == "agentSession.watch"
-    peer.reply(watch, {"watchId": "w", "sessions": []})
     subscribe = peer.recv()
     assert subscribe["method"] == "agentSession.subscribe"
     assert subscribe["params"] == {"sessionId": "s1", "afterSeq": after_seq}
@@ -838,11 +858,9 @@ def test_the_follower_resumes_from_its_cursor_after_lagged_and_a_dropped_connect
             again = Peer(conn)
             _serve_following(again, 3, "sub-3", 4)
             again.notify("agentSession.event", _event_params("sub-3", 4))
-            status: dict[str, Any] = {"sessionId": "s1", "title": None, "provider": "mock"}
-            status |= {"phase": "stopped", "status": "idle", "headSeq": 4}
-            again.notify(
-                "agentSession.status", {"watchId": "w", "session": status, "deleted": True}
-            )
+            # Deleted: told once, with no status change to watch for.
+            ended = {"subscriptionId": "sub-3", "sessionId": "s1", "lastSeq": 4}
+            again.notify("agentSession.ended", {**ended, "reason": "deleted"})
             again.wait_closed()
 
     fake_daemon.serve(script)
@@ -850,7 +868,7 @@ def test_the_follower_resumes_from_its_cursor_after_lagged_and_a_dropped_connect
     seen: list[str] = []
     with Follower(Target(args), "s1") as follower:
         follower.open()
-        with pytest.raises(SessionGone):
+        with pytest.raises(SessionGone) as gone:
             while True:
                 item = follower.next(STREAM_TIMEOUT_S)
                 assert item is not None, seen
@@ -876,3 +894,34 @@ def test_the_follower_resumes_from_its_cursor_after_lagged_and_a_dropped_connect
         "event 4",
         "caught up 4",
     ]
+    assert (gone.value.reason, gone.value.last_seq) == ("deleted", 4)
+
+
+def test_the_follower_reports_a_session_deleted_while_it_was_disconnected(
+    fake_daemon: FakeDaemon,
+) -> None:
+    def script(peer: Peer) -> None:
+        _serve_following(peer, 0, "sub-1", 1)
+        peer.notify("agentSession.event", _event_params("sub-1", 1))
+        peer.conn.close()  # the daemon went away; the session is deleted meanwhile
+        conn, _ = fake_daemon._listener.accept()
+        with conn:
+            again = Peer(conn)
+            subscribe = again.recv()
+            assert subscribe["params"] == {"sessionId": "s1", "afterSeq": 1}
+            error = msgspec.to_builtins(SessionNotFound("no session 's1'").to_wire())
+            again.send({"jsonrpc": "2.0", "id": subscribe["id"], "error": error})
+            again.wait_closed()
+
+    fake_daemon.serve(script)
+    args = argparse.Namespace(socket=str(fake_daemon.path), state_dir=None, no_start=True)
+    with Follower(Target(args), "s1") as follower:
+        follower.open()
+        with pytest.raises(SessionGone) as gone:
+            while True:
+                assert follower.next(STREAM_TIMEOUT_S) is not None
+    fake_daemon.finish()
+    assert (gone.value.reason, gone.value.last_seq) == ("not found on resubscribe", 1)
+    assert str(gone.value) == (
+        "session s1 was deleted (reason: not found on resubscribe); following ended after seq 1"
+    )

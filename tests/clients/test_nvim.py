@@ -323,6 +323,43 @@ def test_nvim_resubscribes_after_lagging(nvim: Nvim) -> None:
         assert state["state"] == "live", state
 
 
+def test_nvim_ends_the_buffer_when_the_session_is_deleted(nvim: Nvim) -> None:
+    with running_daemon() as daemon:
+        nvim.h("setup", str(daemon.socket))
+        session_id = nvim.h("new_session", "mock", None, WAIT_MS)
+        nvim.h("cmd", "AgentsSend echo before the deletion")
+        nvim.h("wait_line", session_id, "before the deletion", WAIT_MS)
+        nvim.h("wait_idle", session_id, WAIT_MS)
+        with Client(daemon.socket) as other:
+            other.call("agentSession.delete", {"sessionId": session_id})
+        nvim.h("wait_line", session_id, "[session deleted (reason: deleted)]", WAIT_MS)
+        state = nvim.h("follow_state", session_id)
+        assert state["state"] == "stopped", state
+        assert state["ended"] is True and state["ended_reason"] == "deleted", state
+        assert state["status"] == "session deleted", state
+        assert not state["held"], f"the client still reconnects for the session: {state}"
+        # Attaching again shows the ended buffer; it does not follow a deleted session.
+        nvim.h("cmd", f"AgentsAttach {session_id}")
+        assert nvim.h("current_buffer_session") == session_id
+        assert nvim.h("follow_state", session_id)["state"] == "stopped"
+        nvim.h("wait_text", session_id, "before the deletion", WAIT_MS, 2)  # prompt and reply
+        nvim.h("wait_text", session_id, "[session deleted", WAIT_MS, 1)
+
+
+def test_nvim_ends_the_buffer_of_a_session_deleted_while_away(nvim: Nvim) -> None:
+    with running_daemon() as daemon:
+        nvim.h("setup", str(daemon.socket))
+        session_id = nvim.h("new_session", "mock", None, WAIT_MS)
+        nvim.lua("require('agents').disconnect()")
+        with Client(daemon.socket) as other:
+            other.call("agentSession.delete", {"sessionId": session_id})
+        nvim.h("cmd", f"AgentsAttach {session_id}")  # resubscribes: session_not_found
+        nvim.h("wait_line", session_id, "[the session no longer exists]", WAIT_MS)
+        state = nvim.h("follow_state", session_id)
+        assert state["state"] == "stopped" and not state["held"], state
+        assert state["ended"] is True and state["ended_reason"] == "session_not_found", state
+
+
 def test_checkhealth_reports_the_socket_and_the_daemon(nvim: Nvim, base: Path) -> None:
     missing = base / "missing.sock"
     nvim.h("setup", str(missing))

@@ -15,7 +15,10 @@ in seq order, across ``agentSession.lagged``, dropped connections and daemon res
 it remembers the last seq it received and re-subscribes with ``afterSeq``, backing off
 until ``reconnect_deadline_s`` passes without success. Deltas are ephemeral: those
 sent while it was away are lost, and the journal's ``item.updated`` snapshots cover
-them. A watch re-reads the snapshot instead (there is no seq to resume from).
+them. A watch re-reads the snapshot instead (there is no seq to resume from). A
+subscription ends when its session is deleted (``agentSession.ended``, or
+``session_not_found`` when re-subscribing): iterating then raises ``SessionNotFound``
+and nothing is re-subscribed.
 
 Rule 4: the reader never waits for a consumer. A subscription buffers at most
 ``MAX_BUFFERED`` items; past that it drops them and resumes from the journal, as a

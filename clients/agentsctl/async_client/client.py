@@ -236,11 +236,12 @@ class AsyncClient(Connector):
     ) -> AsyncIterator[Subscription]:
         """Follow a session: ``async for item in subscription`` yields its journal
         events after ``after_seq`` (None: from the current head), then live events and
-        deltas, forever (Rule 3).
+        deltas, until the session is deleted (Rule 3).
 
         Entering raises what the first ``agentSession.subscribe`` raises (for example
-        ``SessionNotFound``); iterating raises only when re-subscribing failed for good.
-        Leaving unsubscribes (bounded, even when cancelled).
+        ``SessionNotFound``). Iterating raises ``SessionNotFound`` once the session is
+        deleted (see ``Subscription``), and otherwise only when re-subscribing failed
+        for good. Leaving unsubscribes (bounded, even when cancelled).
         """
         subscription = Subscription(self, session_id, after_seq)
         await subscription.open()

@@ -17,7 +17,7 @@ import trio
 from agentsctl.async_client.connection import Connection, Connector, Route, decode_result
 from agentsctl.daemon import DaemonUnreachable
 from agentsd_protocol.api import stream as st
-from agentsd_protocol.errors import RpcError
+from agentsd_protocol.errors import RpcError, SessionNotFound
 from agentsd_protocol.jsonrpc import ClientIncoming
 
 ItemT = TypeVar("ItemT")
@@ -39,6 +39,7 @@ class Follower(Route, Generic[ItemT]):
         self._conn: Connection | None = None
         self._route_key: str | None = None
         self._lost = False  # the route ended; re-open before waiting for more
+        self._final: RpcError | None = None  # the route ended for good: raised, never re-opened
 
     @abc.abstractmethod
     async def _open_remote(self) -> tuple[Connection, str]:
@@ -75,15 +76,24 @@ class Follower(Route, Generic[ItemT]):
     def _overflow(self) -> None:
         """Drop the buffer and re-open (Rule 4); the stale route is ended on the daemon."""
 
+    def _end_for_good(self, error: RpcError) -> None:
+        """Nothing more will come: once the buffer is drained, ``error`` is raised
+        (on every call), and the route is never re-opened."""
+        self._detach()
+        self._final = error
+        self._wake()
+
     async def _next_item(self) -> ItemT:
         while True:
             if self._buffer:
                 return self._buffer.popleft()
+            if self._final is not None:
+                raise self._final
             if self._lost:
                 await self._reopen()
                 continue
             self._wakeup = trio.Event()
-            if self._buffer or self._lost:
+            if self._buffer or self._lost or self._final is not None:
                 continue
             await self._wakeup.wait()
 
@@ -121,6 +131,13 @@ class Subscription(Follower[SubscriptionItem]):
     ``head_seq`` is the session's head when the subscription was first opened;
     ``last_seq`` the seq of the last event yielded (before the first: ``after_seq``,
     or the head when following from it).
+
+    A deleted session ends it with ``SessionNotFound``, raised by ``__anext__`` once
+    every event received before is yielded, and on every call after. Told by
+    ``agentSession.ended`` (kept in ``ended``), the error's ``details`` carry
+    ``sessionId``, ``reason`` and ``lastSeq``, and nothing is re-subscribed or
+    unsubscribed. A deletion while it was away (disconnected, or lagged) is the
+    daemon's own ``SessionNotFound`` from the re-subscription.
     """
 
     def __init__(self, client: Connector, session_id: str, after_seq: int | None) -> None:
@@ -130,6 +147,7 @@ class Subscription(Follower[SubscriptionItem]):
         self.last_seq: int | None = after_seq
         self._received_seq: int | None = after_seq  # highest seq buffered
         self.subscription_id: str | None = None
+        self.ended: st.EndedNotification | None = None
 
     async def open(self) -> None:
         self._conn, self._route_key = await self._open_remote()
@@ -165,6 +183,16 @@ class Subscription(Follower[SubscriptionItem]):
                 # The daemon ended this subscription; what it sent is all buffered here.
                 self._detach()
                 self.connection_lost()
+            elif method == "agentSession.ended":
+                self.ended = msgspec.json.decode(params, type=st.EndedNotification)
+                self._end_for_good(
+                    SessionNotFound(
+                        f"session {self.session_id} was deleted (reason: {self.ended.reason})",
+                        sessionId=self.session_id,
+                        reason=self.ended.reason,
+                        lastSeq=self.ended.last_seq,
+                    )
+                )
         except msgspec.ValidationError:
             self._detach()
             self.connection_lost()  # a malformed notification: resume from the journal
@@ -200,7 +228,9 @@ class Subscription(Follower[SubscriptionItem]):
             return item
 
     async def aclose(self) -> None:
-        """Unsubscribe (see ``Follower._end_remote``)."""
+        """Unsubscribe (see ``Follower._end_remote``), unless the daemon ended it."""
+        if self.ended is not None:
+            return
         if self.subscription_id is not None:
             params = st.UnsubscribeParams(subscription_id=self.subscription_id)
             await self._end_remote("agentSession.unsubscribe", params)

@@ -11,7 +11,7 @@ syntax match agentsApproval /^\[approval\] .*/
 syntax match agentsPending /^  pending: .*/
 syntax match agentsDecision /^  -> .*/
 syntax match agentsError /^\[agent error\] .*/
-syntax match agentsNotice /^\[\(turn\|agent exited\|not delivered\|delivery unknown\|truncated\|the session\).*\]$/
+syntax match agentsNotice /^\[\(turn\|agent exited\|not delivered\|delivery unknown\|truncated\|the session\|session deleted\).*\]$/
 
 highlight default link agentsHeader Title
 highlight default link agentsKeys Comment

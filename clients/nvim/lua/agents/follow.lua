@@ -11,6 +11,11 @@
 --- Rule 3: deltas are ephemeral and carry no seq; they are passed on as they come and
 --- the consumer reconciles them by their offset (see `agents.transcript`).
 ---
+--- Rule 4 (the end): `agentSession.ended` (the session was deleted) stops the follow
+--- at once; nothing is resubscribed. A deletion it was not told of (it happened while
+--- disconnected) shows as `session_not_found` when subscribing again, which stops
+--- it the same way. Either way `gone` is called once and the client is let go.
+---
 --- A follow holds the client (it reconnects while any follow is active) and lets go
 --- in `stop()`.
 
@@ -27,7 +32,9 @@ Follow.__index = Follow
 
 --- Handlers (all optional, all run on the main loop):
 --- `event(journal_event)`, `delta(params)`, `state(state, detail)` on every change of
---- `state`, and `gone(err)` when the session no longer exists (the follow stops).
+--- `state`, and `gone(reason, err)` when the session no longer exists (the follow
+--- stops; Rule 4): `reason` is the daemon's from `agentSession.ended` (`deleted`), or
+--- `session_not_found` with the error `err` of the subscribe that found no session.
 ---@param client agents.Client
 ---@param session_id string
 ---@param handlers table
@@ -112,7 +119,7 @@ function Follow:subscribe()
     local kind = err.data and err.data.kind
     if kind == 'session_not_found' then
       self:stop()
-      self:call('gone', err)
+      self:call('gone', 'session_not_found', err)
     elseif kind == 'disconnected' or kind == 'daemon_unreachable' then
       -- The 'connect' handler subscribes again once the daemon is back.
       self:set_state('idle', err.message)
@@ -151,6 +158,12 @@ function Follow:notification(method, params)
       self:set_state('idle', 'lagged')
       self:subscribe()
     end
+  elseif method == 'agentSession.ended' then
+    -- Whichever subscription it names, the session is gone; the daemon has ended
+    -- its subscriptions already, so there is nothing to unsubscribe (Rule 4).
+    self.subscription_id = nil
+    self:stop()
+    self:call('gone', tostring(params.reason or 'deleted'))
   end
 end
 

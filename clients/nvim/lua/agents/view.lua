@@ -6,7 +6,11 @@
 --- `agents.transcript` (the lines); it renders at most every `RENDER_DELAY_MS`.
 ---
 --- The last line carries a status as virtual text (working, approval pending,
---- reconnecting); it is not part of the transcript.
+--- reconnecting, session deleted); it is not part of the transcript.
+---
+--- A view whose session is gone (deleted, or not found) is ended: its buffer says so
+--- (a last notice line, `b:agents_ended` and `b:agents_ended_reason`), keeps what
+--- it showed, and never follows again; wiping the buffer forgets it.
 ---
 --- Buffer-local keys (see `config.keymaps`): accept / decline the approval under the
 --- cursor (else the oldest pending one), choose any option with `vim.ui.select`, send
@@ -29,6 +33,7 @@ M.views = {}
 ---@field buf integer
 ---@field transcript agents.Transcript
 ---@field follow agents.Follow
+---@field ended string|nil why the session is gone (see `agents.follow`, Rule 4)
 local View = {}
 View.__index = View
 
@@ -91,7 +96,7 @@ function M.get(client, session_id)
     view.buf = view:make_buffer()
     M.views[session_id] = view
   end
-  if not view.follow or view.follow.state == 'stopped' then
+  if not view.ended and (not view.follow or view.follow.state == 'stopped') then
     view:start_follow(client, view.follow and view.follow.last_seq or 0)
   end
   view:render()
@@ -115,12 +120,30 @@ function View:start_follow(client, after_seq)
       self.follow_state, self.follow_detail = state, detail
       self:schedule_render()
     end,
-    gone = function()
-      self.transcript:notice('[the session no longer exists]')
-      self:schedule_render()
+    gone = function(reason)
+      self:mark_ended(reason)
     end,
   })
   self.follow:start(after_seq)
+end
+
+--- The session is gone: say so once, and mark the buffer ended.
+---@param reason string
+function View:mark_ended(reason)
+  if self.ended then
+    return
+  end
+  self.ended = reason
+  if reason == 'session_not_found' then
+    self.transcript:notice('[the session no longer exists]')
+  else
+    self.transcript:notice('[session deleted (reason: ' .. reason .. ')]')
+  end
+  if vim.api.nvim_buf_is_valid(self.buf) then
+    vim.b[self.buf].agents_ended = true
+    vim.b[self.buf].agents_ended_reason = reason
+  end
+  self:schedule_render()
 end
 
 ---@return integer buf
@@ -253,6 +276,10 @@ end
 --- One line saying what the session is doing now.
 ---@return string, string text and highlight group
 function View:status()
+  if self.ended then
+    local text = self.ended == 'session_not_found' and 'session not found' or 'session deleted'
+    return text, 'WarningMsg'
+  end
   local state, detail = self.follow_state, self.follow_detail
   if state == 'stopped' then
     return '', 'Comment'

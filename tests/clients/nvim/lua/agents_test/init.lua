@@ -192,6 +192,10 @@ function M.follow_state(session_id)
     subscription = v.follow.subscription_id,
     lagged = v.lagged or 0,
     disconnects = v.disconnects or 0,
+    held = v.follow.client.holds[v.follow] ~= nil, -- the client reconnects for it
+    ended = vim.b[v.buf].agents_ended or false,
+    ended_reason = vim.b[v.buf].agents_ended_reason or vim.NIL,
+    status = vim.b[v.buf].agents_status,
   }
 end
 
