@@ -112,6 +112,10 @@ def test_connection_settings(opened: sqlite3.Connection) -> None:
     assert opened.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     assert opened.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     assert opened.execute("PRAGMA busy_timeout").fetchone()[0] == database.BUSY_TIMEOUT_MS
+    assert (
+        opened.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+        == database.WAL_AUTOCHECKPOINT_PAGES
+    )
     assert opened.isolation_level is None
     assert not opened.in_transaction
 

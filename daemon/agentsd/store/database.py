@@ -26,6 +26,7 @@ __all__ = [
     "BUSY_TIMEOUT_MS",
     "MIGRATIONS",
     "SCHEMA_VERSION",
+    "WAL_AUTOCHECKPOINT_PAGES",
     "SchemaTooNew",
     "open_database",
 ]
@@ -35,6 +36,16 @@ __all__ = [
 # file (one daemon per state dir), so contention is brief; five seconds rides out a
 # checkpoint or a human poking at the file without hanging a write forever.
 BUSY_TIMEOUT_MS = 5000
+
+# WAL frames after which a commit checkpoints (SQLite's default is 1000). Appends
+# to many sessions dirty one leaf page per session per commit, so the WAL fills with
+# copies of the same hot pages; a checkpoint writes each page once however often it
+# was rewritten, so checkpointing less often saves disk writes (measured: a commit
+# of 1000 events across 100 sessions ~13 ms at 1000, ~9.5 ms at 4000, ~8 ms at
+# 10000). The price: a WAL of up to 16 MB (4 KiB pages), and after each start, until
+# the new WAL first reaches that size, commits grow the file, which makes each
+# fdatasync flush metadata too (a lone commit then costs ~1.5x).
+WAL_AUTOCHECKPOINT_PAGES = 4000
 
 
 class SchemaTooNew(Exception):
@@ -186,7 +197,8 @@ def open_database(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
 
     Read-write: creates the parent directory (mode 0700) and the file (mode 0600,
     which SQLite copies to ``-wal``/``-shm``), switches to WAL with
-    ``synchronous=FULL``, enables foreign keys and applies pending migrations.
+    ``synchronous=FULL`` and checkpoints every ``WAL_AUTOCHECKPOINT_PAGES``, enables
+    foreign keys and applies pending migrations.
 
     ``readonly=True`` opens with ``mode=ro``: it never creates, migrates or writes,
     so it expects a file already migrated by a read-write open.
@@ -231,6 +243,7 @@ def open_database(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
             if mode != "wal":
                 raise sqlite3.OperationalError(f"cannot switch {path} to WAL (got {mode!r})")
             conn.execute("PRAGMA synchronous = FULL")
+            conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES:d}")
             _migrate(conn, path)
     except BaseException:
         conn.close()

@@ -1,8 +1,10 @@
 """The store: one writer task that group-commits, and a serialized reader.
 
-Rule 1: every write goes through ``Store.write``; one writer task owns the write
-connection and runs ops in batches, one transaction per batch, one savepoint per op.
-Many small appends therefore cost one fsync.
+Rule 1: every write goes through ``Store.write``; one writer task cuts the queue into
+batches and hands each to one long-lived writer thread, which owns the write
+connection and runs the batch in one transaction, one savepoint per op (a batch of
+one op needs none: the transaction is its savepoint). Many small appends therefore
+cost one fsync, and a batch costs one thread handoff and one trio wakeup.
 
 Rule 2: a caller's ``write`` returns only after the COMMIT of its batch returned, so
 "acknowledged" always means "durable" (``synchronous=FULL``).
@@ -24,13 +26,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import queue
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
 import attrs
+import outcome
 import trio
 
 from agentsd.store.database import open_database
@@ -117,18 +122,93 @@ def _batch_failed(exc: BaseException) -> StorageUnavailable:
 @attrs.define(eq=False)
 class _Request(Generic[T]):
     """One submitted op. The writer thread fills in the outcome; the writer task
-    sets ``done`` after the batch's transaction ended."""
+    calls ``finish`` after the batch's transaction ended, which wakes the caller
+    if it still waits (``task``; None once it was cancelled)."""
 
     op: Callable[[sqlite3.Connection], T]
-    done: trio.Event = attrs.Factory(trio.Event)
     ok: bool = False
     value: T | None = None
     error: BaseException | None = None
+    finished: bool = False
+    task: trio.lowlevel.Task | None = None
 
     def fail(self, error: BaseException) -> None:
         self.ok = False
         self.value = None
         self.error = error
+
+    def finish(self) -> None:
+        self.finished = True
+        task, self.task = self.task, None
+        if task is not None:
+            trio.lowlevel.reschedule(task)
+
+    def abandon(self, raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+        """The caller was cancelled while waiting: the op stays queued, nobody is
+        woken when it finishes."""
+        self.task = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+
+class _WriterThread:
+    """The long-lived thread that runs batches on the write connection.
+
+    The writer task hands it one batch at a time (``run``) and waits, uncancellably,
+    for the result: the thread holds the connection until the batch's transaction
+    ended, and nothing may use the connection meanwhile. The result comes back with
+    one ``run_sync_soon`` per batch, which calls ``batch_ended`` in trio's thread
+    (unless the batch raised) before it wakes the writer task, so the batch's callers
+    and the writer resume in the same tick. ``stop`` ends the thread once it is idle.
+    """
+
+    def __init__(
+        self,
+        run_batch: Callable[[list[_Request[Any]]], int | None],
+        batch_ended: Callable[[list[_Request[Any]], int | None], None],
+    ) -> None:
+        self._run_batch = run_batch
+        self._batch_ended = batch_ended
+        self._token = trio.lowlevel.current_trio_token()
+        # None asks the thread to exit.
+        self._inbox: queue.SimpleQueue[tuple[list[_Request[Any]], trio.lowlevel.Task] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(
+            target=self._serve, name="agentsd-store-writer", daemon=True
+        )
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while (job := self._inbox.get()) is not None:
+            batch, task = job
+            # A BaseException from an op travels back to the writer task, which
+            # raises it; the thread itself stays ready for ``stop``.
+            result = outcome.capture(self._run_batch, batch)
+            self._token.run_sync_soon(self._report, batch, task, result)
+
+    def _report(
+        self,
+        batch: list[_Request[Any]],
+        task: trio.lowlevel.Task,
+        result: outcome.Outcome[int | None],
+    ) -> None:
+        if isinstance(result, outcome.Value):
+            self._batch_ended(batch, result.value)
+        trio.lowlevel.reschedule(task, result)
+
+    async def run(self, batch: list[_Request[Any]]) -> None:
+        """``run_batch(batch)`` in the thread, then ``batch_ended``; raises what
+        ``run_batch`` raised (``batch_ended`` is not called then)."""
+        self._inbox.put((batch, trio.lowlevel.current_task()))
+        await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+
+    async def stop(self) -> None:
+        """End the thread and wait for it, shielded and bounded: it runs no batch
+        (``run`` cannot be cancelled), so it exits at once, and the caller may be
+        cleaning up past its deadline or after an error."""
+        self._inbox.put(None)
+        with trio.move_on_after(CLOSE_CONNECTION_S, shield=True):
+            await trio.to_thread.run_sync(self._thread.join, abandon_on_cancel=True)
 
 
 class Store:
@@ -146,9 +226,8 @@ class Store:
         self._write_conn = write_conn
         self._read_conn = read_conn
         self._send, self._receive = trio.open_memory_channel[_Request[Any]](QUEUE_CAPACITY)
-        # Dedicated limiters: the writer and the reader never wait for a token of
-        # trio's shared default limiter behind unrelated blocking work.
-        self._write_limiter = trio.CapacityLimiter(1)
+        # A dedicated limiter: the reader never waits for a token of trio's shared
+        # default limiter behind unrelated blocking work.
         self._read_limiter = trio.CapacityLimiter(1)
         self._read_lock = trio.Lock()
         self._read_closed = False
@@ -182,7 +261,7 @@ class Store:
         writer: its batch is rolled back, every pending caller gets
         ``StorageUnavailable``, and the exception leaves ``open_store``.
         """
-        request = _Request(op)
+        request: _Request[T] = _Request(op)
         await trio.lowlevel.checkpoint_if_cancelled()
         try:
             try:
@@ -193,7 +272,12 @@ class Store:
                 await self._send.send(request)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise ShuttingDown("the store is closed; the write was not made") from None
-        await request.done.wait()
+        if request.finished:
+            # Refused while this call waited for queue space to be taken.
+            await trio.lowlevel.checkpoint()
+        else:
+            request.task = trio.lowlevel.current_task()
+            await trio.lowlevel.wait_task_rescheduled(request.abandon)
         if not request.ok:
             assert request.error is not None
             raise request.error
@@ -253,29 +337,33 @@ class Store:
         # to the watchdog.
         with trio.CancelScope(shield=True) as scope:
             self._writer_scope = scope
+            thread = _WriterThread(self._run_batch, self._batch_ended)
             task_status.started()
             try:
                 async for first in self._receive:
+                    # receive() yields before it returns (parked until a submitter
+                    # woke it, or after taking an op already queued), so every task
+                    # that ran in the previous tick has submitted by now: no extra
+                    # checkpoint is needed for them to share this batch's commit.
                     self._in_flight = [first]
                     self.last_progress = trio.current_time()
-                    # Let every task that is runnable in this tick submit before the
-                    # batch is cut: that is what makes concurrent writes share a commit.
-                    await trio.lowlevel.checkpoint()
                     self._collect_batch()
-                    committed = await trio.to_thread.run_sync(
-                        self._run_batch, self._in_flight, limiter=self._write_limiter
-                    )
-                    if committed is None:
-                        self.batches_failed += 1
-                    else:
-                        self.batches_committed += 1
-                        self.ops_committed += committed
-                    batch, self._in_flight = self._in_flight, []
-                    self.last_progress = trio.current_time()
-                    for request in batch:
-                        request.done.set()
+                    await thread.run(self._in_flight)
             finally:
                 self._refuse_pending()
+                await thread.stop()
+
+    def _batch_ended(self, batch: list[_Request[Any]], committed: int | None) -> None:
+        """Count the batch and wake its callers (in trio's thread)."""
+        if committed is None:
+            self.batches_failed += 1
+        else:
+            self.batches_committed += 1
+            self.ops_committed += committed
+        self._in_flight = []
+        self.last_progress = trio.current_time()
+        for request in batch:
+            request.finish()
 
     def _collect_batch(self) -> None:
         while len(self._in_flight) < MAX_BATCH_OPS:
@@ -297,7 +385,7 @@ class Store:
         # (the thread raised), so its transaction was rolled back.
         for request in self._in_flight:
             request.fail(refusal())
-            request.done.set()
+            request.finish()
         self._in_flight = []
         while True:
             try:
@@ -305,12 +393,12 @@ class Store:
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
             request.fail(refusal())
-            request.done.set()
+            request.finish()
         # Senders blocked on a full queue get BrokenResourceError -> ShuttingDown.
         self._receive.close()
 
     def _run_batch(self, batch: list[_Request[Any]]) -> int | None:
-        """Run one batch in one transaction (worker thread). Returns how many ops
+        """Run one batch in one transaction (writer thread). Returns how many ops
         committed, or None when the transaction failed and every request in the
         batch was failed with ``StorageUnavailable``."""
         conn = self._write_conn
@@ -322,10 +410,14 @@ class Store:
         except sqlite3.Error as exc:
             self._fail_batch(batch, exc)
             return None
+        # An op alone in its batch needs no savepoint: rolling back the transaction
+        # undoes that op and nothing else (two statements fewer per lone write).
+        savepoints = len(batch) > 1
         try:
             ok = 0
             for request in batch:
-                conn.execute("SAVEPOINT op")
+                if savepoints:
+                    conn.execute("SAVEPOINT op")
                 try:
                     value = request.op(conn)
                 except Exception as exc:
@@ -335,14 +427,19 @@ class Store:
                         # the batch are gone too.
                         self._fail_batch(batch, exc)
                         return None
-                    conn.execute("ROLLBACK TO op")
-                    conn.execute("RELEASE op")
+                    if savepoints:
+                        conn.execute("ROLLBACK TO op")
+                        conn.execute("RELEASE op")
+                    else:
+                        conn.execute("ROLLBACK")
                     request.fail(_translate(exc))
                 else:
-                    conn.execute("RELEASE op")
+                    if savepoints:
+                        conn.execute("RELEASE op")
                     request.ok, request.value = True, value
                     ok += 1
-            conn.execute("COMMIT")
+            if savepoints or ok:
+                conn.execute("COMMIT")
         except sqlite3.Error as exc:
             # SAVEPOINT, RELEASE, ROLLBACK TO or COMMIT failed: the batch cannot be
             # trusted, so none of it is kept.
