@@ -1,5 +1,6 @@
 """The durable store: SQLite schema and migrations (``database``), the
-group-committing writer (``writer``) and the event journal (``journal``)."""
+group-committing writer (``writer``, with its thread in ``handoff`` and its error
+translation in ``failures``) and the event journal (``journal``)."""
 
 from agentsd.store.database import SCHEMA_VERSION, SchemaTooNew, open_database
 from agentsd.store.journal import (

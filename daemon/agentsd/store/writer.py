@@ -1,9 +1,9 @@
 """The store: one writer task that group-commits, and a serialized reader.
 
 Rule 1: every write goes through ``Store.write``; one writer task cuts the queue into
-batches and hands each to one long-lived writer thread, which owns the write
-connection and runs the batch in one transaction, one savepoint per op (a batch of
-one op needs none: the transaction is its savepoint). Many small appends therefore
+batches and hands each to one long-lived writer thread (``handoff``), which owns the
+write connection and runs the batch in one transaction, one savepoint per op (a batch
+of one op needs none: the transaction is its savepoint). Many small appends therefore
 cost one fsync, and a batch costs one thread handoff and one trio wakeup.
 
 Rule 2: a caller's ``write`` returns only after the COMMIT of its batch returned, so
@@ -15,8 +15,9 @@ the transaction on a full disk or an I/O error) fails the whole batch with
 ``StorageUnavailable``, and the writer carries on with the next batch.
 
 Rule 4: ``sqlite3`` errors that mean "the storage is not usable right now" (disk
-full, I/O error, read-only, cannot open) are translated to ``StorageUnavailable`` here
-and nowhere else; every other exception an op raises passes through as it is.
+full, I/O error, read-only, cannot open) are translated to ``StorageUnavailable`` by
+``failures``, for the store's callers only; every other exception an op raises passes
+through as it is.
 
 Rule 5: every queue is bounded. ``write`` blocks while ``QUEUE_CAPACITY`` ops wait,
 which is the backpressure a flooding agent feels.
@@ -26,19 +27,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import queue
 import sqlite3
-import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, TypeVar, cast
 
-import attrs
-import outcome
 import trio
 
 from agentsd.store.database import open_database
+from agentsd.store.failures import batch_failed, translate
+from agentsd.store.handoff import Request, WriterThread
 from agentsd_protocol.errors import ShuttingDown, StorageUnavailable
 
 __all__ = [
@@ -74,142 +73,6 @@ CLOSE_DRAIN_S = 10.0
 # shutdown before its worker thread is abandoned to finish on its own.
 CLOSE_CONNECTION_S = 5.0
 
-_READONLY = "database is read-only"
-
-# sqlite3 primary result codes that mean the storage, not the statement, failed.
-_STORAGE_FAILURES = {
-    sqlite3.SQLITE_FULL: "disk full",
-    sqlite3.SQLITE_IOERR: "I/O error",
-    sqlite3.SQLITE_READONLY: _READONLY,
-    sqlite3.SQLITE_CANTOPEN: "cannot open the database file",
-}
-
-
-def _storage_failure(exc: BaseException) -> str | None:
-    """Why the storage is unusable, if ``exc`` says it is."""
-    if not isinstance(exc, sqlite3.Error):
-        return None
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is None:
-        return None
-    # Extended codes (SQLITE_IOERR_FSYNC, ...) carry the primary code in the low byte.
-    return _STORAGE_FAILURES.get(code & 0xFF)
-
-
-def _translate(exc: BaseException, *, readonly_is_failure: bool = True) -> BaseException:
-    """``StorageUnavailable`` for storage failures, ``exc`` itself otherwise."""
-    reason = _storage_failure(exc)
-    if reason is None or (not readonly_is_failure and reason == _READONLY):
-        return exc
-    unavailable = StorageUnavailable(f"storage unavailable: {reason} ({exc})")
-    unavailable.__cause__ = exc
-    return unavailable
-
-
-def _batch_failed(exc: BaseException) -> StorageUnavailable:
-    """The error each caller of a batch gets when its transaction failed."""
-    reason = _storage_failure(exc)
-    if reason is None and getattr(exc, "sqlite_errorcode", None) in (
-        sqlite3.SQLITE_BUSY,
-        sqlite3.SQLITE_LOCKED,
-    ):
-        reason = "database is locked by another connection"
-    failure = StorageUnavailable(f"storage unavailable: {reason or exc}; the write was rolled back")
-    failure.__cause__ = exc
-    return failure
-
-
-@attrs.define(eq=False)
-class _Request(Generic[T]):
-    """One submitted op. The writer thread fills in the outcome; the writer task
-    calls ``finish`` after the batch's transaction ended, which wakes the caller
-    if it still waits (``task``; None once it was cancelled)."""
-
-    op: Callable[[sqlite3.Connection], T]
-    ok: bool = False
-    value: T | None = None
-    error: BaseException | None = None
-    finished: bool = False
-    task: trio.lowlevel.Task | None = None
-
-    def fail(self, error: BaseException) -> None:
-        self.ok = False
-        self.value = None
-        self.error = error
-
-    def finish(self) -> None:
-        self.finished = True
-        task, self.task = self.task, None
-        if task is not None:
-            trio.lowlevel.reschedule(task)
-
-    def abandon(self, raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
-        """The caller was cancelled while waiting: the op stays queued, nobody is
-        woken when it finishes."""
-        self.task = None
-        return trio.lowlevel.Abort.SUCCEEDED
-
-
-class _WriterThread:
-    """The long-lived thread that runs batches on the write connection.
-
-    The writer task hands it one batch at a time (``run``) and waits, uncancellably,
-    for the result: the thread holds the connection until the batch's transaction
-    ended, and nothing may use the connection meanwhile. The result comes back with
-    one ``run_sync_soon`` per batch, which calls ``batch_ended`` in trio's thread
-    (unless the batch raised) before it wakes the writer task, so the batch's callers
-    and the writer resume in the same tick. ``stop`` ends the thread once it is idle.
-    """
-
-    def __init__(
-        self,
-        run_batch: Callable[[list[_Request[Any]]], int | None],
-        batch_ended: Callable[[list[_Request[Any]], int | None], None],
-    ) -> None:
-        self._run_batch = run_batch
-        self._batch_ended = batch_ended
-        self._token = trio.lowlevel.current_trio_token()
-        # None asks the thread to exit.
-        self._inbox: queue.SimpleQueue[tuple[list[_Request[Any]], trio.lowlevel.Task] | None] = (
-            queue.SimpleQueue()
-        )
-        self._thread = threading.Thread(
-            target=self._serve, name="agentsd-store-writer", daemon=True
-        )
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while (job := self._inbox.get()) is not None:
-            batch, task = job
-            # A BaseException from an op travels back to the writer task, which
-            # raises it; the thread itself stays ready for ``stop``.
-            result = outcome.capture(self._run_batch, batch)
-            self._token.run_sync_soon(self._report, batch, task, result)
-
-    def _report(
-        self,
-        batch: list[_Request[Any]],
-        task: trio.lowlevel.Task,
-        result: outcome.Outcome[int | None],
-    ) -> None:
-        if isinstance(result, outcome.Value):
-            self._batch_ended(batch, result.value)
-        trio.lowlevel.reschedule(task, result)
-
-    async def run(self, batch: list[_Request[Any]]) -> None:
-        """``run_batch(batch)`` in the thread, then ``batch_ended``; raises what
-        ``run_batch`` raised (``batch_ended`` is not called then)."""
-        self._inbox.put((batch, trio.lowlevel.current_task()))
-        await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
-
-    async def stop(self) -> None:
-        """End the thread and wait for it, shielded and bounded: it runs no batch
-        (``run`` cannot be cancelled), so it exits at once, and the caller may be
-        cleaning up past its deadline or after an error."""
-        self._inbox.put(None)
-        with trio.move_on_after(CLOSE_CONNECTION_S, shield=True):
-            await trio.to_thread.run_sync(self._thread.join, abandon_on_cancel=True)
-
 
 class Store:
     """The durable store: ``write`` through the group-committing writer, ``read`` on a
@@ -225,7 +88,7 @@ class Store:
     def __init__(self, write_conn: sqlite3.Connection, read_conn: sqlite3.Connection) -> None:
         self._write_conn = write_conn
         self._read_conn = read_conn
-        self._send, self._receive = trio.open_memory_channel[_Request[Any]](QUEUE_CAPACITY)
+        self._send, self._receive = trio.open_memory_channel[Request[Any]](QUEUE_CAPACITY)
         # A dedicated limiter: the reader never waits for a token of trio's shared
         # default limiter behind unrelated blocking work.
         self._read_limiter = trio.CapacityLimiter(1)
@@ -233,7 +96,7 @@ class Store:
         self._read_closed = False
         self._closing = False
         self._writer_scope: trio.CancelScope | None = None
-        self._in_flight: list[_Request[Any]] = []
+        self._in_flight: list[Request[Any]] = []
         self.batches_committed = 0
         self.ops_committed = 0
         self.batches_failed = 0
@@ -261,7 +124,7 @@ class Store:
         writer: its batch is rolled back, every pending caller gets
         ``StorageUnavailable``, and the exception leaves ``open_store``.
         """
-        request: _Request[T] = _Request(op)
+        request: Request[T] = Request(op)
         await trio.lowlevel.checkpoint_if_cancelled()
         try:
             try:
@@ -303,7 +166,7 @@ class Store:
             except sqlite3.Error as exc:
                 # The read connection is read-only by construction: SQLITE_READONLY
                 # there is an op that tried to write, a bug, not unusable storage.
-                translated = _translate(exc, readonly_is_failure=False)
+                translated = translate(exc, readonly_is_failure=False)
                 if translated is exc:
                     raise
                 raise translated from exc
@@ -337,7 +200,7 @@ class Store:
         # to the watchdog.
         with trio.CancelScope(shield=True) as scope:
             self._writer_scope = scope
-            thread = _WriterThread(self._run_batch, self._batch_ended)
+            thread = WriterThread(self._run_batch, self._batch_ended)
             task_status.started()
             try:
                 async for first in self._receive:
@@ -351,9 +214,9 @@ class Store:
                     await thread.run(self._in_flight)
             finally:
                 self._refuse_pending()
-                await thread.stop()
+                await thread.stop(CLOSE_CONNECTION_S)
 
-    def _batch_ended(self, batch: list[_Request[Any]], committed: int | None) -> None:
+    def _batch_ended(self, batch: list[Request[Any]], committed: int | None) -> None:
         """Count the batch and wake its callers (in trio's thread)."""
         if committed is None:
             self.batches_failed += 1
@@ -397,7 +260,7 @@ class Store:
         # Senders blocked on a full queue get BrokenResourceError -> ShuttingDown.
         self._receive.close()
 
-    def _run_batch(self, batch: list[_Request[Any]]) -> int | None:
+    def _run_batch(self, batch: list[Request[Any]]) -> int | None:
         """Run one batch in one transaction (writer thread). Returns how many ops
         committed, or None when the transaction failed and every request in the
         batch was failed with ``StorageUnavailable``."""
@@ -432,7 +295,7 @@ class Store:
                         conn.execute("RELEASE op")
                     else:
                         conn.execute("ROLLBACK")
-                    request.fail(_translate(exc))
+                    request.fail(translate(exc))
                 else:
                     if savepoints:
                         conn.execute("RELEASE op")
@@ -460,11 +323,11 @@ class Store:
             self._write_conn.execute("ROLLBACK")
 
     @staticmethod
-    def _fail_batch(batch: list[_Request[Any]], cause: BaseException) -> None:
+    def _fail_batch(batch: list[Request[Any]], cause: BaseException) -> None:
         # A fresh exception per caller: one instance raised in many tasks would
         # share (and scramble) its traceback.
         for request in batch:
-            request.fail(_batch_failed(cause))
+            request.fail(batch_failed(cause))
 
     def _run_read(self, op: Callable[[sqlite3.Connection], T]) -> T:
         conn = self._read_conn
@@ -510,7 +373,7 @@ async def _open_connection(path: Path, *, readonly: bool) -> sqlite3.Connection:
             functools.partial(open_database, path, readonly=readonly)
         )
     except sqlite3.Error as exc:
-        translated = _translate(exc)
+        translated = translate(exc)
         if translated is exc:
             raise
         raise translated from exc
