@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -33,10 +32,10 @@ import trio
 from agentsd import records
 from agentsd.child import Child, ChildIdentity, ExitProof, open_child
 from agentsd.child import ChildSpec as ProcessSpec
-from agentsd.feed import Delta
-from agentsd.leases import ExitEvidence, Identity, Lease, is_current
+from agentsd.leases import ExitEvidence, Identity, Lease
 from agentsd.providers.base import Adapter, LineLink
 from agentsd.session import Session
+from agentsd.sink import Sink
 from agentsd_protocol.api.session import ChildInfo, ExitCause, ExitInfo, SessionError
 from agentsd_protocol.errors import (
     AgentExited,
@@ -53,7 +52,6 @@ log = logging.getLogger(__name__)
 
 SETTLE_TIMEOUT_S = 10.0  # a release is one small commit; this covers a slow disk
 SNAPSHOT_INTERVAL_S = 0.05  # streaming text reaches the journal at most this stale
-MAX_ITEM_TEXT_CHARS = 1 << 20  # one streamed message; a longer one is kept truncated
 
 
 @attrs.define(eq=False)
@@ -75,160 +73,6 @@ class SessionTask:
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
-
-
-class ItemText:
-    """Streaming text of one item: what subscribers saw, and what the journal has.
-
-    Only the first ``MAX_ITEM_TEXT_CHARS`` are kept (and journaled); past that the
-    length still counts and snapshots say ``truncated``, so a runaway agent cannot
-    grow the daemon's memory or the journal without bound.
-    """
-
-    def __init__(self) -> None:
-        self.parts: list[str] = []
-        self.length = 0
-        self.kept = 0
-        self.journaled_length = 0
-
-    def add(self, text: str) -> int:
-        offset = self.length
-        self.length += len(text)
-        room = MAX_ITEM_TEXT_CHARS - self.kept
-        if room > 0:
-            piece = text[:room]
-            self.parts.append(piece)
-            self.kept += len(piece)
-        return offset
-
-    @property
-    def truncated(self) -> bool:
-        return self.length > self.kept
-
-    @property
-    def text(self) -> str:
-        joined = "".join(self.parts)
-        self.parts = [joined]
-        return joined
-
-
-class Sink:
-    """The ``SessionSink`` of one child: journals with the fence check, fans out,
-    and coalesces streaming text into ``item.updated`` snapshots."""
-
-    def __init__(
-        self, supervisor: Supervisor, session: Session, lease: Lease, task: SessionTask
-    ) -> None:
-        self._supervisor = supervisor
-        self._session = session
-        self._lease = lease
-        self._task = task
-        self._items: dict[str, ItemText] = {}
-        self._dirty: set[str] = set()
-        self._streamed = trio.Event()  # set by delta(): text waits for a snapshot
-
-    def _current(self) -> bool:
-        return is_current(self._session.lease, self._lease.fence, self._lease.generation)
-
-    def _snapshots(self) -> list[tuple[str, Any]]:
-        out: list[tuple[str, Any]] = []
-        for item_id in sorted(self._dirty):
-            item = self._items.get(item_id)
-            if item is not None and item.length != item.journaled_length:
-                body: dict[str, Any] = {"itemId": item_id, "text": item.text}
-                if item.truncated:
-                    body.update(truncated=True, length=item.length)
-                out.append(("item.updated", body))
-                item.journaled_length = item.length
-        self._dirty.clear()
-        return out
-
-    async def emit(self, kind: str, body: Mapping[str, Any]) -> int:
-        if not self._current():
-            log.warning("dropped %s from a stale child of %s", kind, self._session.id)
-            return self._session.head_seq
-        self._task.touch()
-        events = self._snapshots()
-        if kind == "turn.completed":
-            events.extend(_orphaned_approvals(self._session, body.get("turnId")))
-        if kind == "item.completed":
-            self._items.pop(str(body.get("itemId")), None)
-        events.append((kind, dict(body)))
-        stored = await self._supervisor.append(self._session, events, fence=self._lease.fence)
-        return stored[-1].seq
-
-    def delta(self, item_id: str, text: str) -> None:
-        if not self._current() or not text:
-            return
-        self._task.touch()
-        item = self._items.setdefault(item_id, ItemText())
-        offset = item.add(text)
-        self._dirty.add(item_id)
-        self._streamed.set()
-        self._supervisor.feed.publish_delta(
-            self._session.id,
-            Delta(item_id=item_id, offset=offset, text=text, after_seq=self._session.head_seq),
-        )
-
-    async def wait_streamed(self) -> None:
-        """Return once ``delta`` was called since the last return."""
-        await self._streamed.wait()
-        self._streamed = trio.Event()
-
-    async def flush_snapshots(self) -> None:
-        events = self._snapshots()
-        if events and self._current():
-            await self._supervisor.append(self._session, events, fence=self._lease.fence)
-
-    async def approval_requested(
-        self,
-        native_id: str,
-        kind: str,
-        title: str,
-        detail: str,
-        options: list[str],
-        *,
-        item_id: str | None = None,
-    ) -> str:
-        approval_id = f"ap-{self._lease.fence}-{native_id}"
-        body: dict[str, Any] = {
-            "approvalId": approval_id,
-            "nativeId": native_id,
-            "kind": kind,
-            "title": title,
-            "detail": detail,
-            "options": options,
-        }
-        if item_id is not None:
-            body["itemId"] = item_id
-        await self.emit("approval.requested", body)
-        return approval_id
-
-    async def approval_cancelled(self, native_id: str) -> None:
-        for approval in list(self._session.conversation.approvals.values()):
-            if approval.native_id == native_id and approval.approval_id not in self._session.claims:
-                await self.emit(
-                    "approval.resolved",
-                    {"approvalId": approval.approval_id, "decision": "cancelled", "by": "agent"},
-                )
-
-
-def _orphaned_approvals(session: Session, turn_id: Any) -> list[tuple[str, Any]]:
-    """Approvals still pending when their turn ends (an interrupt, a failure): the
-    agent will never read an answer, so they are settled as cancelled first."""
-    return [
-        (
-            "approval.resolved",
-            {
-                "approvalId": a.approval_id,
-                "decision": "cancelled",
-                "by": "daemon",
-                "reason": "turn ended",
-            },
-        )
-        for a in session.conversation.approvals.values()
-        if a.turn_id is not None and a.turn_id == turn_id and a.approval_id not in session.claims
-    ]
 
 
 def _classify_start_failure(exc: BaseException, program: str) -> RpcError:

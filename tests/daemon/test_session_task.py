@@ -22,8 +22,9 @@ from agentsd.config import Config, LadderConfig, ProviderConfig
 from agentsd.procfs import is_same_process, scan_processes
 from agentsd.providers import provider_registry
 from agentsd.providers.base import Submission
-from agentsd.runner import SessionTask, Sink
+from agentsd.runner import SessionTask
 from agentsd.session import Session
+from agentsd.sink import Sink
 from agentsd.store.journal import read_events
 from agentsd.store.writer import Store, open_store
 from agentsd.supervisor import Supervisor, open_supervisor

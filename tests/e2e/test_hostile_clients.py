@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from agentsd.connection import MAX_OUTBOUND_BYTES
-from agentsd.runner import MAX_ITEM_TEXT_CHARS
+from agentsd.sink import MAX_ITEM_TEXT_CHARS
 from agentsd_protocol.framing import Framing, encode_frame
 from tests.daemon_process import IO_TIMEOUT_S, POLL_S, DaemonProcess, WireClient, make_temp_dir
 from tests.daemon_process import running_daemon as start_daemon
