@@ -8,8 +8,9 @@ them: ``message_start``, ``content_block_start``, ``content_block_delta``
 other request is refused with 404, so nothing non-essential succeeds silently.
 
 Each test scripts what the model answers (``script``): streamed text (optionally
-slow, so a client can interrupt mid-stream), a tool call, or an HTTP error. When the
-script runs dry, ``default`` answers. Every request is recorded (``requests``) so a
+slow, so a client can interrupt mid-stream), a tool call, an HTTP error, or one of
+those made from the request it answers. When the script runs dry, ``default``
+answers. Every request is recorded (``requests``) so a
 test can check what Claude Code sent (for example its history after a resume).
 
 Rule 1: the server never blocks its owner. It runs in daemon threads; ``close()``
@@ -31,7 +32,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,15 @@ class ErrorReply:
     message: str
 
 
-Reply = TextReply | ToolUseReply | ErrorReply
+@attrs.frozen
+class ComputedReply:
+    """A reply made from the request it answers, for a model that acts on what Claude
+    Code told it (a path in its system prompt, say)."""
+
+    compute: Callable[[RecordedRequest], TextReply | ToolUseReply | ErrorReply]
+
+
+Reply = TextReply | ToolUseReply | ErrorReply | ComputedReply
 
 AUTH_REFUSED = ErrorReply(401, "authentication_error", "invalid x-api-key")
 
@@ -295,18 +304,24 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self._read_body()
-        self._record(body)
+        request = RecordedRequest(
+            method=self.command, path=self.path, headers=dict(self.headers), body=body
+        )
+        self.fake.record(request)
         route = _route(self.path)
         if route == "count_tokens":
             self._send_json(200, {"input_tokens": 100})
         elif route == "messages" and isinstance(body, dict):
-            self._answer(self.fake.next_reply(), stream=bool(body.get("stream")))
+            reply = self.fake.next_reply()
+            if isinstance(reply, ComputedReply):
+                reply = reply.compute(request)
+            self._answer(reply, stream=bool(body.get("stream")))
         else:
             self._refuse()
 
     # ---- the model's answer -------------------------------------------------------------
 
-    def _answer(self, reply: Reply, *, stream: bool) -> None:
+    def _answer(self, reply: TextReply | ToolUseReply | ErrorReply, *, stream: bool) -> None:
         if isinstance(reply, ErrorReply):
             self._send_json(
                 reply.status,

@@ -13,7 +13,9 @@ Every wait has a deadline (no fixed sleeps); ``alarm`` bounds each test as a who
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -40,7 +42,9 @@ from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
 from tests.peers.fake_anthropic import (
     AUTH_REFUSED,
     DEAD_PROXY,
+    ComputedReply,
     FakeAnthropic,
+    RecordedRequest,
     TextReply,
     ToolUseReply,
     running_fake_anthropic,
@@ -418,6 +422,140 @@ def test_bash_tool_call_waits_for_a_clients_decision(
             assert tool_results[0]["is_error"] is True
             assert "refused" in result["output"]["text"]
         assert convo.info()["status"] == "idle"
+
+
+def tool_results(request: RecordedRequest) -> list[dict[str, Any]]:
+    """The ``tool_result`` blocks a model call carried, in order."""
+    return [
+        block
+        for message in request.messages
+        for block in (message["content"] if isinstance(message["content"], list) else [])
+        if block.get("type") == "tool_result"
+    ]
+
+
+def result_text(block: dict[str, Any]) -> str:
+    content = block.get("content")
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return str(content)
+
+
+COLOUR_QUESTION = {
+    "question": "Which colour should the button be?",
+    "header": "Colour",
+    "options": [
+        {"label": "Red", "description": "warm and loud"},
+        {"label": "Blue", "description": "calm"},
+    ],
+    "multiSelect": False,
+}
+
+
+@needs_claude
+def test_ask_user_question_is_answered_with_a_label(
+    daemon: DaemonProcess, fake: FakeAnthropic, home: Path
+) -> None:
+    fake.script(
+        ToolUseReply({"questions": [COLOUR_QUESTION]}, name="AskUserQuestion"),
+        TextReply("Blue it is."),
+    )
+    with conversation(daemon, fake.claude_env(home), home / "work") as convo:
+        assert convo.send("Make me a button")["dispatch"] == "accepted"
+        asked = convo.wait_for("approval.requested")["body"]
+        assert asked["kind"] == "question"
+        assert asked["title"] == "Colour: Which colour should the button be?"
+        assert asked["options"] == ["Red", "Blue", "decline"]
+        assert "Red: warm and loud" in asked["detail"]
+        tool = convo.wait_for("item.started", lambda b: b["type"] == "toolCall")
+        assert asked["itemId"] == tool["body"]["itemId"]
+        assert convo.info()["status"] == "attention"
+
+        answered = convo.call(
+            "agentSession.respond", approvalId=asked["approvalId"], decision="Blue"
+        )
+        assert answered["decision"] == "Blue"
+        done = convo.wait_for("turn.completed")
+        assert done["body"]["outcome"] == "completed", done
+        assert last_assistant_text(convo) == "Blue it is."
+        # The model's next call carries the answer as the question's tool result.
+        (result,) = tool_results(fake.wait_for_message_requests(2)[1])
+        assert not result.get("is_error")
+        assert '"Which colour should the button be?"="Blue"' in result_text(result)
+        resolved = convo.wait_for("approval.resolved")["body"]
+        assert resolved["decision"] == "Blue"
+
+
+@needs_claude
+def test_several_questions_are_asked_in_turn(
+    daemon: DaemonProcess, fake: FakeAnthropic, home: Path
+) -> None:
+    sections = {
+        "question": "Which sections should the page have?",
+        "header": "Sections",
+        "options": [
+            {"label": "Intro", "description": "what it is"},
+            {"label": "Usage", "description": "how to run it"},
+        ],
+        "multiSelect": True,
+    }
+    fake.script(
+        ToolUseReply({"questions": [COLOUR_QUESTION, sections]}, name="AskUserQuestion"),
+        TextReply("Noted."),
+    )
+    with conversation(daemon, fake.claude_env(home), home / "work") as convo:
+        assert convo.send("Make me a page")["dispatch"] == "accepted"
+        first = convo.wait_for("approval.requested")
+        assert first["body"]["title"].endswith("(1 of 2)")
+        convo.call("agentSession.respond", approvalId=first["body"]["approvalId"], decision="Red")
+        second = convo.wait_for("approval.requested", after_seq=first["seq"])["body"]
+        assert second["title"] == "Sections: Which sections should the page have? (2 of 2)"
+        assert second["options"] == ["Intro", "Usage", "decline"]
+        assert convo.info()["status"] == "attention"
+        convo.call("agentSession.respond", approvalId=second["approvalId"], decision="Usage")
+        assert convo.wait_for("turn.completed")["body"]["outcome"] == "completed"
+        (result,) = tool_results(fake.wait_for_message_requests(2)[1])
+        text = result_text(result)
+        assert '"Which colour should the button be?"="Red"' in text
+        assert '"Which sections should the page have?"="Usage"' in text
+
+
+def write_plan(plan: str) -> ComputedReply:
+    """The model writing ``plan`` to the plan file Claude Code names in plan mode."""
+
+    def compute(request: RecordedRequest) -> ToolUseReply:
+        found = re.search(r"create your plan at (\S+?\.md)", json.dumps(request.body))
+        assert found is not None, "claude named no plan file in plan mode"
+        return ToolUseReply({"file_path": found.group(1), "content": plan}, name="Write")
+
+    return ComputedReply(compute)
+
+
+@needs_claude
+@pytest.mark.parametrize("decision", ["approve", "decline"])
+def test_exit_plan_mode_asks_to_approve_the_plan(
+    daemon: DaemonProcess, fake: FakeAnthropic, home: Path, decision: str
+) -> None:
+    plan = "# Plan\n\n1. Add the button\n2. Test it\n"
+    fake.script(write_plan(plan), ToolUseReply({}, name="ExitPlanMode"), TextReply("Understood."))
+    options = {"permissionMode": "plan"}
+    with conversation(daemon, fake.claude_env(home), home / "work", options=options) as convo:
+        assert convo.send("Plan a button")["dispatch"] == "accepted"
+        asked = convo.wait_for("approval.requested")["body"]
+        assert asked["kind"] == "plan"
+        assert asked["detail"] == plan
+        assert asked["options"] == ["approve", "decline"]
+        convo.call("agentSession.respond", approvalId=asked["approvalId"], decision=decision)
+        done = convo.wait_for("turn.completed")
+        assert done["body"]["outcome"] == "completed", done
+        result = tool_results(fake.wait_for_message_requests(3)[2])[-1]
+        text = result_text(result)
+        if decision == "approve":
+            assert not result.get("is_error")
+            assert "approved your plan" in text and "Add the button" in text
+        else:
+            assert result["is_error"] is True
+            assert "keep planning" in text
 
 
 class ApprovalSink:

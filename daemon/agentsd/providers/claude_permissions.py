@@ -9,10 +9,18 @@ none.
 Rule 1: every request is answered. ``can_use_tool`` becomes a durable approval and
 is answered once a client decided (``allow`` runs the tool with the input it asked
 for, ``deny`` and ``cancel`` refuse it); one that cannot be recorded is denied at
-once. Any other subtype gets an error response at once.
+once. Any other subtype gets an error response at once. ``AskUserQuestion`` and
+``ExitPlanMode`` are asked as questions and plans (``claude_questions``): one
+approval per question, in order, and the answers go back in ``updatedInput``.
 
-Rule 2: a question is answered at most once: the answer, or the CLI's cancel, takes
-it out of ``_pending``, and whatever comes second finds nothing to do.
+Rule 2: a request is answered at most once: the answer, or the CLI's cancel, takes
+it out of ``_pending``, and whatever comes second finds nothing to do. ``_pending``
+is keyed by the native id of the approval that asks now (a request id, or
+``<request id>#<n>`` for the n-th question of a call).
+
+Rule 3: a committed decision reaches the CLI even if the client that gave it goes
+away: delivery (and asking the next question) is shielded, within
+``DELIVER_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -20,16 +28,28 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import attrs
 import msgspec
 import trio
 
 from agentsd.providers.base import LineLink, SessionSink
+from agentsd.providers.claude_questions import (
+    PLAN_TOOL,
+    QUESTION_TOOL,
+    Ask,
+    QuestionForm,
+    parse_questions,
+    plan_approval,
+    plan_response,
+)
 from agentsd_protocol.errors import AgentProtocolError, RpcError
 
 log = logging.getLogger(__name__)
 
 OPTIONS = ["allow", "deny"]  # a client may also answer "cancel", which denies
 MAX_DETAIL_CHARS = 8 * 1024  # an approval shows a command or a file's head, not all of it
+# A commit and a pipe write take milliseconds; past this the store or the child is stuck.
+DELIVER_TIMEOUT_S = 10.0
 _clip_encoder = msgspec.json.Encoder()
 
 
@@ -70,6 +90,18 @@ def permission_response(decision: str, tool_input: Any) -> dict[str, Any]:
     return {"behavior": "deny", "message": f"Permission to use this tool was refused: {reason}."}
 
 
+@attrs.define(eq=False)
+class _Open:
+    """A ``can_use_tool`` request waiting for its answer."""
+
+    request_id: str
+    kind: str  # "tool", "question" or "plan": how the decision is answered
+    tool_input: Any
+    item_id: str | None
+    native_id: str  # the approval that asks now (Rule 2)
+    form: QuestionForm | None = None  # for questions
+
+
 class Permissions:
     """The CLI's open questions of one child: the reader records them, RPC handlers
     answer them (through ``answer``)."""
@@ -77,7 +109,7 @@ class Permissions:
     def __init__(self, link: LineLink, sink: SessionSink) -> None:
         self._link = link
         self._sink = sink
-        self._pending: dict[str, Any] = {}  # request id -> the tool input it asked for
+        self._pending: dict[str, _Open] = {}  # by the native id of the approval asking now
 
     async def _respond(self, request_id: str, response: dict[str, Any]) -> None:
         """Send a ``control_response``; a child that is gone needs no answer."""
@@ -115,26 +147,44 @@ class Permissions:
                 {"source": str(subtype), "message": f"refused claude's {subtype!r} request"},
             )
             return
-        title, detail = describe_permission(request)
+        tool_name = request.get("tool_name")
+        tool_input = request.get("input")
         # The tool call it asks about: the ``tool_use`` id its item carries.
-        tool_use_id = _str(request.get("tool_use_id"))
+        item_id = _str(request.get("tool_use_id"))
+        pending = _Open(request_id, "tool", tool_input, item_id, native_id=request_id)
+        questions = parse_questions(tool_input) if tool_name == QUESTION_TOOL else []
+        if questions:
+            pending.kind = "question"
+            pending.form = QuestionForm(tool_input, questions)
+            ask = pending.form.ask()
+        elif tool_name == PLAN_TOOL:
+            pending.kind = "plan"
+            ask = plan_approval(tool_input)
+        else:
+            title, detail = describe_permission(request)
+            ask = Ask(kind="tool", title=title, detail=detail, options=OPTIONS)
+        await self._ask(pending, ask)
+
+    async def _ask(self, pending: _Open, ask: Ask) -> None:
+        """Record the approval that asks ``pending`` now; Rule 1 when it cannot be."""
         # Registered before the await: a client may answer before the commit returns.
-        self._pending[request_id] = request.get("input")
+        self._pending[pending.native_id] = pending
         try:
             await self._sink.approval_requested(
-                native_id=request_id,
-                kind="tool",
-                title=title,
-                detail=detail,
-                options=OPTIONS,
-                item_id=tool_use_id,
+                native_id=pending.native_id,
+                kind=ask.kind,
+                title=ask.title,
+                detail=ask.detail,
+                options=ask.options,
+                item_id=pending.item_id,
             )
         except RpcError as exc:
             # Rule 1: a question nobody can durably answer is refused, not left hanging.
-            self._pending.pop(request_id, None)
+            if self._pending.pop(pending.native_id, None) is None:
+                return  # withdrawn by the CLI meanwhile: it needs no answer
             log.warning("denied claude's can_use_tool: could not record it: %s", exc.message)
             await self._respond(
-                request_id,
+                pending.request_id,
                 {
                     "subtype": "success",
                     "response": {
@@ -146,16 +196,36 @@ class Permissions:
 
     async def on_cancel(self, frame: dict[str, Any]) -> None:
         request_id = frame.get("request_id")
-        if isinstance(request_id, str) and request_id in self._pending:
-            del self._pending[request_id]
-            await self._sink.approval_cancelled(request_id)
+        for native_id, pending in list(self._pending.items()):
+            if pending.request_id == request_id:
+                del self._pending[native_id]
+                await self._sink.approval_cancelled(native_id)
 
-    async def answer(self, request_id: str, decision: str) -> None:
-        """Deliver a committed decision (Rule 2: at most once)."""
-        if request_id not in self._pending:
+    async def answer(self, native_id: str, decision: str) -> None:
+        """Deliver a committed decision (Rule 2: at most once; Rule 3: shielded)."""
+        pending = self._pending.pop(native_id, None)
+        if pending is None:
             return  # withdrawn by the CLI (its cancel is journaled), or answered already
-        tool_input = self._pending.pop(request_id)
-        await self._respond(
-            request_id,
-            {"subtype": "success", "response": permission_response(decision, tool_input)},
-        )
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + DELIVER_TIMEOUT_S
+            await self._deliver(pending, decision)
+        if scope.cancelled_caught:
+            log.warning(
+                "the answer to claude's request %s was not delivered within %g s",
+                pending.request_id,
+                DELIVER_TIMEOUT_S,
+            )
+
+    async def _deliver(self, pending: _Open, decision: str) -> None:
+        if pending.form is not None:
+            response = pending.form.answer(decision)
+            if response is None:
+                # Rule 2's key: the next question has an approval of its own.
+                pending.native_id = f"{pending.request_id}#{pending.form.number}"
+                await self._ask(pending, pending.form.ask())
+                return
+        elif pending.kind == "plan":
+            response = plan_response(decision, pending.tool_input)
+        else:
+            response = permission_response(decision, pending.tool_input)
+        await self._respond(pending.request_id, {"subtype": "success", "response": response})
