@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import select
+import shlex
 import sys
 import termios
 import tty
@@ -104,13 +105,14 @@ def keys_label(keys: dict[str, str]) -> str:
 
 
 def approve_command(target: Target, session_id: str, approval_id: str, option: str) -> str:
-    """The command line that answers ``approval_id`` with ``option``."""
+    """The command line that answers ``approval_id`` with ``option``, quoted for a
+    POSIX shell (a question's option is the agent's label: ``Use Redis``)."""
     words = ["agentsctl", *target.global_args(), "approve", session_id, approval_id]
     if option == "decline":
         words.append("--decline")
     elif option != "accept":
         words += ["--decision", option]
-    return " ".join(words)
+    return shlex.join(words)
 
 
 class KeyQuestion:

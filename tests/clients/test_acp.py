@@ -503,6 +503,38 @@ def test_daemon_decisions_are_permission_options(decision: str, name: str, kind:
     assert (option.option_id, option.name, option.kind) == (decision, name, kind)
 
 
+@pytest.mark.parametrize(
+    ("decision", "kind"),
+    [
+        ("rejectAlways", "reject_always"),
+        ("deny_once", "reject_once"),
+        ("Node.js", "allow_once"),  # a word that merely starts like "no"
+        ("nothing", "allow_once"),
+    ],
+)
+def test_only_a_refusing_first_word_makes_a_reject_option(decision: str, kind: str) -> None:
+    assert acp.permission_option(decision).kind == kind
+
+
+@pytest.mark.parametrize(
+    ("label", "kind"),
+    [
+        ("PostgreSQL", "allow_once"),
+        ("Use Redis", "allow_once"),
+        ("No tests", "allow_once"),  # an answer, not a refusal
+        ("decline", "reject_once"),
+        ("cancel", "reject_once"),
+    ],
+)
+def test_the_answers_to_a_question_are_shown_as_the_agent_wrote_them(label: str, kind: str) -> None:
+    option = acp.permission_option(label, "question")
+    assert (option.option_id, option.name, option.kind) == (label, label, kind)
+
+
+def test_a_plan_approval_is_a_mode_switch() -> None:
+    assert acp.tool_kind("plan") == "switch_mode"
+
+
 def test_inbound_params_accept_unknown_fields() -> None:
     raw = b'{"sessionId":"s","prompt":[{"type":"text","text":"hi","_meta":{}}],"_meta":{"x":1}}'
     assert msgspec.json.decode(raw, type=acp.PromptParams).session_id == "s"

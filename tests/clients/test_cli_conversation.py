@@ -16,6 +16,7 @@ import pty
 import queue
 import re
 import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -30,6 +31,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from agentsctl.attach import approve_command
 from agentsctl.cli import (
     EXIT_BROKEN_PIPE,
     EXIT_DAEMON_ERROR,
@@ -925,3 +927,13 @@ def test_the_follower_reports_a_session_deleted_while_it_was_disconnected(
     assert str(gone.value) == (
         "session s1 was deleted (reason: not found on resubscribe); following ended after seq 1"
     )
+
+
+@pytest.mark.parametrize("option", ["accept", "decline", "Use Redis", "it's $HOME; `x`"])
+def test_an_approve_hint_is_a_command_line_a_shell_runs_as_printed(option: str) -> None:
+    args = argparse.Namespace(socket="/tmp/my dir/agentsd.sock", state_dir=None, no_start=False)
+    line = approve_command(Target(args), "s1", "ap-1-r1", option)
+    words = shlex.split(line)
+    assert words[:5] == ["agentsctl", "--socket", "/tmp/my dir/agentsd.sock", "approve", "s1"]
+    answer = {"accept": [], "decline": ["--decline"]}.get(option, ["--decision", option])
+    assert words[5:] == ["ap-1-r1", *answer]

@@ -282,7 +282,7 @@ class Binding:
         params = acp.RequestPermissionParams(
             session_id=self.session_id,
             tool_call=approval_tool_call(approval.body),
-            options=[acp.permission_option(option) for option in approval.options],
+            options=[acp.permission_option(option, approval.kind) for option in approval.options],
             # The daemon's id of the question (the tool call's id is its item's).
             meta={"agentsd": {"approvalId": approval.approval_id}},
         )

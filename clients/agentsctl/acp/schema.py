@@ -12,6 +12,7 @@ Pure: msgspec and the standard library only, no I/O.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 import msgspec
@@ -311,25 +312,46 @@ class RequestPermissionResult(Inbound, frozen=True, kw_only=True):
     outcome: PermissionOutcome
 
 
-_ALLOW_WORDS = ("accept", "allow", "approve", "yes")
-_REJECT_WORDS = ("decline", "deny", "reject", "no", "cancel", "abort")
+_ALLOW_WORDS = {"accept", "allow", "approve", "yes"}
+_REJECT_WORDS = {"decline", "deny", "reject", "no", "cancel", "abort"}
+# Approval kinds whose options are the agent's own words (the labels of a question it
+# asks), shown as they are: only ``decline`` and ``cancel`` refuse.
+_WORDED_KINDS = {"question"}
+_REFUSALS = {"decline", "cancel"}
 
 
-def permission_option(decision: str) -> PermissionOption:
+def _identifier_words(decision: str) -> list[str]:
+    """``acceptForSession`` -> ``["accept", "for", "session"]``."""
+    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", decision).replace("_", " ")
+    return spaced.lower().split()
+
+
+def permission_option(decision: str, approval_kind: str | None = None) -> PermissionOption:
     """One of the daemon's decisions as an ACP option; its ``optionId`` is the
     decision itself, so the editor's choice goes back to ``agentSession.respond``
-    unchanged. The kind is read from the word (``acceptForSession`` allows always)."""
-    words = decision.lower()
+    unchanged.
+
+    A decision of the daemon's vocabulary (``accept``, ``acceptForSession``, ...) is
+    named in words and its kind read from its first word (``...ForSession`` and
+    ``...Always`` allow or reject always). The options of a ``question`` are the
+    agent's answer labels: named as they are, each allows once, except ``decline``
+    and ``cancel``.
+    """
     kind: PermissionOptionKind
-    if words.startswith(_REJECT_WORDS):
-        kind = "reject_always" if "always" in words else "reject_once"
-    elif words.startswith(_ALLOW_WORDS):
-        lasting = "always" in words or "session" in words
+    if approval_kind in _WORDED_KINDS:
+        kind = "reject_once" if decision in _REFUSALS else "allow_once"
+        return PermissionOption(option_id=decision, name=decision, kind=kind)
+    words = _identifier_words(decision)
+    first = words[0] if words else ""
+    lasting = "always" in words or "session" in words
+    if first in _REJECT_WORDS:
+        kind = "reject_always" if lasting else "reject_once"
+    elif first in _ALLOW_WORDS:
         kind = "allow_always" if lasting else "allow_once"
     else:
         kind = "allow_once"
-    name = "".join(f" {ch.lower()}" if ch.isupper() else ch for ch in decision).replace("_", " ")
-    return PermissionOption(option_id=decision, name=name.strip().capitalize(), kind=kind)
+    name = " ".join(words).capitalize() if words else decision
+    return PermissionOption(option_id=decision, name=name, kind=kind)
 
 
 def tool_kind(kind: str | None) -> ToolKind:
@@ -351,5 +373,7 @@ def tool_kind(kind: str | None) -> ToolKind:
             return "move"
         case "reasoning" | "think":
             return "think"
+        case "plan":  # leaving plan mode
+            return "switch_mode"
         case _:
             return "other"

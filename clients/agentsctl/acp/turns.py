@@ -65,6 +65,12 @@ class Approval:
         options = self.body.get("options")
         return [str(o) for o in options] if isinstance(options, list) else []
 
+    @property
+    def kind(self) -> str | None:
+        """What it asks about (``command``, ``tool``, ``question``, ``plan``, ...)."""
+        kind = self.body.get("kind")
+        return kind if isinstance(kind, str) else None
+
 
 @attrs.frozen
 class Finished:

@@ -37,17 +37,26 @@ M.views = {}
 local View = {}
 View.__index = View
 
-local ACCEPT = { '^accept', '^allow', '^approve', '^yes' }
-local DECLINE = { '^decline', '^deny', '^reject', '^no' }
+local ACCEPT = { 'accept', 'allow', 'approve', 'yes' }
+local DECLINE = { 'decline', 'deny', 'reject', 'no', 'cancel' }
 
---- The option of `options` that means accept (or decline), by name.
+--- The first word of an option, lower-cased: `acceptForSession` -> `accept`,
+--- `No tests` -> `no`, `Node.js` -> `node`.
+---@param option string
+---@return string
+local function first_word(option)
+  return (option:match('^%a%l*') or ''):lower()
+end
+
+--- The option of `options` whose first word is one of `words` (the earlier word
+--- wins, then the earlier option).
 ---@param options string[]
----@param patterns string[]
+---@param words string[]
 ---@return string|nil
-local function pick_option(options, patterns)
-  for _, pattern in ipairs(patterns) do
+local function pick_option(options, words)
+  for _, word in ipairs(words) do
     for _, option in ipairs(options) do
-      if option:lower():match(pattern) then
+      if first_word(option) == word then
         return option
       end
     end
@@ -332,9 +341,19 @@ function View:answer(which)
     return
   end
   local options = entry.options or {}
-  local decision = pick_option(options, which == 'accept' and ACCEPT or DECLINE)
-  if not decision then
-    decision = which == 'accept' and options[1] or options[#options]
+  local decision
+  if entry.approval_kind == 'question' then
+    -- Its options are the agent's answer labels: accepting means choosing one.
+    if which == 'accept' then
+      self:choose()
+      return
+    end
+    decision = pick_option(options, { 'decline' }) or 'cancel'
+  else
+    decision = pick_option(options, which == 'accept' and ACCEPT or DECLINE)
+    if not decision then
+      decision = which == 'accept' and options[1] or options[#options]
+    end
   end
   require('agents').respond(self.session_id, entry.approval_id, decision or which)
 end

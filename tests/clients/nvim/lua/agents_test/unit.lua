@@ -256,14 +256,16 @@ end
 
 local function option_picking()
   local pick = require('agents.view').pick_option
-  eq(pick({ 'accept', 'decline' }, { '^decline', '^deny' }), 'decline', 'decline')
-  eq(pick({ 'allow', 'deny' }, { '^accept', '^allow' }), 'allow', 'allow')
+  eq(pick({ 'accept', 'decline' }, { 'decline', 'deny' }), 'decline', 'decline')
+  eq(pick({ 'allow', 'deny' }, { 'accept', 'allow' }), 'allow', 'allow')
   eq(
-    pick({ 'acceptForSession', 'accept' }, { '^accept' }),
+    pick({ 'acceptForSession', 'accept' }, { 'accept' }),
     'acceptForSession',
     'first match in option order'
   )
-  eq(pick({ 'maybe' }, { '^accept' }), nil, 'no match')
+  eq(pick({ 'maybe' }, { 'accept' }), nil, 'no match')
+  eq(pick({ 'Node.js', 'No tests', 'decline' }, { 'decline', 'no' }), 'decline', 'word order')
+  eq(pick({ 'Node.js', 'deny' }, { 'no', 'deny' }), 'deny', 'a word that only starts like no')
 end
 
 local function socket_path()
