@@ -60,6 +60,9 @@ __all__ = [
 ]
 
 
+SPAWN_THREADS = 4  # worker threads that spawn at once; see `_spawn_limiter`
+
+
 def new_spawn_token() -> str:
     """A fresh, unguessable spawn token (128 bits, hex)."""
     return os.urandom(16).hex()
@@ -67,15 +70,19 @@ def new_spawn_token() -> str:
 
 @attrs.frozen
 class ChildSpec:
-    """What to run. ``env`` is the complete environment (nothing is inherited);
-    the spawn token is added to it. stderr is appended to ``stderr_path`` (created
-    0600 if missing; its directory must exist) or discarded."""
+    """What to run. ``env`` is the complete environment, or with ``inherit_env`` the
+    variables set over the daemon's own environment; the spawn token is added to it.
+    stderr is appended to ``stderr_path`` (created 0600 if missing; its directory must
+    exist) or discarded."""
 
     argv: list[str]
     cwd: str
     env: Mapping[str, str]
     token: str
     stderr_path: Path | None = None
+    # The merged environment is built at the spawn and dropped right after it: a
+    # copy of the daemon's environment per live child is kilobytes per session.
+    inherit_env: bool = False
 
 
 @attrs.frozen
@@ -169,31 +176,16 @@ async def open_child(
     shared `current_scanner()`, so concurrent closes share /proc scans.
     """
     scanner = scanner if scanner is not None else current_scanner()
-    env = {**spec.env, SPAWN_TOKEN_ENV: spec.token}
-    stderr = subprocess.DEVNULL
-    if spec.stderr_path is not None:
-        stderr = await trio.to_thread.run_sync(_open_append, spec.stderr_path)
-    try:
-        process = await trio.lowlevel.open_process(
-            spec.argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            cwd=spec.cwd,
-            env=env,
-            start_new_session=True,  # own session and group: pgid == pid
-            close_fds=True,  # never hand the daemon's socket or database to an agent
-        )
-    finally:
-        if stderr != subprocess.DEVNULL:
-            os.close(stderr)  # the child holds its own copy
+    process = await _spawn(spec)
     # From here on nothing may stand between the spawn and the try: the ladder
     # must run even if the very next checkpoint is cancelled.
     outcome = _Outcome()
     child: Child | None = None
     try:
         assert process.stdin is not None and process.stdout is not None
-        start_time = await trio.to_thread.run_sync(read_start_time, process.pid)
+        start_time = await trio.to_thread.run_sync(
+            read_start_time, process.pid, limiter=_spawn_limiter()
+        )
         if start_time is None:  # cannot happen while the child is unreaped
             raise ProcessLookupError(f"child {process.pid} vanished before it was identified")
         identity = ChildIdentity(
@@ -209,6 +201,50 @@ async def open_child(
         if child is not None:
             child.exit_proof = outcome.exit_proof
             child.unproven_reason = outcome.unproven_reason
+
+
+async def _spawn(spec: ChildSpec) -> trio.Process:
+    """Start ``spec``; its environment lives only as long as this call."""
+    limiter = _spawn_limiter()
+    stderr = subprocess.DEVNULL
+    if spec.stderr_path is not None:
+        stderr = await trio.to_thread.run_sync(_open_append, spec.stderr_path, limiter=limiter)
+    try:
+        async with limiter:  # open_process runs Popen in a thread of its own
+            # Built here, not before the wait: a burst queued above holds no copies.
+            base = os.environ if spec.inherit_env else {}
+            env = {**base, **spec.env, SPAWN_TOKEN_ENV: spec.token}
+            return await trio.lowlevel.open_process(
+                spec.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                cwd=spec.cwd,
+                env=env,
+                start_new_session=True,  # own session and group: pgid == pid
+                close_fds=True,  # never hand the daemon's socket or database to an agent
+            )
+    finally:
+        if stderr != subprocess.DEVNULL:
+            os.close(stderr)  # the child holds its own copy
+
+
+_SPAWN_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar(
+    "agentsd_spawn_limiter"
+)
+
+
+def _spawn_limiter() -> trio.CapacityLimiter:
+    """The worker threads of spawning: a burst of starts queues here, rather than
+    raising trio's thread pool to its limit, each thread's stack and state staying
+    resident after the burst. A spawn is a CPU-bound fork and exec: more threads
+    than cores would not make a burst finish sooner."""
+    try:
+        return _SPAWN_LIMITER.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(SPAWN_THREADS)
+        _SPAWN_LIMITER.set(limiter)
+        return limiter
 
 
 def _open_append(path: Path) -> int:

@@ -21,7 +21,6 @@ journaled, recorded on the session and reported to whoever waits for the start.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +32,7 @@ from agentsd import records
 from agentsd.child import Child, ChildIdentity, ExitProof, open_child
 from agentsd.child import ChildSpec as ProcessSpec
 from agentsd.leases import ExitEvidence, Identity, Lease
-from agentsd.providers.base import Adapter, LineLink
+from agentsd.providers.base import Adapter, LineLink, Provider
 from agentsd.session import Session
 from agentsd.sink import Sink
 from agentsd_protocol.api.session import ChildInfo, ExitCause, ExitInfo, SessionError
@@ -51,7 +50,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SETTLE_TIMEOUT_S = 10.0  # a release is one small commit; this covers a slow disk
-SNAPSHOT_INTERVAL_S = 0.05  # streaming text reaches the journal at most this stale
 
 
 @attrs.define(eq=False)
@@ -134,25 +132,8 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
     child: Child | None = None
     program = "agent"
     try:
-        configured = supervisor.config.providers.get(session.row.provider)
-        row = session.row
-        if configured is not None and configured.command and not row.command:
-            # The daemon's config names the program; a session's own command wins.
-            row = attrs.evolve(row, command=configured.command)
-        spec = provider.launch(row, supervisor.state_dir)
-        program = spec.argv[0]
-        process_spec = ProcessSpec(
-            argv=list(spec.argv),
-            cwd=session.row.cwd,
-            env={
-                **os.environ,
-                **(configured.env if configured is not None else {}),
-                **spec.env,
-                **session.row.env,
-            },
-            token=lease.token,
-            stderr_path=supervisor.stderr_path(session.id),
-        )
+        process_spec = _process_spec(supervisor, session, provider, lease)
+        program = process_spec.argv[0]
 
         async def on_spawned(identity: ChildIdentity) -> None:
             ident = Identity(pid=identity.pid, pgid=identity.pgid, start_time=identity.start_time)
@@ -200,6 +181,28 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
             )
 
 
+def _process_spec(
+    supervisor: Supervisor, session: Session, provider: Provider, lease: Lease
+) -> ProcessSpec:
+    """What to spawn. A function of its own so that nothing it builds on the way (the
+    launch spec, an evolved row) stays referenced for the session's life."""
+    configured = supervisor.config.providers.get(session.row.provider)
+    row = session.row
+    if configured is not None and configured.command and not row.command:
+        # The daemon's config names the program; a session's own command wins.
+        row = attrs.evolve(row, command=configured.command)
+    spec = provider.launch(row, supervisor.state_dir)
+    return ProcessSpec(
+        argv=list(spec.argv),
+        cwd=row.cwd,
+        # Layered over the daemon's environment at the spawn, not copied here.
+        env={**(configured.env if configured is not None else {}), **spec.env, **row.env},
+        inherit_env=True,
+        token=lease.token,
+        stderr_path=supervisor.stderr_path(session.id),
+    )
+
+
 async def _handshake(
     supervisor: Supervisor, session: Session, lease: Lease, task: SessionTask, adapter: Adapter
 ) -> None:
@@ -230,7 +233,11 @@ async def _serve(
 ) -> RpcError | None:
     """Translate the agent's output until it ends or the task is stopped. Returns the
     failure that ended it, if any; never raises anything but cancellation, so the
-    nursery below never wraps an error in a group."""
+    nursery below never wraps an error in a group.
+
+    Two tasks per live agent: a child task reads the agent, and the session task
+    itself keeps the session's time (``_keep_time``) instead of waiting idle in the
+    nursery: each task parked per session costs memory, at hundreds of sessions."""
     failure: list[RpcError] = []
 
     async def read_agent() -> None:
@@ -245,9 +252,8 @@ async def _serve(
         nursery.cancel_scope.cancel()
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_watch_idle, supervisor, session, task)
-        nursery.start_soon(_flush_snapshots, sink)
         nursery.start_soon(read_agent)
+        await _keep_time(supervisor, session, task, sink)
     task.adapter = None
     with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
         try:
@@ -257,32 +263,37 @@ async def _serve(
     return failure[0] if failure else None
 
 
-async def _watch_idle(supervisor: Supervisor, session: Session, task: SessionTask) -> None:
-    """Stop an agent that did nothing for ``idle_timeout_s`` while its session was
-    idle (a long silent turn or a pending approval is not idleness)."""
+async def _keep_time(
+    supervisor: Supervisor, session: Session, task: SessionTask, sink: Sink
+) -> None:
+    """Journal streamed text at most ``SNAPSHOT_INTERVAL_S`` after it arrived, and stop
+    an agent that did nothing for ``idle_timeout_s`` while its session was idle (a
+    long silent turn or a pending approval is not idleness). Returns once it stopped
+    the agent. One deadline serves both, and ``Sink.delta`` pulls it in when text
+    starts to stream: an idle session never wakes on a period (20 wakeups a second
+    each would cost most of a core at a few hundred sessions)."""
     idle_s = supervisor.config.idle_timeout_s
     while True:
-        deadline = task.last_activity + idle_s
-        await trio.sleep(max(0.0, deadline - time.monotonic()))
-        if session.status != "idle":
-            task.touch()
-        elif time.monotonic() - task.last_activity >= idle_s:
-            log.info("stopping an agent idle for %g s", idle_s)
-            task.stop("idle")
-            return
-
-
-async def _flush_snapshots(sink: Sink) -> None:
-    # Wakes only once text streamed: a timer per idle session (20 wakeups a second
-    # each) costs most of a core at a few hundred sessions.
-    while True:
-        await sink.wait_streamed()
-        await trio.sleep(SNAPSHOT_INTERVAL_S)
-        try:
-            await sink.flush_snapshots()
-        except RpcError as exc:
-            # A snapshot is only a cache of streamed text; the next one retries.
-            log.warning("could not journal streamed text: %s", exc.message)
+        idle_at = trio.current_time() + (task.last_activity + idle_s - time.monotonic())
+        with trio.CancelScope(deadline=min(idle_at, sink.snapshot_due)) as alarm:
+            sink.alarm = alarm
+            try:
+                await trio.sleep_forever()
+            finally:
+                sink.alarm = None
+        if sink.snapshot_due <= trio.current_time():
+            try:
+                await sink.flush_snapshots()
+            except RpcError as exc:
+                # A snapshot is only a cache of streamed text; the next one retries.
+                log.warning("could not journal streamed text: %s", exc.message)
+        if time.monotonic() - task.last_activity >= idle_s:
+            if session.status != "idle":
+                task.touch()
+            else:
+                log.info("stopping an agent idle for %g s", idle_s)
+                task.stop("idle")
+                return
 
 
 def _evidence(child: Child | None, cause: ExitCause) -> ExitEvidence:

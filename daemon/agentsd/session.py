@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 
 MAX_RECENT_RESOLUTIONS = 256  # per session; enough for every client racing on recent ones
+_NO_IDS: frozenset[str] = frozenset()  # shared by every conversation with nothing pending
 
 
 @attrs.define
@@ -53,7 +54,9 @@ class Conversation:
 
     turn_id: str | None = None
     turn_open: bool = False
-    undispatched: set[str] = attrs.field(factory=set)  # clientMessageIds
+    # clientMessageIds. Immutable and replaced on change: most sessions have none,
+    # and every session would otherwise hold an empty set (216 bytes).
+    undispatched: frozenset[str] = _NO_IDS
     approvals: dict[str, PendingApproval] = attrs.field(factory=dict)
     # Recent resolutions (approvalId -> body), for ``already_resolved`` answers; older
     # ones are looked up in the journal.
@@ -70,9 +73,11 @@ class Conversation:
     def apply(self, seq: int, kind: str, body: dict[str, Any]) -> None:
         match kind:
             case "submission":
-                self.undispatched.add(str(body.get("clientMessageId")))
+                self.undispatched |= {str(body.get("clientMessageId"))}
             case "submission.dispatched":
-                self.undispatched.discard(str(body.get("clientMessageId")))
+                self.undispatched = (
+                    self.undispatched - {str(body.get("clientMessageId"))} or _NO_IDS
+                )
             case "turn.started":
                 self.turn_open = True
                 self.turn_id = body.get("turnId")

@@ -5,8 +5,8 @@ session's current one; a stale child's events and deltas are dropped here.
 
 Rule 2 (streaming): deltas go to subscribers at once and are coalesced into
 ``item.updated`` snapshots, which the session task flushes at most
-``runner.SNAPSHOT_INTERVAL_S`` late and which precede any other event; an item's
-text is kept up to ``MAX_ITEM_TEXT_CHARS``.
+``SNAPSHOT_INTERVAL_S`` late (by ``snapshot_due``) and which precede any other
+event; an item's text is kept up to ``MAX_ITEM_TEXT_CHARS``.
 
 Rule 3 (approvals): an approval id is stable across the journal
 (``ap-<fence>-<native id>``); approvals still pending when their turn ends are
@@ -16,6 +16,7 @@ settled ``cancelled`` before the turn's end is journaled.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_ITEM_TEXT_CHARS = 1 << 20  # one streamed message; a longer one is kept truncated
+SNAPSHOT_INTERVAL_S = 0.05  # streaming text reaches the journal at most this stale
 
 
 class ItemText:
@@ -41,6 +43,8 @@ class ItemText:
     length still counts and snapshots say ``truncated``, so a runaway agent cannot
     grow the daemon's memory or the journal without bound.
     """
+
+    __slots__ = ("journaled_length", "kept", "length", "parts")
 
     def __init__(self) -> None:
         self.parts: list[str] = []
@@ -71,7 +75,22 @@ class ItemText:
 
 class Sink:
     """The ``SessionSink`` of one child: journals with the fence check, fans out,
-    and coalesces streaming text into ``item.updated`` snapshots."""
+    and coalesces streaming text into ``item.updated`` snapshots.
+
+    ``snapshot_due`` is the trio time by which the coalesced text must be flushed
+    (infinite while none waits); ``alarm``, when set, is the session task's sleep,
+    whose deadline ``delta`` pulls in to it."""
+
+    __slots__ = (
+        "_dirty",
+        "_items",
+        "_lease",
+        "_session",
+        "_supervisor",
+        "_task",
+        "alarm",
+        "snapshot_due",
+    )
 
     def __init__(
         self, supervisor: Supervisor, session: Session, lease: Lease, task: SessionTask
@@ -81,8 +100,11 @@ class Sink:
         self._lease = lease
         self._task = task
         self._items: dict[str, ItemText] = {}
-        self._dirty: set[str] = set()
-        self._streamed = trio.Event()  # set by delta(): text waits for a snapshot
+        # Item ids with unjournaled text, as a dict (an empty set costs four times
+        # an empty dict, and every live session has one).
+        self._dirty: dict[str, None] = {}
+        self.snapshot_due = math.inf
+        self.alarm: trio.CancelScope | None = None
 
     def _current(self) -> bool:
         return is_current(self._session.lease, self._lease.fence, self._lease.generation)
@@ -98,6 +120,7 @@ class Sink:
                 out.append(("item.updated", body))
                 item.journaled_length = item.length
         self._dirty.clear()
+        self.snapshot_due = math.inf
         return out
 
     async def emit(self, kind: str, body: Mapping[str, Any]) -> int:
@@ -120,17 +143,15 @@ class Sink:
         self._task.touch()
         item = self._items.setdefault(item_id, ItemText())
         offset = item.add(text)
-        self._dirty.add(item_id)
-        self._streamed.set()
+        self._dirty[item_id] = None
+        if self.snapshot_due == math.inf:
+            self.snapshot_due = trio.current_time() + SNAPSHOT_INTERVAL_S
+            if self.alarm is not None and self.alarm.deadline > self.snapshot_due:
+                self.alarm.deadline = self.snapshot_due
         self._supervisor.feed.publish_delta(
             self._session.id,
             Delta(item_id=item_id, offset=offset, text=text, after_seq=self._session.head_seq),
         )
-
-    async def wait_streamed(self) -> None:
-        """Return once ``delta`` was called since the last return."""
-        await self._streamed.wait()
-        self._streamed = trio.Event()
 
     async def flush_snapshots(self) -> None:
         events = self._snapshots()

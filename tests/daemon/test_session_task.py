@@ -274,6 +274,49 @@ async def test_idle_agent_is_stopped_and_record_kept(store: Store, tmp_path: Pat
             assert session.id in sup.sessions
 
 
+async def test_idle_stop_waits_while_a_silent_turn_runs(store: Store, tmp_path: Path) -> None:
+    """A turn that streams nothing for longer than the idle timeout is not idleness;
+    once it ended and the agent stays quiet, the idle stop comes."""
+    config = make_config(idle_timeout_s=0.5)
+    with trio.fail_after(60):
+        async with await _supervisor(store, tmp_path, config) as sup:
+            session = await create(sup, tmp_path, chunks=2, chunkDelayS=1.5)
+            await sup.start(session)
+            task = session.task
+            assert task is not None and task.adapter is not None
+            await task.adapter.send(Submission(client_message_id="m1", text="hello"))
+            await task.done.wait()
+            assert session.last_exit is not None and session.last_exit.cause == "idle"
+            outcomes = [
+                b["outcome"]
+                for _, k, b in await journal(store, session.id)
+                if k == "turn.completed"
+            ]
+            assert outcomes == ["completed"]  # not cut short as "interrupted" by the stop
+
+
+async def test_streamed_text_is_journaled_while_the_agent_is_quiet(
+    store: Store, tmp_path: Path
+) -> None:
+    """Streamed text reaches the journal as an ``item.updated`` snapshot even when no
+    later event would carry it: the agent pauses for long after its first chunk."""
+    with trio.fail_after(60):
+        async with await _supervisor(store, tmp_path, make_config()) as sup:
+            session = await create(sup, tmp_path, chunks=2, chunkDelayS=30, replyText="ab")
+            await sup.start(session)
+            task = session.task
+            assert task is not None and task.adapter is not None
+            await task.adapter.send(Submission(client_message_id="m1", text="hello"))
+
+            async def snapshot_journaled() -> bool:
+                return any(k == "item.updated" for _, k, _ in await journal(store, session.id))
+
+            await eventually(snapshot_journaled)
+            kinds = [k for _, k, _ in await journal(store, session.id)]
+            assert "item.completed" not in kinds  # the snapshot came while it was quiet
+            await sup.close(session)
+
+
 async def test_shutdown_closes_every_session_concurrently(store: Store, tmp_path: Path) -> None:
     """Leaving the supervisor stops all sessions at once: about one ladder for all."""
     config = make_config(ladder=LadderConfig(eof_grace_s=0.2, term_grace_s=1.0, kill_wait_s=1.0))

@@ -36,6 +36,8 @@ MAX_LINE_BYTES = 16 * 1024 * 1024  # a tool result can be big; a line past this 
 LINES_PER_CHECKPOINT = 256
 READ_BYTES = 64 * 1024
 
+_encoder = msgspec.json.Encoder()  # stateless; one for every link
+
 
 @attrs.frozen
 class LaunchSpec:
@@ -97,17 +99,25 @@ class LineLink:
     ``trio.BrokenResourceError``.
     """
 
+    __slots__ = (
+        "_buf",
+        "_lines_since_checkpoint",
+        "_receive_stream",
+        "_scan_from",
+        "_send_lock",
+        "_send_stream",
+    )
+
     def __init__(self, send: trio.abc.SendStream, receive: trio.abc.ReceiveStream) -> None:
         self._send_stream = send
         self._receive_stream = receive
         self._buf = bytearray()
         self._scan_from = 0
         self._send_lock = trio.Lock()
-        self._encoder = msgspec.json.Encoder()
         self._lines_since_checkpoint = 0
 
     async def send(self, message: Any) -> None:
-        data = self._encoder.encode(message) + b"\n"
+        data = _encoder.encode(message) + b"\n"
         async with self._send_lock:
             await self._send_stream.send_all(data)
 
@@ -160,6 +170,8 @@ class LineLink:
 
 class Adapter(abc.ABC):
     """Speaks to one running agent child."""
+
+    __slots__ = ()  # a subclass may declare its own: one adapter lives per session
 
     @abc.abstractmethod
     async def handshake(self, resume_handle: str | None) -> str:

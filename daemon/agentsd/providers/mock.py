@@ -42,6 +42,8 @@ class MockProvider(Provider):
 
 
 class MockAdapter(Adapter):
+    __slots__ = ("_acked_turns", "_acks", "_link", "_open_items", "_sink", "_starting", "_turn_id")
+
     def __init__(self, link: LineLink, sink: SessionSink) -> None:
         self._link = link
         self._sink = sink
@@ -49,7 +51,8 @@ class MockAdapter(Adapter):
         self._acked_turns: dict[str, str] = {}  # prompt id -> the turn its ack named
         self._starting: dict[str, list[trio.Event]] = {}  # acks waiting for turn.started
         self._turn_id: str | None = None
-        self._open_items: set[str] = set()
+        # Items that streamed text, as a dict: an empty set costs four empty dicts.
+        self._open_items: dict[str, None] = {}
 
     async def handshake(self, resume_handle: str | None) -> str:
         await self._link.send({"type": "initialize", "handle": resume_handle})
@@ -108,7 +111,7 @@ class MockAdapter(Adapter):
             case "delta":
                 item_id = str(frame.get("itemId"))
                 if item_id not in self._open_items:
-                    self._open_items.add(item_id)
+                    self._open_items[item_id] = None
                     await sink.emit(
                         "item.started",
                         {"itemId": item_id, "turnId": frame.get("turnId"), "type": "agentMessage"},
@@ -116,7 +119,7 @@ class MockAdapter(Adapter):
                 sink.delta(item_id, str(frame.get("text", "")))
             case "message":
                 item_id = str(frame.get("itemId"))
-                self._open_items.discard(item_id)
+                self._open_items.pop(item_id, None)
                 await sink.emit(
                     "item.completed",
                     {
