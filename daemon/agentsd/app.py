@@ -17,13 +17,12 @@ import trio
 
 from agentsd import __version__
 from agentsd.config import Config
-from agentsd.connection import Call, Connection
-from agentsd.dispatch import dispatch
+from agentsd.connection import Connection
+from agentsd.dispatch import dispatch as _dispatch
 from agentsd.operations import Ledger
 from agentsd.supervisor import Supervisor
 from agentsd_protocol.api.daemon import RecoveryReport, SessionCounts
 from agentsd_protocol.errors import ShuttingDown
-from agentsd_protocol.jsonrpc import RequestEnvelope
 from agentsd_protocol.openrpc import build_openrpc
 
 
@@ -56,8 +55,9 @@ class App:
             raise ShuttingDown("the daemon is not serving sessions")
         return self._ledger
 
-    async def dispatch(self, call: Call, envelope: RequestEnvelope) -> Any:
-        return await dispatch(call, envelope)
+    # The dispatcher itself rather than a method awaiting it: one coroutine less on
+    # every request.
+    dispatch = staticmethod(_dispatch)
 
     def request_shutdown(self) -> None:
         self.serving_scope.cancel()

@@ -17,7 +17,7 @@ from agentsd.handlers import stream as stream_handlers
 from agentsd.operations import MAX_OPERATION_ID_CHARS, Operation, fingerprint
 from agentsd_protocol.errors import InvalidParams, MethodNotFound
 from agentsd_protocol.jsonrpc import RequestEnvelope, decode_params
-from agentsd_protocol.methods import METHODS
+from agentsd_protocol.methods import METHODS, Method
 
 Handler = Callable[[Call, Any], Awaitable[Any]]
 
@@ -28,6 +28,11 @@ HANDLERS: dict[str, Handler] = {
     **stream_handlers.HANDLERS,
 }
 
+# Both tables in one lookup per request; a method is served when it is in both.
+_ROUTES: dict[str, tuple[Method, Handler]] = {
+    name: (method, HANDLERS[name]) for name, method in METHODS.items() if name in HANDLERS
+}
+
 
 async def dispatch(call: Call, envelope: RequestEnvelope) -> Any:
     """Decode the params for ``envelope.method`` and run its handler.
@@ -35,13 +40,15 @@ async def dispatch(call: Call, envelope: RequestEnvelope) -> Any:
     Raises ``MethodNotFound`` (-32601), ``InvalidParams`` (-32602, with msgspec's
     JSON path) or whatever ``RpcError`` the handler raises.
     """
-    method = METHODS.get(envelope.method)
-    handler = HANDLERS.get(envelope.method)
-    if method is None or handler is None:
+    route = _ROUTES.get(envelope.method)
+    if route is None:
         raise MethodNotFound(f"Method not found: {envelope.method}")
+    method, handler = route
     params = decode_params(envelope, method.params)
+    if not method.mutation:
+        return await handler(call, params)
     op_id = getattr(params, "client_operation_id", None)
-    if not method.mutation or op_id is None:
+    if op_id is None:
         return await handler(call, params)
     if not op_id or len(op_id) > MAX_OPERATION_ID_CHARS:
         raise InvalidParams(

@@ -15,7 +15,7 @@ and the connection should be closed.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from agentsd_protocol.errors import FrameTooLarge, ParseError
 
@@ -72,6 +72,30 @@ class FrameDecoder:
         if self._broken:
             raise ParseError("Parse error: the stream is already broken")
         self._buf += data
+
+    def feed_frames(self, data: bytes) -> Iterable[bytes]:
+        """``feed(data)``, then iterate the complete frames: the same frames and the
+        same errors, at the same points of the iteration, as ``feed`` and ``frames``.
+
+        A reading loop's one call per read. In the common case (newline framing
+        decided, nothing buffered, a read no larger than the frame bound, so no line
+        in it can break the bound) the read is split at once instead of being copied
+        through the buffer frame by frame.
+        """
+        if (
+            self.framing is not Framing.NDJSON
+            or self._buf
+            or self._broken
+            or len(data) > self.max_frame_bytes
+        ):
+            self.feed(data)
+            return self.frames()
+        lines = data.split(b"\n")
+        tail = lines.pop()
+        if tail:
+            self._buf += tail
+            self._scan_from = len(tail)
+        return [line for line in lines if line.strip(_WHITESPACE)]
 
     def frames(self) -> Iterator[bytes]:
         """Yield every complete frame buffered so far."""

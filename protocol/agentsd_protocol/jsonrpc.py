@@ -30,6 +30,9 @@ from agentsd_protocol.errors import (
 RequestId = int | str
 T = TypeVar("T")
 JSONRPC: Literal["2.0"] = "2.0"
+# The envelope's default params. msgspec hands out this very object when a request
+# has no params, so an identity test spots them without looking at bytes.
+NO_PARAMS = Raw(b"{}")
 
 
 class RequestEnvelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -37,7 +40,7 @@ class RequestEnvelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     jsonrpc: Literal["2.0"]
     method: str
-    params: Raw = Raw(b"{}")
+    params: Raw = NO_PARAMS
     id: RequestId | UnsetType | None = UNSET
 
     @property
@@ -112,6 +115,12 @@ _batch_decoder = msgspec.json.Decoder(list[Raw])
 _probe_decoder = msgspec.json.Decoder(_IdProbe)
 _json_checker = msgspec.json.Decoder()  # any well-formed JSON text
 _encoder = msgspec.json.Encoder()
+# One decoder per params type, built on first use: a Decoder does the type's lookup
+# work once, where ``msgspec.json.decode(type=...)`` repeats it on every call.
+_params_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
+# What a request without params decodes to, per frozen params type: the common case
+# of ``daemon.ping`` and friends skips decoding altogether.
+_absent_params: dict[type[Any], Any] = {}
 # msgspec raises RecursionError (not DecodeError) past the interpreter's recursion
 # limit, e.g. for "[[[[..." from a hostile client; it is still a parse error.
 _TOO_DEEP = "Parse error: JSON nested too deeply"
@@ -144,8 +153,8 @@ def _decode_one(raw: bytes | Raw) -> Incoming:
         return InvalidEntry(id=None, error=ParseError(f"Parse error: {exc}"))
     except RecursionError:
         return InvalidEntry(id=None, error=ParseError(_TOO_DEEP))
-    first = bytes(envelope.params)[:1]
-    if first not in (b"{", b"["):
+    params = envelope.params
+    if params is not NO_PARAMS and bytes(params)[:1] not in (b"{", b"["):
         return InvalidEntry(
             id=_request_id(envelope),
             error=InvalidRequest("Invalid request: params must be an object or an array"),
@@ -157,13 +166,27 @@ def _request_id(envelope: RequestEnvelope) -> RequestId | None:
     return None if isinstance(envelope.id, UnsetType) else envelope.id
 
 
+def is_batch(frame: bytes) -> bool:
+    """True when ``frame`` holds a JSON array (a batch): ``decode_frame`` it. Any
+    other frame is one entry: ``decode_entry`` it, without the ``DecodedFrame``."""
+    first = frame[:1]
+    if first == b"{":
+        return False  # the common case, without copying the frame to strip it
+    return first == b"[" or frame.lstrip(b" \t\r\n")[:1] == b"["
+
+
+def decode_entry(frame: bytes) -> Incoming:
+    """Decode one frame that is not a batch (see ``is_batch``) into its envelope, or
+    the error to reply with. Never raises."""
+    return _decode_one(frame)
+
+
 def decode_frame(frame: bytes) -> DecodedFrame:
     """Decode one framed JSON text into envelopes or per-entry errors.
 
     Never raises: malformed input becomes ``InvalidEntry`` values.
     """
-    stripped = frame.lstrip(b" \t\r\n")
-    if stripped[:1] == b"[":
+    if is_batch(frame):
         try:
             members = _batch_decoder.decode(frame)
         except msgspec.DecodeError as exc:
@@ -189,16 +212,36 @@ def decode_frame(frame: bytes) -> DecodedFrame:
 def decode_params(envelope: RequestEnvelope, params_type: type[T]) -> T:
     """Second decoding step: the method's params type, or ``InvalidParams``."""
     raw = envelope.params
-    if bytes(raw)[:1] == b"[":
+    if raw is NO_PARAMS:
+        absent = _absent_params.get(params_type)
+        if absent is not None:
+            return absent  # type: ignore[no-any-return]
+    elif bytes(raw)[:1] == b"[":
         raise InvalidParams("Invalid params: agentsd methods take params by name (an object)")
+    decoder = _params_decoders.get(params_type)
+    if decoder is None:
+        decoder = _params_decoders[params_type] = msgspec.json.Decoder(params_type)
     try:
-        return msgspec.json.decode(raw, type=params_type)
+        params: T = decoder.decode(raw)
     except msgspec.ValidationError as exc:
         raise InvalidParams(f"Invalid params: {exc}") from None
     except msgspec.DecodeError as exc:
         raise InvalidParams(f"Invalid params: {exc}") from None
     except RecursionError:
         raise InvalidParams("Invalid params: JSON nested too deeply") from None
+    if raw is NO_PARAMS and _is_immutable(params):
+        _absent_params[params_type] = params  # one value can serve every call
+    return params
+
+
+def _is_immutable(value: Any) -> bool:
+    """A frozen Struct whose fields hold only scalars: safe to share between calls."""
+    if not isinstance(value, msgspec.Struct) or not value.__struct_config__.frozen:
+        return False
+    return all(isinstance(field, _SCALARS) for field in msgspec.structs.astuple(value))
+
+
+_SCALARS = (type(None), bool, int, float, str)
 
 
 def encode_success(request_id: RequestId | None, result: Any) -> bytes:

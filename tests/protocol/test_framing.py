@@ -243,3 +243,55 @@ def test_a_decoder_given_its_framing_does_not_detect() -> None:
     # A client knows what it speaks; '{' in a Content-Length stream is garbage.
     with pytest.raises(ParseError):
         frames_of(b"{}\r\n\r\n", framing=Framing.CONTENT_LENGTH)
+
+
+def outcome_of(decoder: FrameDecoder, pieces: list[bytes], *, at_once: bool) -> list[object]:
+    """Every frame, and the error that ended the stream (its class and details), in order."""
+    got: list[object] = []
+    try:
+        for piece in pieces:
+            if at_once:
+                got.extend(decoder.feed_frames(piece))
+            else:
+                decoder.feed(piece)
+                got.extend(decoder.frames())
+    except (ParseError, FrameTooLarge) as exc:
+        got.append((type(exc), exc.details))
+    got.append(decoder.buffered)
+    return got
+
+
+@SETTINGS
+@given(
+    pieces=st.lists(
+        st.binary(max_size=64) | header_noise | bodies.map(b"\n".join) | whitespace, max_size=12
+    ),
+    max_frame=st.integers(min_value=0, max_value=256),
+    framing=st.none() | st.sampled_from(Framing),
+)
+def test_feed_frames_yields_what_feed_and_frames_yield(
+    pieces: list[bytes], max_frame: int, framing: Framing | None
+) -> None:
+    # feed_frames splits newline-delimited reads directly; frames, errors and what
+    # stays buffered must be exactly those of the frame-by-frame path.
+    expected = outcome_of(FrameDecoder(max_frame, framing), pieces, at_once=False)
+    assert outcome_of(FrameDecoder(max_frame, framing), pieces, at_once=True) == expected
+
+
+@SETTINGS
+@given(frames=bodies, data=st.data())
+def test_feed_frames_keeps_a_partial_line_for_the_next_read(
+    frames: list[bytes], data: st.DataObject
+) -> None:
+    stream = b"".join(encode_frame(Framing.NDJSON, body) for body in frames)
+    pieces = data.draw(chunks_of(stream))
+    decoder = FrameDecoder(framing=Framing.NDJSON)
+    got: list[bytes] = []
+    consumed = b""
+    for piece in pieces:
+        got.extend(decoder.feed_frames(piece))
+        consumed += piece
+        # Rule 5 of the connection times exactly this: a line begun and not finished.
+        assert decoder.in_frame == (consumed != b"" and not consumed.endswith(b"\n"))
+    assert got == frames
+    assert not decoder.in_frame

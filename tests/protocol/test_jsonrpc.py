@@ -22,11 +22,13 @@ from agentsd_protocol.errors import (
     ParseError,
 )
 from agentsd_protocol.jsonrpc import (
+    NO_PARAMS,
     ClientIncoming,
     DecodedFrame,
     InvalidEntry,
     RequestEnvelope,
     decode_client_frame,
+    decode_entry,
     decode_frame,
     decode_params,
     encode_batch,
@@ -34,6 +36,7 @@ from agentsd_protocol.jsonrpc import (
     encode_notification,
     encode_request,
     encode_success,
+    is_batch,
 )
 from agentsd_protocol.methods import METHODS
 
@@ -428,3 +431,32 @@ def test_wire_types_encode_with_camel_case_names(name: str) -> None:
 def test_floats_in_results_survive_the_wire_exactly() -> None:
     for value in (0.1, 1e-300, 1.7976931348623157e308, -0.0, math.pi):
         assert msgspec.json.decode(encode_success(1, value))["result"] == value
+
+
+@SETTINGS
+@given(frame=frames)
+def test_is_batch_and_decode_entry_agree_with_decode_frame(frame: bytes) -> None:
+    # The daemon's fast path decodes a single request without a DecodedFrame.
+    decoded = decode_frame(frame)
+    if is_batch(frame):
+        assert frame.lstrip()[:1] == b"["
+        return
+    assert not decoded.is_batch
+    assert [comparable(e) for e in decoded.entries] == [comparable(decode_entry(frame))]
+
+
+def comparable(entry: RequestEnvelope | InvalidEntry) -> object:
+    if isinstance(entry, InvalidEntry):
+        return encode_error(entry.id, entry.error)  # errors compare by what goes on the wire
+    return entry
+
+
+def test_absent_params_decode_to_one_shared_value_only_when_immutable() -> None:
+    ping = envelope({"jsonrpc": "2.0", "id": 1, "method": "daemon.ping"})
+    assert ping.params is NO_PARAMS
+    first = decode_params(ping, METHODS["daemon.ping"].params)
+    assert decode_params(ping, METHODS["daemon.ping"].params) is first
+    # A type whose decoded value could be mutated gets a fresh value every time.
+    assert decode_params(ping, dict[str, Any]) is not decode_params(ping, dict[str, Any])
+    explicit = envelope({"jsonrpc": "2.0", "id": 1, "method": "daemon.ping", "params": {}})
+    assert decode_params(explicit, METHODS["daemon.ping"].params) == first
