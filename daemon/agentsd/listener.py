@@ -25,7 +25,10 @@ import trio
 from agentsd.paths import ensure_private_dir
 
 _UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
-LISTEN_BACKLOG = 512  # bursts of CLI invocations and editor reconnects
+# Bursts of CLI invocations and editor reconnects after a restart: a full backlog
+# makes a client with a timeout fail to connect. The kernel caps it at
+# net.core.somaxconn (4096 by default since Linux 5.4).
+LISTEN_BACKLOG = 4096
 
 
 class SocketInUse(Exception):

@@ -126,7 +126,8 @@ class Rss:
 
 def open_clients(path: Path, count: int) -> list[socket.socket]:
     """``count`` connected sockets. A connect with a timeout fails with EAGAIN while
-    the listen backlog (512) is full, so it is retried until the daemon accepts."""
+    the listen backlog (``LISTEN_BACKLOG``) is full, so it is retried until the daemon
+    accepts."""
     out: list[socket.socket] = []
     try:
         for _ in range(count):
