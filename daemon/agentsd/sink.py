@@ -20,6 +20,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 
 from agentsd.feed import Delta
@@ -189,6 +190,23 @@ class Sink:
                     "approval.resolved",
                     {"approvalId": approval.approval_id, "decision": "cancelled", "by": "agent"},
                 )
+
+    async def options_changed(self, changes: Mapping[str, Any]) -> None:
+        """The agent changed one of its own options (Claude leaves plan mode once its
+        plan is approved): store it, so that the next start launches it as it is now
+        rather than as it was configured."""
+        if not self._current():
+            return
+        options = {**self._session.row.options, **changes}
+        if options == self._session.row.options:
+            return
+        await self._supervisor.append(
+            self._session,
+            [("session.updated", {"options": options, "by": "agent"})],
+            fence=self._lease.fence,
+            options=options,
+        )
+        self._session.row = attrs.evolve(self._session.row, options=options)
 
 
 def _orphaned_approvals(session: Session, turn_id: Any) -> list[tuple[str, Any]]:

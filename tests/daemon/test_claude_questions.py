@@ -158,6 +158,7 @@ class RecordingSink:
     def __init__(self) -> None:
         self.approvals: list[dict[str, Any]] = []
         self.cancelled: list[str] = []
+        self.option_changes: list[dict[str, Any]] = []
         self.fail = False
 
     async def emit(self, kind: str, body: Mapping[str, Any]) -> int:
@@ -185,6 +186,9 @@ class RecordingSink:
 
     async def approval_cancelled(self, native_id: str) -> None:
         self.cancelled.append(native_id)
+
+    async def options_changed(self, changes: Mapping[str, Any]) -> None:
+        self.option_changes.append(dict(changes))
 
 
 def ask_frame(request_id: str, tool_name: str, tool_input: dict[str, Any]) -> dict[str, Any]:
@@ -298,10 +302,13 @@ async def test_exit_plan_mode_becomes_a_plan_approval() -> None:
     ]
     await perms.answer("p1", "approve")
     assert await cli.answer("p1") == {"behavior": "allow", "updatedInput": PLAN}
+    # Claude Code left plan mode: the session's next start must not go back to it.
+    assert sink.option_changes == [{"permissionMode": "default"}]
     await perms.on_request(ask_frame("p2", "ExitPlanMode", PLAN))
     await perms.answer("p2", "decline")
     declined = await cli.answer("p2")
     assert declined["behavior"] == "deny" and "keep planning" in declined["message"]
+    assert len(sink.option_changes) == 1  # still planning: nothing changed
     await cli.nothing_more()
 
 

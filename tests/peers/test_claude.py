@@ -553,9 +553,15 @@ def test_exit_plan_mode_asks_to_approve_the_plan(
         if decision == "approve":
             assert not result.get("is_error")
             assert "approved your plan" in text and "Add the button" in text
+            # Claude left plan mode: a restart must not put it back there.
+            updated = convo.wait_for("session.updated")["body"]
+            assert updated == {"options": {"permissionMode": "default"}, "by": "agent"}
+            mode = "default"
         else:
             assert result["is_error"] is True
             assert "keep planning" in text
+            mode = "plan"
+        assert convo.info()["options"] == {"permissionMode": mode}
 
 
 class ApprovalSink:
@@ -584,6 +590,9 @@ class ApprovalSink:
         return f"ap-{native_id}"
 
     async def approval_cancelled(self, native_id: str) -> None:
+        pass
+
+    async def options_changed(self, changes: Mapping[str, Any]) -> None:
         pass
 
 

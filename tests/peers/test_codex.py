@@ -577,6 +577,9 @@ class RecordingSink:
     async def approval_cancelled(self, native_id: str) -> None:
         self.cancelled.append(native_id)
 
+    async def options_changed(self, changes: Mapping[str, Any]) -> None:
+        pass
+
     def kinds(self) -> list[str]:
         return [kind for kind, _ in self.events]
 

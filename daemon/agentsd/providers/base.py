@@ -91,6 +91,11 @@ class SessionSink(Protocol):
 
     async def approval_cancelled(self, native_id: str) -> None: ...
 
+    async def options_changed(self, changes: Mapping[str, Any]) -> None:
+        """The agent changed session options itself: keep ``changes`` (merged over
+        the session's options) for its next start."""
+        ...
+
 
 class LineLink:
     """Newline-delimited JSON over the child's pipes, with a bound on line length.

@@ -21,6 +21,10 @@ is keyed by the native id of the approval that asks now (a request id, or
 Rule 3: a committed decision reaches the CLI even if the client that gave it goes
 away: delivery (and asking the next question) is shielded, within
 ``DELIVER_TIMEOUT_S``.
+
+Rule 4: an approved plan takes Claude Code out of plan mode (it switches itself to
+``default``), so the session's stored ``permissionMode`` becomes ``default`` too: a
+restart or resume then carries on with the approved plan instead of planning again.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ OPTIONS = ["allow", "deny"]  # a client may also answer "cancel", which denies
 MAX_DETAIL_CHARS = 8 * 1024  # an approval shows a command or a file's head, not all of it
 # A commit and a pipe write take milliseconds; past this the store or the child is stuck.
 DELIVER_TIMEOUT_S = 10.0
+LEFT_PLAN_MODE = "default"  # the mode Claude Code takes once a plan is approved
 _clip_encoder = msgspec.json.Encoder()
 
 
@@ -229,3 +234,12 @@ class Permissions:
         else:
             response = permission_response(decision, pending.tool_input)
         await self._respond(pending.request_id, {"subtype": "success", "response": response})
+        if pending.kind == "plan" and response["behavior"] == "allow":
+            await self._left_plan_mode()
+
+    async def _left_plan_mode(self) -> None:
+        """Claude Code leaves plan mode by itself once a plan is approved (Rule 4)."""
+        try:
+            await self._sink.options_changed({"permissionMode": LEFT_PLAN_MODE})
+        except RpcError as exc:
+            log.warning("could not record that claude left plan mode: %s", exc.message)
