@@ -434,3 +434,29 @@ def test_nvim_commands_list_interrupt_close_and_errors(nvim: Nvim, base: Path) -
 def test_nvim_plugin_units(nvim: Nvim) -> None:
     failures = nvim.lua("return require('agents_test.unit').run()")
     assert failures == [], "\n".join(failures)
+
+
+def test_nvim_answers_a_question_with_one_of_its_labels(nvim: Nvim) -> None:
+    """A question's options are the agent's labels: the accept key opens the chooser
+    on them, and the decline key answers ``decline``, never a label like ``No``."""
+    with running_daemon() as daemon, Client(daemon.socket) as watcher:
+        nvim.h("setup", str(daemon.socket))
+        session_id = nvim.h("new_session", "mock", {}, WAIT_MS)
+        watch(watcher, session_id)
+
+        nvim.h("cmd", "AgentsSend please ask me")
+        nvim.h("wait_approval", session_id, WAIT_MS)
+        nvim.h("stub_select", "Blue")
+        nvim.h("press", session_id, "a")
+        assert nvim.lua("return require('agents_test').selected") == ["Red", "Blue", "decline"]
+        nvim.h("wait_line", session_id, "You chose Blue.", WAIT_MS)
+        nvim.h("wait_idle", session_id, WAIT_MS)
+
+        nvim.h("cmd", "AgentsSend ask again")
+        approval_id = nvim.h("wait_approval", session_id, WAIT_MS)
+        nvim.h("press", session_id, "d")
+        nvim.h("wait_line", session_id, "You declined to answer.", WAIT_MS)
+        turns = events_until(watcher, turn_completed) + events_until(watcher, turn_completed)
+        resolved = [e["body"] for e in turns if e["kind"] == "approval.resolved"]
+        assert [r["decision"] for r in resolved] == ["Blue", "decline"]
+        assert resolved[1]["approvalId"] == approval_id

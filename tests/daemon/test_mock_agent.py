@@ -290,3 +290,27 @@ def test_an_option_of_the_wrong_type_is_refused_at_start() -> None:
     out = subprocess.run(MOCK_AGENT, env=env, capture_output=True, text=True, input="")
     assert out.returncode == 1
     assert "option chunks must be int" in out.stderr
+
+
+async def test_a_question_is_answered_with_one_of_its_labels(make_token: MakeToken) -> None:
+    with trio.fail_after(15):
+        async with mock_agent(make_token(), FAST) as agent:
+            await agent.handshake()
+            await agent.send({"type": "prompt", "id": "m1", "text": "ask me something"})
+            frames = await agent.receive_until("approval_request")
+            assert frames[-1] == {
+                "type": "approval_request",
+                "requestId": "r1",
+                "turnId": "t1",
+                "kind": "question",
+                "title": "Which colour do you like?",
+                "detail": "Red: warm\nBlue: cool",
+                "options": ["Red", "Blue", "decline"],
+            }
+            await agent.send({"type": "approval_response", "requestId": "r1", "decision": "accept"})
+            refused = await agent.receive()
+            await agent.send({"type": "approval_response", "requestId": "r1", "decision": "Blue"})
+            frames = await agent.receive_until("turn_completed")
+    assert refused == {"type": "error", "message": "invalid decision 'accept'"}
+    assert texts(frames, "message") == ["You chose Blue."]
+    assert frames[-1]["outcome"] == "completed"

@@ -25,6 +25,9 @@ Frames in (one JSON object per line) and what answers them:
   its reply is appended to the running turn. The word ``approve`` first raises an
   ``approval_request {requestId, itemId, ...}`` and waits for ``approval_response
   {requestId, decision}``; then reports the ``tool_call`` of that ``itemId``.
+  The word ``ask`` raises an ``approval_request`` of kind ``question`` instead (the
+  options are answer labels, as Claude's questions are: ``Red``, ``Blue``,
+  ``decline``) and answers with the label chosen.
   A text starting with ``echo `` is answered with the rest of it.
 - ``interrupt {turnId}`` ends the running turn (``message`` with what was streamed,
   then ``outcome: "interrupted"``); with no turn running ``interrupt_result
@@ -52,6 +55,8 @@ CRASH_EXIT_CODE = 3
 _HANDLE = re.compile(r"[A-Za-z0-9_-]{1,128}")  # a handle names a file: no "/" or ".."
 _APPROVE = re.compile(r"\bapprove\b", re.IGNORECASE)
 _APPROVAL_COMMAND = "ls -la"
+_ASK = re.compile(r"\bask\b", re.IGNORECASE)
+_QUESTION_OPTIONS = ["Red", "Blue", "decline"]
 
 Frame = dict[str, Any]
 
@@ -113,6 +118,7 @@ class Turn:
         self.pending: list[str] = []  # pieces not yet streamed
         self.streamed: list[str] = []
         self.approval_id: str | None = None  # set while waiting for an answer
+        self.asking = False  # the approval waited for is a question (``ask``)
         self.next_at = 0.0
 
 
@@ -236,6 +242,21 @@ class Agent:
                     "options": ["accept", "decline"],
                 }
             )
+        elif _ASK.search(text):
+            self.requests += 1
+            turn.approval_id = f"r{self.requests}"
+            turn.asking = True
+            self.out.write(
+                {
+                    "type": "approval_request",
+                    "requestId": turn.approval_id,
+                    "turnId": turn.turn_id,
+                    "kind": "question",
+                    "title": "Which colour do you like?",
+                    "detail": "Red: warm\nBlue: cool",
+                    "options": _QUESTION_OPTIONS,
+                }
+            )
         else:
             turn.pending.extend(_split(self._reply_for(text), self.options.chunks))
         self._maybe_finish()
@@ -250,10 +271,23 @@ class Agent:
         if turn is None or turn.approval_id is None or request_id != turn.approval_id:
             self.out.write({"type": "error", "message": f"unknown requestId {request_id}"})
             return
-        if decision not in ("accept", "decline", "cancel"):
+        allowed = [*_QUESTION_OPTIONS, "cancel"] if turn.asking else ["accept", "decline", "cancel"]
+        if decision not in allowed:
             self.out.write({"type": "error", "message": f"invalid decision {decision!r}"})
             return
         turn.approval_id = None
+        if turn.asking:
+            turn.asking = False
+            if decision == "cancel":
+                self._finish("interrupted")
+                return
+            answer = (
+                "You declined to answer." if decision == "decline" else f"You chose {decision}."
+            )
+            turn.pending[:0] = _split(answer, self.options.chunks)
+            turn.next_at = time.monotonic()
+            self._maybe_finish()
+            return
         self.out.write(
             {
                 "type": "tool_call",
