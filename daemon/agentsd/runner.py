@@ -42,6 +42,7 @@ from agentsd_protocol.errors import (
     AgentStartFailed,
     HandshakeTimeout,
     RpcError,
+    StorageUnavailable,
 )
 
 if TYPE_CHECKING:
@@ -60,6 +61,8 @@ class SessionTask:
     ready: trio.Event = attrs.field(factory=trio.Event)
     done: trio.Event = attrs.field(factory=trio.Event)
     start_error: RpcError | None = None
+    # Why the end of its agent could not be recorded (the lease stays held; Rule 2).
+    settle_error: RpcError | None = None
     stop_cause: ExitCause | None = None
     adapter: Adapter | None = None
     last_activity: float = attrs.field(factory=time.monotonic)
@@ -170,6 +173,7 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
                 settled = True
             except RpcError as exc:
                 log.error("session %s: could not record its agent's end: %s", session.id, exc)
+                task.settle_error = exc
         if not settled:
             # The child is gone (or unproven) but the store did not take the release:
             # the lease stays held durably, and the next start or close retries.
@@ -179,6 +183,10 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
                 message="the end of the agent could not be recorded; close to retry",
                 at=time.time(),
             )
+            if task.settle_error is None:
+                task.settle_error = StorageUnavailable(
+                    f"recording the end of the agent took over {SETTLE_TIMEOUT_S:g} s"
+                )
 
 
 def _process_spec(

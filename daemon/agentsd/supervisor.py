@@ -55,6 +55,7 @@ from agentsd_protocol.errors import (
     InvalidState,
     SessionNotFound,
     StaleFence,
+    StorageUnavailable,
     UnknownProvider,
 )
 
@@ -321,7 +322,8 @@ class Supervisor:
         """Stop the agent and wait until it is reaped and its lease settled.
 
         Returns whether an agent was running. Raises ``ExitUnproven`` when its exit
-        cannot be proven (the lease stays held; a later close retries).
+        cannot be proven, and ``StorageUnavailable`` when its end could not be
+        recorded (either way the lease stays held; a later close retries).
         """
         task = session.task
         if task is None:
@@ -331,6 +333,11 @@ class Supervisor:
             return False
         task.stop(cause)
         await task.done.wait()
+        if task.settle_error is not None:
+            raise StorageUnavailable(
+                f"the end of the agent of session {session.id} could not be recorded "
+                f"({task.settle_error.message}); close again to retry"
+            )
         if session.phase == "exit-unproven":
             raise ExitUnproven(
                 f"the agent of session {session.id} could not be proven gone; close again to retry"

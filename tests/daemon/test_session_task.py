@@ -28,7 +28,7 @@ from agentsd.sink import Sink
 from agentsd.store.journal import read_events
 from agentsd.store.writer import Store, open_store
 from agentsd.supervisor import Supervisor, open_supervisor
-from agentsd_protocol.errors import AgentExited, HandshakeTimeout
+from agentsd_protocol.errors import AgentExited, HandshakeTimeout, StorageUnavailable
 from tests.polling import eventually
 
 FAST_LADDER = LadderConfig(eof_grace_s=0.5, term_grace_s=0.5, kill_wait_s=1.0)
@@ -415,3 +415,41 @@ async def test_fencing_events_from_a_previous_child_are_not_journaled(
             ]
             assert events[-1][0] == head + 1
             await sup.close(session)
+
+
+async def test_a_close_whose_end_cannot_be_recorded_says_so_and_the_next_close_settles_it(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk at the release: the agent is reaped, the lease stays held, and
+    the client is told the storage failed (retryable), not that the exit is
+    unproven. The next close, with space back, releases it."""
+    original = records.lease_released
+
+    def full_disk(*args: Any, **kwargs: Any) -> Any:
+        raise StorageUnavailable("storage unavailable: disk full")
+
+    with trio.fail_after(60):
+        async with await _supervisor(store, tmp_path, make_config()) as sup:
+            session = await create(sup, tmp_path)
+            await sup.start(session)
+            assert session.lease is not None
+            token = session.lease.token
+            monkeypatch.setattr(records, "lease_released", full_disk)
+            with pytest.raises(StorageUnavailable) as refused:
+                await sup.close(session)
+            assert "could not be recorded" in refused.value.message
+            assert refused.value.retryable
+            assert token_carriers(token) == []  # reaped all the same
+            assert session.phase == "exit-unproven"  # the lease is still held
+            states = await store.read(
+                lambda conn: conn.execute(
+                    "SELECT state FROM leases WHERE session_id = ?", (session.id,)
+                ).fetchall()
+            )
+            assert [state for (state,) in states] == ["live"]
+
+            monkeypatch.setattr(records, "lease_released", original)
+            assert await sup.close(session) is False  # nothing ran; the lease is settled
+            assert session.info().phase == "stopped"
+            kinds = [k for _, k, _ in await journal(store, session.id)]
+            assert kinds.count("child.exited") == 1
