@@ -228,7 +228,6 @@ async def _handshake(
         fence=lease.fence,
         provider_handle=handle,
     )
-    session.row = attrs.evolve(session.row, provider_handle=handle)
     session.phase = "running"
     task.adapter = adapter
     task.touch()

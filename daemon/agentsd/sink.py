@@ -20,7 +20,6 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import trio
 
 from agentsd.feed import Delta
@@ -206,7 +205,6 @@ class Sink:
             fence=self._lease.fence,
             options=options,
         )
-        self._session.row = attrs.evolve(self._session.row, options=options)
 
 
 def _orphaned_approvals(session: Session, turn_id: Any) -> list[tuple[str, Any]]:

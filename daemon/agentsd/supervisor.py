@@ -183,12 +183,15 @@ class Supervisor:
         fence: int | None = None,
         **fields: Any,
     ) -> list[StoredEvent]:
-        """Journal ``events`` (and update session columns ``fields``) durably."""
+        """Journal ``events`` (and update session columns ``fields``) durably; the
+        session's in-memory row takes ``fields`` once they are committed."""
         fence = session.fence if fence is None else fence
         now = time.time()
         stored = await self.store.write(
             lambda conn: records.update_session(conn, session.id, fence, now, events, **fields)
         )
+        if fields:
+            session.row = attrs.evolve(session.row, **fields)
         self._after_commit(session, stored)
         return stored
 

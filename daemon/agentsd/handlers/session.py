@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
 from agentsd_protocol.api import conversation as capi
 from agentsd_protocol.api import session as api
 from agentsd_protocol.errors import InvalidParams
@@ -114,7 +112,6 @@ async def handle_set_options(call: Call, params: capi.SetOptionsParams) -> capi.
         fields["options"] = params.options
     if fields:
         await supervisor.append(session, [("session.updated", fields)], **fields)
-        session.row = attrs.evolve(session.row, **fields)
     return capi.SetOptionsResult(session=session.info())
 
 
