@@ -5,7 +5,6 @@ memory streams, reading the ``control_response`` it writes for the CLI."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -19,7 +18,7 @@ from agentsd.providers.claude_questions import (
     plan_approval,
     plan_response,
 )
-from agentsd_protocol.errors import StorageUnavailable
+from tests.recording_sink import RecordingSink
 
 COLOUR = {
     "question": "Which colour do you like?",
@@ -151,46 +150,6 @@ def test_a_plan_is_shown_whole_and_approved_or_declined() -> None:
 # ---- Permissions: the CLI's requests, answered over a link -----------------------------
 
 
-class RecordingSink:
-    """A ``SessionSink`` that keeps the approvals it records and withdraws; it fails
-    to record when ``fail`` is set."""
-
-    def __init__(self) -> None:
-        self.approvals: list[dict[str, Any]] = []
-        self.cancelled: list[str] = []
-        self.option_changes: list[dict[str, Any]] = []
-        self.fail = False
-
-    async def emit(self, kind: str, body: Mapping[str, Any]) -> int:
-        return 0
-
-    def delta(self, item_id: str, text: str) -> None:
-        pass
-
-    async def approval_requested(
-        self,
-        native_id: str,
-        kind: str,
-        title: str,
-        detail: str,
-        options: list[str],
-        *,
-        item_id: str | None = None,
-    ) -> str:
-        if self.fail:
-            raise StorageUnavailable("the disk is full")
-        self.approvals.append(
-            {"nativeId": native_id, "kind": kind, "title": title, "options": options}
-        )
-        return f"ap-{native_id}"
-
-    async def approval_cancelled(self, native_id: str) -> None:
-        self.cancelled.append(native_id)
-
-    async def options_changed(self, changes: Mapping[str, Any]) -> None:
-        self.option_changes.append(dict(changes))
-
-
 def ask_frame(request_id: str, tool_name: str, tool_input: dict[str, Any]) -> dict[str, Any]:
     return {
         "type": "control_request",
@@ -236,7 +195,7 @@ def permissions() -> tuple[Permissions, RecordingSink, CliSide]:
 async def test_questions_become_approvals_in_turn_and_their_answers_reach_the_cli() -> None:
     perms, sink, cli = permissions()
     await perms.on_request(ask_frame("r1", "AskUserQuestion", {"questions": [COLOUR, SECTIONS]}))
-    assert sink.approvals == [
+    assert sink.approval_fields("nativeId", "kind", "title", "options") == [
         {
             "nativeId": "r1",
             "kind": "question",
@@ -281,7 +240,7 @@ async def test_the_cli_withdrawing_a_question_cancels_the_one_asked_now() -> Non
 async def test_a_question_that_cannot_be_recorded_is_refused_at_once() -> None:
     perms, sink, cli = permissions()
     await perms.on_request(ask_frame("r1", "AskUserQuestion", {"questions": [COLOUR, SECTIONS]}))
-    sink.fail = True
+    sink.refuse_approvals = True
     await perms.answer("r1", "Red")  # the second question cannot be recorded
     response = await cli.answer("r1")
     assert response["behavior"] == "deny"
@@ -292,7 +251,7 @@ async def test_a_question_that_cannot_be_recorded_is_refused_at_once() -> None:
 async def test_exit_plan_mode_becomes_a_plan_approval() -> None:
     perms, sink, cli = permissions()
     await perms.on_request(ask_frame("p1", "ExitPlanMode", PLAN))
-    assert sink.approvals == [
+    assert sink.approval_fields("nativeId", "kind", "title", "options") == [
         {
             "nativeId": "p1",
             "kind": "plan",

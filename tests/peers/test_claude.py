@@ -20,7 +20,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -49,6 +49,7 @@ from tests.peers.fake_anthropic import (
     ToolUseReply,
     running_fake_anthropic,
 )
+from tests.recording_sink import RecordingSink
 
 TEST_TIMEOUT_S = 120.0  # a whole test; a turn takes about a second, the machine is shared
 TURN_TIMEOUT_S = 60.0  # one wait for an event of a turn
@@ -564,49 +565,17 @@ def test_exit_plan_mode_asks_to_approve_the_plan(
         assert convo.info()["options"] == {"permissionMode": mode}
 
 
-class ApprovalSink:
-    """A ``SessionSink`` that keeps the approvals it is asked to record."""
-
-    def __init__(self) -> None:
-        self.approvals: list[dict[str, Any]] = []
-
-    async def emit(self, kind: str, body: Mapping[str, Any]) -> int:
-        return 0
-
-    def delta(self, item_id: str, text: str) -> None:
-        pass
-
-    async def approval_requested(
-        self,
-        native_id: str,
-        kind: str,
-        title: str,
-        detail: str,
-        options: list[str],
-        *,
-        item_id: str | None = None,
-    ) -> str:
-        self.approvals.append({"nativeId": native_id, "itemId": item_id, "detail": detail})
-        return f"ap-{native_id}"
-
-    async def approval_cancelled(self, native_id: str) -> None:
-        pass
-
-    async def options_changed(self, changes: Mapping[str, Any]) -> None:
-        pass
-
-
 async def test_a_permission_request_names_the_tool_call_it_asks_about() -> None:
     """``can_use_tool`` carries the ``tool_use`` id of the call it gates: the
     approval names it as its item, so clients show one tool call."""
-    sink = ApprovalSink()
+    sink = RecordingSink()
     send, receive = trio.testing.memory_stream_one_way_pair()
     permissions = Permissions(LineLink(send, receive), sink)
     request = {"subtype": "can_use_tool", "tool_name": "Bash", "input": {"command": "ls"}}
     for request_id, extra in (("r1", {"tool_use_id": "toolu_1"}), ("r2", {})):
         frame = {"type": "control_request", "request_id": request_id}
         await permissions.on_request({**frame, "request": {**request, **extra}})
-    assert sink.approvals == [
+    assert sink.approval_fields("nativeId", "itemId", "detail") == [
         {"nativeId": "r1", "itemId": "toolu_1", "detail": "ls"},
         {"nativeId": "r2", "itemId": None, "detail": "ls"},
     ]

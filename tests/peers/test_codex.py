@@ -14,7 +14,7 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, ParamSpec
 
@@ -38,7 +38,6 @@ from agentsd_protocol.errors import (
     AgentUnsupported,
     HandshakeTimeout,
     InvalidParams,
-    StorageUnavailable,
 )
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
 from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
@@ -52,6 +51,7 @@ from tests.peers.fake_openai import (
     running_fake_openai,
     shell_call_outputs,
 )
+from tests.recording_sink import RecordingSink
 
 pytestmark = pytest.mark.skipif(
     find_program(CODEX) is None, reason="codex is not installed (the test extras ship it)"
@@ -530,58 +530,6 @@ def within_timeout(
             await test(*args, **kwargs)
 
     return bounded_test
-
-
-class RecordingSink:
-    """A ``SessionSink`` that keeps what it is told; ``refuse_approvals`` makes
-    recording an approval fail as a full disk would."""
-
-    def __init__(self, *, refuse_approvals: bool = False) -> None:
-        self.events: list[tuple[str, dict[str, Any]]] = []
-        self.deltas: list[tuple[str, str]] = []
-        self.approvals: list[dict[str, Any]] = []
-        self.cancelled: list[str] = []
-        self.refuse_approvals = refuse_approvals
-
-    async def emit(self, kind: str, body: Mapping[str, Any]) -> int:
-        self.events.append((kind, dict(body)))
-        return len(self.events)
-
-    def delta(self, item_id: str, text: str) -> None:
-        self.deltas.append((item_id, text))
-
-    async def approval_requested(
-        self,
-        native_id: str,
-        kind: str,
-        title: str,
-        detail: str,
-        options: list[str],
-        *,
-        item_id: str | None = None,
-    ) -> str:
-        if self.refuse_approvals:
-            raise StorageUnavailable("the disk is full")
-        self.approvals.append(
-            {
-                "nativeId": native_id,
-                "kind": kind,
-                "title": title,
-                "detail": detail,
-                "options": options,
-                "itemId": item_id,
-            }
-        )
-        return f"ap-{native_id}"
-
-    async def approval_cancelled(self, native_id: str) -> None:
-        self.cancelled.append(native_id)
-
-    async def options_changed(self, changes: Mapping[str, Any]) -> None:
-        pass
-
-    def kinds(self) -> list[str]:
-        return [kind for kind, _ in self.events]
 
 
 THREAD = "01a2284c-4ef1-7911-bbaa-09712bb015bf"
