@@ -16,13 +16,14 @@ stands, because its own rows are committed; only its replay is lost.
 
 Rule 4: entries expire after ``TTL_S``; past ``CAPACITY`` live entries new ids are
 refused with ``operation_ledger_full`` (the daemon keeps serving everything else).
+The count is the store's (``Store.operation_rows``, kept by its writer) plus the new
+ids still running; expired rows are purged only when that reaches the capacity.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -31,6 +32,8 @@ import attrs
 import msgspec
 import trio
 
+from agentsd.store.database import StoreConnection
+from agentsd.store.operations import lookup_operation, purge_operations, record_operation
 from agentsd.store.writer import Store
 from agentsd_protocol.errors import OperationConflict, OperationLedgerFull, StorageUnavailable
 
@@ -59,36 +62,13 @@ def fingerprint(method: str, params: msgspec.Struct) -> str:
     return hashlib.sha256(canonical).hexdigest()
 
 
-def _lookup(conn: sqlite3.Connection, op_id: str, now: float) -> tuple[str, str, bytes] | None:
-    row = conn.execute(
-        "SELECT method, fingerprint, result FROM operations WHERE op_id = ? AND expires_at > ?",
-        (op_id, now),
-    ).fetchone()
-    return None if row is None else (row[0], row[1], bytes(row[2]))
+def record(conn: StoreConnection, op: Operation, result: bytes, now: float) -> None:
+    record_operation(conn, op.op_id, op.method, op.fingerprint, result, now, now + TTL_S)
 
 
-def record(conn: sqlite3.Connection, op: Operation, result: bytes, now: float) -> None:
-    conn.execute(
-        "INSERT OR REPLACE INTO operations (op_id, method, fingerprint, result, created_at, expires_at) "
-        "VALUES (?, ?, ?, ?, ?, ?)",
-        (op.op_id, op.method, op.fingerprint, result, now, now + TTL_S),
-    )
-
-
-def record_provisional(conn: sqlite3.Connection, op: Operation, result: Any) -> None:
+def record_provisional(conn: StoreConnection, op: Operation, result: Any) -> None:
     """Record ``result`` for ``op`` inside the caller's own write (Rule 3)."""
     record(conn, op, _encoder.encode(result), time.time())
-
-
-def _count_live(conn: sqlite3.Connection, now: float) -> int:
-    return int(
-        conn.execute("SELECT COUNT(*) FROM operations WHERE expires_at > ?", (now,)).fetchone()[0]
-    )
-
-
-def _purge(conn: sqlite3.Connection, now: float) -> int:
-    conn.execute("DELETE FROM operations WHERE expires_at <= ?", (now,))
-    return _count_live(conn, now)
 
 
 class Ledger:
@@ -96,27 +76,28 @@ class Ledger:
         self._store = store
         self._capacity = capacity
         self._in_flight: dict[str, trio.Event] = {}
-        self._live: int | None = None
+        self._new_running = 0  # new ids whose mutation runs: not in the store's count yet
 
     async def run(
         self,
         op: Operation,
-        execute: Callable[[], Awaitable[Any]],
+        mutation: Callable[[], Awaitable[Any]],
         *,
         replay: bool = True,
     ) -> Any:
-        """Replay ``op``'s recorded result, or run ``execute`` and record its result.
+        """Replay ``op``'s recorded result, or run ``mutation`` and record its result.
 
         ``replay=False`` (``send`` with ``retryUnknown``) still checks the
-        fingerprint but always runs ``execute``.
+        fingerprint but always runs ``mutation``.
         """
         while (running := self._in_flight.get(op.op_id)) is not None:
             await running.wait()
         done = trio.Event()
         self._in_flight[op.op_id] = done
+        reserved = False
         try:
             now = time.time()
-            found = await self._store.read(lambda conn: _lookup(conn, op.op_id, now))
+            found = await self._store.read(lambda conn: lookup_operation(conn, op.op_id, now))
             if found is not None:
                 method, recorded_fingerprint, result = found
                 if method != op.method or recorded_fingerprint != op.fingerprint:
@@ -129,7 +110,8 @@ class Ledger:
                     return msgspec.Raw(result)
             else:
                 await self._reserve(now)
-            value = await execute()
+                reserved = True
+            value = await mutation()
             encoded = _encoder.encode(value)
             try:
                 await self._store.write(lambda conn: record(conn, op, encoded, time.time()))
@@ -138,31 +120,30 @@ class Ledger:
                 log.warning("operation %s done but not recorded: %s", op.op_id, exc.message)
             return value
         finally:
+            if reserved:
+                self._new_running -= 1
             del self._in_flight[op.op_id]
             done.set()
 
     async def recorded(self, op_id: str) -> bytes | None:
         """The recorded result of ``op_id``, if it has one that has not expired."""
         now = time.time()
-        found = await self._store.read(lambda conn: _lookup(conn, op_id, now))
+        found = await self._store.read(lambda conn: lookup_operation(conn, op_id, now))
         return None if found is None else found[2]
 
     async def _reserve(self, now: float) -> None:
-        """Count one more live entry, refusing past capacity.
+        """Count one more new id, refusing past capacity (Rule 4).
 
-        The counter is an upper bound, never an undercount: it grows on every new id,
-        and entries that expire or mutations that fail (and record nothing) leave it
-        high. That is safe: nothing is refused on the counter alone; at capacity it is
-        replaced by an exact count after purging expired entries.
+        The count is never an undercount: rows that expired still count until a
+        purge. At capacity the expired rows are purged first, and only a ledger full
+        of live entries refuses.
         """
-        if self._live is None:
-            self._live = await self._store.read(lambda conn: _count_live(conn, now))
-        if self._live >= self._capacity:
-            self._live = await self._store.write(lambda conn: _purge(conn, now))
-            if self._live >= self._capacity:
+        if self._store.operation_rows + self._new_running >= self._capacity:
+            await self._store.write(lambda conn: purge_operations(conn, now))
+            if self._store.operation_rows + self._new_running >= self._capacity:
                 raise OperationLedgerFull(
                     f"the operation ledger holds {self._capacity} live entries; "
                     "retry later or send without clientOperationId",
                     capacity=self._capacity,
                 )
-        self._live += 1
+        self._new_running += 1

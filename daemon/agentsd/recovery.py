@@ -14,12 +14,13 @@ from __future__ import annotations
 import logging
 import time
 
-from agentsd import records
 from agentsd.child import ChildIdentity, EndOutcome, Ladder, end_processes
 from agentsd.leases import ExitEvidence, Lease
 from agentsd.procfs import current_scanner
 from agentsd.runner import settle_events
 from agentsd.session import Session, derive_conversation
+from agentsd.store import leases as lease_rows
+from agentsd.store import sessions as session_rows
 from agentsd.store.writer import Store
 from agentsd_protocol.api.daemon import RecoveryReport
 
@@ -39,7 +40,7 @@ def _identity(lease: Lease) -> ChildIdentity:
 
 
 async def recover(store: Store, ladder: Ladder) -> RecoveryReport:
-    held = await store.read(records.load_held_leases)
+    held = await store.read(lease_rows.load_held_leases)
     if not held:
         return RecoveryReport(summary="nothing to recover")
     identities = [_identity(lease) for lease in held]
@@ -68,14 +69,14 @@ async def _keep_held(store: Store, lease: Lease) -> None:
     evidence = ExitEvidence(cause=CAUSE, proven=False, detail="still running after the ladder")
     events = [("child.exit-unproven", {"cause": CAUSE, "detail": evidence.detail})]
     now = time.time()
-    await store.write(lambda conn: records.lease_unproven(conn, lease, evidence, now, events))
+    await store.write(lambda conn: lease_rows.lease_unproven(conn, lease, evidence, now, events))
 
 
 async def _release(store: Store, lease: Lease, outcome: EndOutcome) -> None:
     """Settle the session's conversation and release the lease, in one commit."""
     session_id = lease.session_id
     convo = await store.read(lambda conn: derive_conversation(conn, session_id))
-    row = await store.read(lambda conn: records.load_session(conn, session_id))
+    row = await store.read(lambda conn: session_rows.load_session(conn, session_id))
     assert row is not None  # leases cascade with their session
     probe = Session(row=row, head_seq=row.head_seq, conversation=convo)
     detail = "ended at start-up" if outcome is EndOutcome.ENDED else "already gone"
@@ -85,5 +86,7 @@ async def _release(store: Store, lease: Lease, outcome: EndOutcome) -> None:
     events = [*settle_events(probe, CAUSE), ("child.exited", exited)]
     last_exit = {"cause": CAUSE, "returncode": None, "signal": None, "at": now}
     await store.write(
-        lambda conn: records.lease_released(conn, lease, evidence, now, events, last_exit=last_exit)
+        lambda conn: lease_rows.lease_released(
+            conn, lease, evidence, now, events, last_exit=last_exit
+        )
     )

@@ -28,13 +28,13 @@ import attrs
 import msgspec
 import trio
 
-from agentsd import records
 from agentsd.child import Child, ChildIdentity, ExitProof, open_child
 from agentsd.child import ChildSpec as ProcessSpec
 from agentsd.leases import ExitEvidence, Identity, Lease
 from agentsd.providers.base import Adapter, LineLink, Provider
 from agentsd.session import Session
 from agentsd.sink import Sink
+from agentsd.store import leases as lease_rows
 from agentsd_protocol.api.session import ChildInfo, ExitCause, ExitInfo, SessionError
 from agentsd_protocol.errors import (
     AgentExited,
@@ -123,7 +123,7 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
     # the lease is settled below even if a close arrived meanwhile.
     with trio.CancelScope(shield=True), trio.fail_after(SETTLE_TIMEOUT_S):
         lease, _ = await supervisor.write_events(
-            session, lambda conn: records.acquire_lease(conn, session.id, time.time())
+            session, lambda conn: lease_rows.acquire_lease(conn, session.id, time.time())
         )
     session.lease = lease
     session.row = attrs.evolve(session.row, fence=lease.fence)
@@ -141,7 +141,7 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
         async def on_spawned(identity: ChildIdentity) -> None:
             ident = Identity(pid=identity.pid, pgid=identity.pgid, start_time=identity.start_time)
             live, _ = await supervisor.write_events(
-                session, lambda conn: records.lease_live(conn, lease, ident, time.time())
+                session, lambda conn: lease_rows.lease_live(conn, lease, ident, time.time())
             )
             session.lease = live
             session.child = ChildInfo(
@@ -379,7 +379,7 @@ async def _settle(
         )
         released, _ = await supervisor.write_events(
             session,
-            lambda conn: records.lease_released(
+            lambda conn: lease_rows.lease_released(
                 conn,
                 current,
                 evidence,
@@ -399,7 +399,7 @@ async def _settle(
         )
         events = [("child.exit-unproven", {"cause": cause, "detail": evidence.detail})]
         held, _ = await supervisor.write_events(
-            session, lambda conn: records.lease_unproven(conn, current, evidence, now, events)
+            session, lambda conn: lease_rows.lease_unproven(conn, current, evidence, now, events)
         )
         session.lease = held
         session.phase = "exit-unproven"

@@ -19,8 +19,8 @@ import msgspec
 import trio
 
 from agentsd.leases import Lease
-from agentsd.records import SessionRow
-from agentsd.store.journal import read_events
+from agentsd.store.journal import last_seq_of_kind, read_events
+from agentsd.store.sessions import SessionRow
 from agentsd_protocol.api.session import (
     ChildInfo,
     ExitInfo,
@@ -164,12 +164,8 @@ class Session:
 def derive_conversation(conn: sqlite3.Connection, session_id: str) -> Conversation:
     """The conversation state since the session's last child exit, replayed from the
     journal (everything before that exit was settled by it)."""
-    row = conn.execute(
-        "SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = ? AND kind = 'child.exited'",
-        (session_id,),
-    ).fetchone()
     convo = Conversation()
-    after = int(row[0])
+    after = last_seq_of_kind(conn, session_id, "child.exited")
     while True:
         page, more = read_events(conn, session_id, after_seq=after, limit=1000, max_bytes=4 << 20)
         for event in page:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import sqlite3
 import stat
 import time
 import uuid
@@ -32,7 +31,6 @@ import attrs
 import msgspec
 import trio
 
-from agentsd import records
 from agentsd.child import ChildIdentity, EndOutcome, Ladder, end_processes
 from agentsd.config import Config
 from agentsd.feed import Feed
@@ -42,6 +40,9 @@ from agentsd.procfs import current_scanner
 from agentsd.providers.base import Provider
 from agentsd.runner import SessionTask, run_session, settle_events
 from agentsd.session import Session, derive_conversation
+from agentsd.store import leases as lease_rows
+from agentsd.store import sessions as session_rows
+from agentsd.store.database import StoreConnection
 from agentsd.store.journal import StoredEvent
 from agentsd.store.writer import Store
 from agentsd_protocol.api.daemon import SessionCounts
@@ -187,9 +188,16 @@ class Supervisor:
         session's in-memory row takes ``fields`` once they are committed."""
         fence = session.fence if fence is None else fence
         now = time.time()
-        stored = await self.store.write(
-            lambda conn: records.update_session(conn, session.id, fence, now, events, **fields)
-        )
+        if fields:
+            stored = await self.store.write(
+                lambda conn: session_rows.update_session(
+                    conn, session.id, fence, now, events, **fields
+                )
+            )
+        else:
+            stored = await self.store.append(
+                session.id, fence, session_rows.encode_events(events), now
+            )
         if fields:
             session.row = attrs.evolve(session.row, **fields)
         self._after_commit(session, stored)
@@ -240,11 +248,11 @@ class Supervisor:
 
     async def load(self) -> None:
         """Load every session (after recovery settled the previous daemon's leases)."""
-        rows = await self.store.read(records.load_sessions)
+        rows = await self.store.read(session_rows.load_sessions)
         for row in rows:
             convo = await self.store.read(functools.partial(derive_conversation, session_id=row.id))
             lease = await self.store.read(
-                functools.partial(records.latest_lease, session_id=row.id)
+                functools.partial(lease_rows.latest_lease, session_id=row.id)
             )
             session = Session(row=row, head_seq=row.head_seq, conversation=convo, lease=lease)
             if row.last_exit is not None:
@@ -272,7 +280,7 @@ class Supervisor:
         after a crash finds this session instead of creating another."""
         self.provider(provider)
         now = time.time()
-        row = records.SessionRow(
+        row = session_rows.SessionRow(
             id=uuid.uuid4().hex[:12],
             host_id=self.host_id,
             provider=provider,
@@ -288,8 +296,8 @@ class Supervisor:
         created = {"provider": provider, "cwd": cwd, "title": title}
         session = Session(row=row, head_seq=0)
 
-        def insert(conn: sqlite3.Connection) -> list[StoredEvent]:
-            stored = records.insert_session(conn, row, [("session.created", created)])
+        def insert(conn: StoreConnection) -> list[StoredEvent]:
+            stored = session_rows.insert_session(conn, row, [("session.created", created)])
             if operation is not None and provisional is not None:
                 info = attrs.evolve(session, head_seq=stored[-1].seq).info()
                 record_provisional(conn, operation, provisional(info))
@@ -354,7 +362,7 @@ class Supervisor:
             await self.close(session)
             if session.task is not None:
                 raise InvalidState(f"session {session.id} was started again while being deleted")
-            await self.store.write(lambda conn: records.delete_session(conn, session.id))
+            await self.store.write(lambda conn: session_rows.delete_session(conn, session.id))
         except BaseException:
             session.deleting = False
             raise
@@ -381,7 +389,7 @@ class Supervisor:
         now = time.time()
         events = [*settle_events(session, "requested"), ("child.exited", {"cause": "requested"})]
         released, _ = await self.write_events(
-            session, lambda conn: records.lease_released(conn, lease, evidence, now, events)
+            session, lambda conn: lease_rows.lease_released(conn, lease, evidence, now, events)
         )
         session.lease = released
         session.child = None

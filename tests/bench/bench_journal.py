@@ -1,16 +1,18 @@
 """Journal write throughput: what durability costs, and what group commit buys.
 
-1. Single-row durable commits: sequential ``await store.write(append one event)``
+1. Single-row durable commits: sequential ``await store.append(one event)``
    against the floor for any durable log on this disk, ``os.write`` + ``os.fsync``
    of one record per iteration, in the same directory. Goal: >= 0.9x. Also shown:
-   the same SQL run inline on a connection of its own, SQLite's share of the cost.
+   the same SQL run inline on a connection of its own (the writer's memory of
+   heads included), SQLite's share of the cost.
    The baselines on the store's file use the store's WAL checkpoint interval.
 2. Group-committed appends: ``APPENDERS`` concurrent tasks, each on its own
    session, appending one event per ``write``, then ten per ``write`` (a session
    task that coalesces a burst of frames). Goal: >= 50,000 events/s. Two baselines
-   in the same run: the same SQL without the store (one thread, the same
-   savepoint + append per event, ``APPENDERS`` events per commit over the same
-   sessions), which isolates what the writer task and its threads cost; and bare
+   in the same run: the same SQL without the store (one thread, the writer's work
+   for a batch of ``APPENDERS`` one-event appends over the same sessions: seqs
+   reserved in memory, one multi-row INSERT, one commit), which isolates what the
+   writer task and its threads cost; and bare
    SQLite (100 rows per commit in one ``executemany`` into a plain table), the
    ceiling for any per-row work on this machine at this moment.
 
@@ -32,8 +34,8 @@ from pathlib import Path
 import msgspec
 import trio
 
-from agentsd.store.database import WAL_AUTOCHECKPOINT_PAGES
-from agentsd.store.journal import append_events
+from agentsd.store.database import WAL_AUTOCHECKPOINT_PAGES, StoreConnection
+from agentsd.store.journal import Append, append_events, insert_rows
 from agentsd.store.writer import Store, open_store
 
 ROUNDS = 3
@@ -82,10 +84,10 @@ def _fsync_baseline(directory: Path) -> float:
 
 
 def _inline_single_commits(path: Path, session_id: str) -> float:
-    """Commits per second for the store's SQL for one event (transaction,
-    savepoint, append), run inline on a connection of its own: SQLite's share of a
-    single durable commit, without the writer task and its thread hops."""
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+    """Commits per second for the store's SQL for one event (transaction, append),
+    run inline on a connection of its own: SQLite's share of a single durable
+    commit, without the writer task and its thread hops."""
+    with closing(sqlite3.connect(path, isolation_level=None, factory=StoreConnection)) as conn:
         conn.execute("PRAGMA synchronous = FULL")
         # The store's checkpoint interval, so that only the store's own cost differs.
         conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES:d}")
@@ -94,10 +96,9 @@ def _inline_single_commits(path: Path, session_id: str) -> float:
         done = 0
         while done < SINGLE_COMMITS and time.perf_counter() < deadline:
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute("SAVEPOINT op")
             append_events(conn, session_id, 1, [("bench", BODY)], time.time())
-            conn.execute("RELEASE op")
             conn.execute("COMMIT")
+            conn.memory.commit()
             done += 1
         elapsed = time.perf_counter() - started
     return done / elapsed
@@ -126,9 +127,10 @@ def _sqlite_ceiling(directory: Path) -> float:
 
 
 def _same_sql_without_store(path: Path, sessions: list[str]) -> float:
-    """Events per second for the store's per-event SQL run inline in one thread:
-    one transaction per ``len(sessions)`` appends, one savepoint per append."""
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+    """Events per second for the writer's work on a batch of one-event appends, run
+    inline in one thread: one transaction per ``len(sessions)`` appends, their seqs
+    taken from memory and their rows inserted together."""
+    with closing(sqlite3.connect(path, isolation_level=None, factory=StoreConnection)) as conn:
         conn.execute("PRAGMA synchronous = FULL")
         # The store's checkpoint interval, so that only the store's own cost differs.
         conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES:d}")
@@ -137,11 +139,12 @@ def _same_sql_without_store(path: Path, sessions: list[str]) -> float:
         done = 0
         while done < BASELINE_ROWS and time.perf_counter() < deadline:
             conn.execute("BEGIN IMMEDIATE")
+            rows: list[object] = []
             for session_id in sessions:
-                conn.execute("SAVEPOINT op")
-                append_events(conn, session_id, 1, [("bench", BODY)], time.time())
-                conn.execute("RELEASE op")
+                Append(session_id, 1, [("bench", BODY)], time.time()).reserve(conn, rows)
+            insert_rows(conn, rows)
             conn.execute("COMMIT")
+            conn.memory.commit()
             done += len(sessions)
         elapsed = time.perf_counter() - started
     return done / elapsed
@@ -150,16 +153,13 @@ def _same_sql_without_store(path: Path, sessions: list[str]) -> float:
 async def _single_commits(
     store: Store, session_id: str, count: int, budget_s: float = SINGLE_BUDGET_S
 ) -> float:
-    """Events per second for one-event writes, each awaited before the next."""
-
-    def append_one(conn: sqlite3.Connection) -> None:
-        append_events(conn, session_id, 1, [("bench", BODY)], time.time())
-
+    """Events per second for one-event appends, each awaited before the next."""
+    items = [("bench", BODY)]
     started = time.perf_counter()
     deadline = started + budget_s
     done = 0
     while done < count and time.perf_counter() < deadline:
-        await store.write(append_one)
+        await store.append(session_id, 1, items, time.time())
         done += 1
     return done / (time.perf_counter() - started)
 
@@ -176,14 +176,10 @@ async def _group_commits(
 
     async def appender(session_id: str, deadline: float) -> None:
         nonlocal appended
-
-        def append_some(conn: sqlite3.Connection) -> None:
-            append_events(conn, session_id, 1, items, time.time())
-
         for _ in range(EVENTS_PER_APPENDER // per_write):
             if time.perf_counter() >= deadline:
                 return
-            await store.write(append_some)
+            await store.append(session_id, 1, items, time.time())
             appended += per_write
 
     started = time.perf_counter()
@@ -198,23 +194,28 @@ async def _run(directory: Path) -> None:
     path = directory / "agentsd.sqlite3"
     async with open_store(path) as store:
         sessions = [f"session-{i}" for i in range(APPENDERS)]
+        # The baselines' own sessions in the same file: the store's writer keeps its
+        # sessions' heads in memory, so nothing else may append to them.
+        inline_sessions = [f"inline-{i}" for i in range(APPENDERS)]
 
         def create_all(conn: sqlite3.Connection) -> None:
-            for session_id in sessions:
+            for session_id in sessions + inline_sessions:
                 _create_session(conn, session_id)
 
         await store.write(create_all)
         await _single_commits(store, sessions[0], WARMUP_COMMITS, budget_s=WARMUP_BUDGET_S)
 
         # The store is idle whenever a baseline runs, so a second connection may
-        # write to its file.
+        # write to its file (to sessions of its own).
         ours: list[float] = []
         floor: list[float] = []
         inline: list[float] = []
         for _ in range(ROUNDS):
             floor.append(await trio.to_thread.run_sync(_fsync_baseline, directory))
             ours.append(await _single_commits(store, sessions[0], SINGLE_COMMITS))
-            inline.append(await trio.to_thread.run_sync(_inline_single_commits, path, sessions[0]))
+            inline.append(
+                await trio.to_thread.run_sync(_inline_single_commits, path, inline_sessions[0])
+            )
         best_ours, best_floor, best_inline = max(ours), max(floor), max(inline)
         print(
             f"single-row durable commits: store {best_ours:,.0f}/s, "
@@ -226,7 +227,7 @@ async def _run(directory: Path) -> None:
 
         ceiling = await trio.to_thread.run_sync(_sqlite_ceiling, directory)
         print(f"bare SQLite, 100 rows per commit (executemany): {ceiling:,.0f} rows/s", flush=True)
-        same_sql = await trio.to_thread.run_sync(_same_sql_without_store, path, sessions)
+        same_sql = await trio.to_thread.run_sync(_same_sql_without_store, path, inline_sessions)
         print(
             f"same SQL without the store, {APPENDERS} appends per commit: {same_sql:,.0f} events/s",
             flush=True,

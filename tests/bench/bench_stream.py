@@ -30,6 +30,7 @@ from typing import Any
 
 import msgspec
 
+from agentsd.store.database import StoreConnection
 from agentsd.store.journal import append_events, read_events
 from tests.daemon_process import DaemonProcess, running_daemon
 
@@ -197,7 +198,9 @@ def bare_agent_s() -> float:
 def build_journal(daemon: DaemonProcess, session_id: str) -> None:
     """Append ``CATCH_UP_EVENTS`` events to a stopped daemon's session, as its
     journal would hold them (contiguous seqs, bodies like an agent message's)."""
-    conn = sqlite3.connect(daemon.state_dir / "agentsd.db", isolation_level=None)
+    conn = sqlite3.connect(
+        daemon.state_dir / "agentsd.db", isolation_level=None, factory=StoreConnection
+    )
     try:
         body = msgspec.json.encode(
             {"itemId": "t1-message", "turnId": "t1", "type": "agentMessage", "text": "x" * 64}

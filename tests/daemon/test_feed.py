@@ -24,9 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentsd import feed as feed_module
-from agentsd import records
 from agentsd.connection import Connection
 from agentsd.feed import Delta, Feed, Subscription
+from agentsd.store import sessions as session_rows
 from agentsd.store.journal import StoredEvent, append_events, read_events
 from agentsd.store.writer import Store, open_store
 from agentsd_protocol.api.stream import DeltaNotification, EventNotification, LaggedNotification
@@ -71,7 +71,7 @@ class Subscriber:
 
 async def _make_session(store: Store) -> None:
     now = time.time()
-    row = records.SessionRow(
+    row = session_rows.SessionRow(
         id=SESSION,
         host_id="h",
         provider="mock",
@@ -84,7 +84,7 @@ async def _make_session(store: Store) -> None:
         created_at=now,
         updated_at=now,
     )
-    await store.write(lambda conn: records.insert_session(conn, row, []))
+    await store.write(lambda conn: session_rows.insert_session(conn, row, []))
 
 
 class Journal:

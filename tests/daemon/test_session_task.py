@@ -17,7 +17,6 @@ import msgspec
 import pytest
 import trio
 
-from agentsd import records
 from agentsd.config import Config, LadderConfig, ProviderConfig
 from agentsd.procfs import is_same_process, scan_processes
 from agentsd.providers import provider_registry
@@ -25,6 +24,8 @@ from agentsd.providers.base import Submission
 from agentsd.runner import SessionTask
 from agentsd.session import Session
 from agentsd.sink import Sink
+from agentsd.store import leases as lease_rows
+from agentsd.store import sessions as session_rows
 from agentsd.store.journal import read_events
 from agentsd.store.writer import Store, open_store
 from agentsd.supervisor import Supervisor, open_supervisor
@@ -101,7 +102,7 @@ async def test_reap_before_release_under_cancellation_at_every_await_point(
     handshake, serving, closing). Whenever a lease is released, its child is already
     reaped and its process group is empty."""
     checked: list[tuple[bool, list[int]]] = []
-    original = records.lease_released
+    original = lease_rows.lease_released
 
     def checking_release(conn: Any, lease: Any, *args: Any, **kwargs: Any) -> Any:
         ident = lease.identity
@@ -111,7 +112,7 @@ async def test_reap_before_release_under_cancellation_at_every_await_point(
             checked.append((alive, group))
         return original(conn, lease, *args, **kwargs)
 
-    monkeypatch.setattr(records, "lease_released", checking_release)
+    monkeypatch.setattr(lease_rows, "lease_released", checking_release)
     with trio.fail_after(240):
         async with await _supervisor(store, tmp_path, make_config()) as sup:
             session = await create(sup, tmp_path)
@@ -158,7 +159,7 @@ async def test_fence_increments_durably_before_each_spawn(store: Store, tmp_path
             for _ in range(3):
                 await sup.start(session)
                 fences.append(session.fence)
-                row = await store.read(lambda conn: records.load_session(conn, session.id))
+                row = await store.read(lambda conn: session_rows.load_session(conn, session.id))
                 assert row is not None and row.fence == session.fence
                 await sup.close(session)
             assert fences == [1, 2, 3]
@@ -423,7 +424,7 @@ async def test_a_close_whose_end_cannot_be_recorded_says_so_and_the_next_close_s
     """A full disk at the release: the agent is reaped, the lease stays held, and
     the client is told the storage failed (retryable), not that the exit is
     unproven. The next close, with space back, releases it."""
-    original = records.lease_released
+    original = lease_rows.lease_released
 
     def full_disk(*args: Any, **kwargs: Any) -> Any:
         raise StorageUnavailable("storage unavailable: disk full")
@@ -434,7 +435,7 @@ async def test_a_close_whose_end_cannot_be_recorded_says_so_and_the_next_close_s
             await sup.start(session)
             assert session.lease is not None
             token = session.lease.token
-            monkeypatch.setattr(records, "lease_released", full_disk)
+            monkeypatch.setattr(lease_rows, "lease_released", full_disk)
             with pytest.raises(StorageUnavailable) as refused:
                 await sup.close(session)
             assert "could not be recorded" in refused.value.message
@@ -448,7 +449,7 @@ async def test_a_close_whose_end_cannot_be_recorded_says_so_and_the_next_close_s
             )
             assert [state for (state,) in states] == ["live"]
 
-            monkeypatch.setattr(records, "lease_released", original)
+            monkeypatch.setattr(lease_rows, "lease_released", original)
             assert await sup.close(session) is False  # nothing ran; the lease is settled
             assert session.info().phase == "stopped"
             kinds = [k for _, k, _ in await journal(store, session.id)]

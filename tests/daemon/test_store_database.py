@@ -13,6 +13,7 @@ import pytest
 
 from agentsd.store import database
 from agentsd.store.database import SCHEMA_VERSION, SchemaTooNew, open_database
+from agentsd.store.sessions import load_sessions
 
 EXPECTED_COLUMNS = {
     "sessions": [
@@ -28,7 +29,6 @@ EXPECTED_COLUMNS = {
         "created_at",
         "updated_at",
         "fence",
-        "head_seq",
         "last_exit",
         "error",
     ],
@@ -84,9 +84,9 @@ def _insert_session(conn: sqlite3.Connection, session_id: str = "s1") -> None:
     )
 
 
-def test_open_creates_directory_file_and_schema_v1(db_path: Path) -> None:
+def test_open_creates_directory_file_and_schema_v2(db_path: Path) -> None:
     with closing(open_database(db_path)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 1
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
         for table, columns in EXPECTED_COLUMNS.items():
             found = [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
             assert found == columns, table
@@ -147,26 +147,26 @@ def test_migrations_run_in_order_each_in_one_transaction(
 ) -> None:
     applied: list[int] = []
 
-    def v1_to_v2(conn: sqlite3.Connection) -> None:
-        applied.append(1)
+    def v2_to_v3(conn: sqlite3.Connection) -> None:
+        applied.append(2)
         assert conn.in_transaction
         conn.execute("ALTER TABLE sessions ADD COLUMN extra TEXT")
 
-    def v2_to_v3(conn: sqlite3.Connection) -> None:
-        applied.append(2)
+    def v3_to_v4(conn: sqlite3.Connection) -> None:
+        applied.append(3)
         conn.execute("CREATE TABLE half_done (x)")
         raise RuntimeError("migration bug")
 
     with closing(open_database(db_path)):
         pass
-    monkeypatch.setattr(database, "MIGRATIONS", (*database.MIGRATIONS, v1_to_v2, v2_to_v3))
-    monkeypatch.setattr(database, "SCHEMA_VERSION", 3)
+    monkeypatch.setattr(database, "MIGRATIONS", (*database.MIGRATIONS, v2_to_v3, v3_to_v4))
+    monkeypatch.setattr(database, "SCHEMA_VERSION", 4)
     with pytest.raises(RuntimeError, match="migration bug"):
         open_database(db_path)
-    assert applied == [1, 2]
+    assert applied == [2, 3]
     with closing(sqlite3.connect(db_path)) as check:
-        # v2 committed with its version bump; the failed v3 left nothing behind.
-        assert check.execute("PRAGMA user_version").fetchone()[0] == 2
+        # v3 committed with its version bump; the failed v4 left nothing behind.
+        assert check.execute("PRAGMA user_version").fetchone()[0] == 3
         columns = [row[1] for row in check.execute("PRAGMA table_info(sessions)")]
         assert columns[-1] == "extra"
         tables = {row[0] for row in check.execute("SELECT name FROM sqlite_master")}
@@ -250,3 +250,26 @@ def test_foreign_keys_cascade_and_lease_state_is_checked(opened: sqlite3.Connect
     opened.execute("DELETE FROM sessions WHERE id = 's1'")
     assert opened.execute("SELECT count(*) FROM leases").fetchone()[0] == 0
     assert opened.execute("SELECT count(*) FROM events").fetchone()[0] == 0
+
+
+def test_a_v1_database_keeps_its_heads_and_activity_after_dropping_head_seq(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Version 1 kept head_seq and updated_at current on every append; version 2
+    derives both from the journal, so a file written by version 1 reads the same."""
+    with monkeypatch.context() as v1:
+        v1.setattr(database, "MIGRATIONS", database.MIGRATIONS[:1])
+        v1.setattr(database, "SCHEMA_VERSION", 1)
+        with closing(open_database(db_path)) as conn:
+            _insert_session(conn, "s1")
+            _insert_session(conn, "s2")
+            conn.executemany(
+                "INSERT INTO events (session_id, seq, ts, fence, kind, body) VALUES (?,?,?,0,'k',x'7b7d')",
+                [("s1", 1, 5.0), ("s1", 2, 7.0)],
+            )
+            conn.execute("UPDATE sessions SET head_seq = 2, updated_at = 7.0 WHERE id = 's1'")
+    with closing(open_database(db_path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        rows = {row.id: (row.head_seq, row.updated_at) for row in load_sessions(conn)}
+        assert rows == {"s1": (2, 7.0), "s2": (0, 0.0)}
+        assert conn.memory.head(conn, "s1") == 2

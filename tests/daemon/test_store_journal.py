@@ -14,7 +14,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentsd.store.database import open_database
+from agentsd.store.database import StoreConnection, open_database
 from agentsd.store.journal import (
     StoredEvent,
     UnknownSession,
@@ -47,7 +47,7 @@ def all_events(conn: sqlite3.Connection, session_id: str) -> list[StoredEvent]:
 
 def head_seq(conn: sqlite3.Connection, session_id: str) -> int:
     value: int = conn.execute(
-        "SELECT head_seq FROM sessions WHERE id = ?", (session_id,)
+        "SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = ?", (session_id,)
     ).fetchone()[0]
     return value
 
@@ -82,7 +82,7 @@ async def test_concurrent_appends_keep_seqs_contiguous(
             async def append(index: int, session: int, count: int, fail: bool) -> None:
                 items = [("test.event", body({"op": index, "n": n})) for n in range(count)]
 
-                def op(conn: sqlite3.Connection) -> list[StoredEvent]:
+                def op(conn: StoreConnection) -> list[StoredEvent]:
                     events = append_events(conn, sessions[session], 1, items, ts=float(index))
                     if fail:
                         raise Rollback
@@ -114,7 +114,7 @@ async def test_concurrent_appends_keep_seqs_contiguous(
 
 
 async def test_rolled_back_append_leaves_no_gap(tmp_path: Path) -> None:
-    def append_then_fail(conn: sqlite3.Connection) -> None:
+    def append_then_fail(conn: StoreConnection) -> None:
         append_events(conn, "s", 1, [("a", b"{}"), ("b", b"{}")], ts=1.0)
         raise Rollback
 
@@ -139,7 +139,7 @@ async def test_append_to_unknown_session_raises(tmp_path: Path) -> None:
             for items in ([("a", b"{}")], []):
 
                 def op(
-                    conn: sqlite3.Connection, items: list[tuple[str, bytes]] = items
+                    conn: StoreConnection, items: list[tuple[str, bytes]] = items
                 ) -> list[StoredEvent]:
                     return append_events(conn, "ghost", 1, items, 0.0)
 
@@ -150,29 +150,29 @@ async def test_append_to_unknown_session_raises(tmp_path: Path) -> None:
                 assert str(caught.value) == "unknown session 'ghost'"
 
 
-def test_append_sets_head_and_updated_at(conn: sqlite3.Connection) -> None:
+def test_append_returns_the_events_with_their_seqs(conn: StoreConnection) -> None:
     events = append_events(conn, "s", 3, [("a", b"1"), ("b", b"22")], ts=42.5)
     assert events == [
         StoredEvent("s", 1, 42.5, 3, "a", b"1"),
         StoredEvent("s", 2, 42.5, 3, "b", b"22"),
     ]
-    assert conn.execute("SELECT head_seq, updated_at FROM sessions").fetchone() == (2, 42.5)
     assert append_events(conn, "s", 3, [], ts=50.0) == []
-    assert conn.execute("SELECT head_seq, updated_at FROM sessions").fetchone() == (2, 42.5)
+    assert all_events(conn, "s") == events
+    assert head_seq(conn, "s") == conn.memory.head(conn, "s") == 2
 
 
 # Paging, on a session with ten events whose bodies are 10, 20, ..., 100 bytes.
 
 
 @pytest.fixture
-def conn(tmp_path: Path) -> Iterator[sqlite3.Connection]:
+def conn(tmp_path: Path) -> Iterator[StoreConnection]:
     with closing(open_database(tmp_path / "db.sqlite3")) as conn:
         create_session(conn, "s")
         yield conn
 
 
 @pytest.fixture
-def ten(conn: sqlite3.Connection) -> sqlite3.Connection:
+def ten(conn: StoreConnection) -> StoreConnection:
     append_events(conn, "s", 1, [("k", b"x" * (10 * n)) for n in range(1, 11)], ts=0.0)
     return conn
 

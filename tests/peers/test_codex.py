@@ -29,7 +29,7 @@ from agentsd.providers.codex import CodexAdapter
 from agentsd.providers.codex_events import MAX_OUTPUT_BYTES, error_kind, item_body
 from agentsd.providers.codex_options import CodexOptions, parse_options, parse_version
 from agentsd.providers.programs import CODEX, find_program
-from agentsd.records import SessionRow
+from agentsd.store.sessions import SessionRow
 from agentsd_protocol.errors import (
     AgentExited,
     AgentNotFound,

@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from agentsd import records
 from agentsd.operations import record_provisional
 from agentsd.providers.base import Dispatch, Submission
 from agentsd.session import Session
-from agentsd.store.journal import StoredEvent
+from agentsd.store import sessions as session_rows
+from agentsd.store.database import StoreConnection
+from agentsd.store.journal import StoredEvent, bodies_of_kind
 from agentsd_protocol.api import conversation as api
 from agentsd_protocol.errors import (
     AlreadyResolved,
@@ -101,8 +102,8 @@ async def handle_send(call: Call, params: api.SendParams) -> api.SendResult:
     if operation is not None:
         body["operationId"] = operation.op_id
 
-    def write(conn: sqlite3.Connection) -> tuple[None, list[StoredEvent]]:
-        stored = records.update_session(
+    def write(conn: StoreConnection) -> tuple[None, list[StoredEvent]]:
+        stored = session_rows.update_session(
             conn, session.id, session.fence, time.time(), [("submission", body)]
         )
         if operation is not None:
@@ -144,12 +145,7 @@ async def _retry_unknown(call: Call, session: Session, params: api.SendParams) -
 def _dispatch_outcome(conn: sqlite3.Connection, session_id: str, cmid: str) -> str:
     """The durable outcome of a submission: the last ``submission.dispatched`` for it;
     ``unknown`` when none was journaled (the daemon died before it could be)."""
-    rows = conn.execute(
-        "SELECT body FROM events WHERE session_id = ? AND kind = 'submission.dispatched' "
-        "ORDER BY seq DESC",
-        (session_id,),
-    )
-    for (raw,) in rows:
+    for raw in bodies_of_kind(conn, session_id, "submission.dispatched"):
         body = msgspec.json.decode(raw)
         if body.get("clientMessageId") == cmid:
             return str(body.get("outcome", "unknown"))
@@ -225,12 +221,7 @@ async def handle_respond(call: Call, params: api.RespondParams) -> api.RespondRe
 def _find_resolution(
     conn: sqlite3.Connection, session_id: str, approval_id: str
 ) -> dict[str, Any] | None:
-    rows = conn.execute(
-        "SELECT body FROM events WHERE session_id = ? AND kind = 'approval.resolved' "
-        "ORDER BY seq DESC",
-        (session_id,),
-    )
-    for (raw,) in rows:
+    for raw in bodies_of_kind(conn, session_id, "approval.resolved"):
         body: dict[str, Any] = msgspec.json.decode(raw)
         if body.get("approvalId") == approval_id:
             return body

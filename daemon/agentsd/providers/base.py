@@ -26,7 +26,7 @@ import attrs
 import msgspec
 import trio
 
-from agentsd.records import SessionRow
+from agentsd.store.sessions import SessionRow
 from agentsd_protocol.errors import AgentProtocolError
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a tool result can be big; a line past this is broken

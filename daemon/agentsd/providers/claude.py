@@ -35,7 +35,7 @@ import attrs
 from agentsd.providers.base import Adapter, LaunchSpec, LineLink, Provider, SessionSink
 from agentsd.providers.claude_adapter import ClaudeAdapter
 from agentsd.providers.programs import CLAUDE, find_program
-from agentsd.records import SessionRow
+from agentsd.store.sessions import SessionRow
 from agentsd_protocol.errors import AgentNotFound, AgentStartFailed, InvalidParams
 
 PROTOCOL_FLAGS = (

@@ -63,7 +63,7 @@ from agentsd.providers.codex_events import (
 from agentsd.providers.codex_options import MIN_VERSION, parse_options, parse_version
 from agentsd.providers.codex_rpc import Call, Garbage, RpcPeer, clip, error_message
 from agentsd.providers.programs import CODEX, find_program
-from agentsd.records import SessionRow
+from agentsd.store.sessions import SessionRow
 from agentsd_protocol.errors import (
     AgentExited,
     AgentNotFound,

@@ -20,7 +20,7 @@ from agentsd.providers.base import (
     SessionSink,
     Submission,
 )
-from agentsd.records import SessionRow
+from agentsd.store.sessions import SessionRow
 from agentsd_protocol.errors import AgentExited, AgentProtocolError
 
 ACK_TIMEOUT_S = 10.0  # the mock acks at once; past this the dispatch is unknown

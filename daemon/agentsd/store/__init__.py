@@ -1,6 +1,8 @@
-"""The durable store: SQLite schema and migrations (``database``), the
-group-committing writer (``writer``, with its thread in ``handoff`` and its error
-translation in ``failures``) and the event journal (``journal``)."""
+"""The durable store, and all of the daemon's SQL: schema and migrations
+(``database``), the group-committing writer (``writer``, with its thread in
+``handoff``, its error translation in ``failures`` and what it keeps in memory in
+``memory``), the event journal (``journal``), and the rows of sessions
+(``sessions``), leases (``leases``) and the idempotency ledger (``operations``)."""
 
 from agentsd.store.database import SCHEMA_VERSION, SchemaTooNew, open_database
 from agentsd.store.journal import (

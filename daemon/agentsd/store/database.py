@@ -11,6 +11,11 @@ leaves the file at the last complete version.
 Rule 3: every connection this module returns runs in autocommit mode
 (``isolation_level=None``): transactions are opened explicitly by the caller (the
 store's writer), never implicitly by the ``sqlite3`` module.
+
+Rule 4: every connection this module returns is a ``StoreConnection``, which carries
+its writer's memory (``memory``). The store's functions keep that memory in step with
+the tables, so events, sessions and ledger entries are written only through them and
+only through that one connection (one daemon per state directory).
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ import sqlite3
 import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
+
+from agentsd.store.memory import WriterMemory
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
@@ -28,6 +36,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "WAL_AUTOCHECKPOINT_PAGES",
     "SchemaTooNew",
+    "StoreConnection",
     "open_database",
 ]
 
@@ -63,6 +72,14 @@ class SchemaTooNew(Exception):
         self.found = found
         self.supported = supported
         self.path = Path(path)
+
+
+class StoreConnection(sqlite3.Connection):
+    """A connection with the memory its writer keeps (``memory`` Rule 2)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.memory = WriterMemory()
 
 
 def _migrate_0_to_1(conn: sqlite3.Connection) -> None:
@@ -137,11 +154,20 @@ def _migrate_0_to_1(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
+    # The writer keeps each session's head seq in memory and reads it from the
+    # events' primary key when it first needs it, so appends no longer update the
+    # session row (a second page in every commit). A column nobody keeps current
+    # would only mislead: it goes. ``updated_at`` stays, for the record's own
+    # changes; a session's latest activity is that or its last event's ts.
+    conn.execute("ALTER TABLE sessions DROP COLUMN head_seq")
+
+
 # MIGRATIONS[n] takes a database from version n to n + 1. Append only: a released
 # migration is never edited, because files in the field already ran it.
-MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (_migrate_0_to_1,)
+MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (_migrate_0_to_1, _migrate_1_to_2)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def _ro_uri(path: Path, *, immutable: bool) -> str:
@@ -192,13 +218,14 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
             raise
 
 
-def open_database(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
+def open_database(path: Path, *, readonly: bool = False) -> StoreConnection:
     """Open (creating and migrating if needed) the database at ``path``.
 
     Read-write: creates the parent directory (mode 0700) and the file (mode 0600,
     which SQLite copies to ``-wal``/``-shm``), switches to WAL with
     ``synchronous=FULL`` and checkpoints every ``WAL_AUTOCHECKPOINT_PAGES``, enables
-    foreign keys and applies pending migrations.
+    foreign keys, applies pending migrations and counts the ledger's rows into the
+    connection's memory.
 
     ``readonly=True`` opens with ``mode=ro``: it never creates, migrates or writes,
     so it expects a file already migrated by a read-write open.
@@ -225,6 +252,7 @@ def open_database(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
             timeout=timeout_s,
             isolation_level=None,
             check_same_thread=False,
+            factory=StoreConnection,
         )
     else:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -233,7 +261,11 @@ def open_database(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
         with contextlib.suppress(FileExistsError):
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         conn = sqlite3.connect(
-            path, timeout=timeout_s, isolation_level=None, check_same_thread=False
+            path,
+            timeout=timeout_s,
+            isolation_level=None,
+            check_same_thread=False,
+            factory=StoreConnection,
         )
     try:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS:d}")
@@ -245,6 +277,7 @@ def open_database(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES:d}")
             _migrate(conn, path)
+            conn.memory.load_operation_rows(conn)
     except BaseException:
         conn.close()
         raise

@@ -9,7 +9,6 @@ batch (``writer`` Rule 1).
 from __future__ import annotations
 
 import queue
-import sqlite3
 import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -17,6 +16,8 @@ from typing import Any, Generic, TypeVar
 import attrs
 import outcome
 import trio
+
+from agentsd.store.database import StoreConnection
 
 __all__ = ["Request", "WriterThread"]
 
@@ -29,7 +30,7 @@ class Request(Generic[T]):
     calls ``finish`` after the batch's transaction ended, which wakes the caller
     if it still waits (``task``; None once it was cancelled)."""
 
-    op: Callable[[sqlite3.Connection], T]
+    op: Callable[[StoreConnection], T]
     ok: bool = False
     value: T | None = None
     error: BaseException | None = None

@@ -1,14 +1,17 @@
 """The event journal: append-only, contiguous seq per session.
 
-Rule 1: seq is assigned inside the writing transaction by bumping
-``sessions.head_seq``. A rolled-back savepoint rolls the bump back with the rows, so
-seqs never have gaps and never repeat: the events of a session are exactly
-``1..head_seq``.
+Rule 1: seqs come from the writer's memory of each session's head
+(``memory.WriterMemory``), reserved inside the writing transaction and undone with
+it, so seqs never have gaps and never repeat: the events of a session are exactly
+``1..head``, and the head is ``MAX(seq)``.
 
 Rule 2: ordering is by seq, never by time; ``ts`` is informational.
 
 Rule 3: the functions here are synchronous and take a connection: they run inside
-``Store.write`` (appends) or ``Store.read`` (pages), which own the transaction.
+``Store.write`` (appends) or ``Store.read`` (pages and queries), which own the
+transaction. ``Append`` is the one op the writer recognises: it reserves its seqs
+when its turn comes and leaves its rows for the writer to insert together with the
+rows of the appends around it (``writer`` Rule 1).
 """
 
 from __future__ import annotations
@@ -20,30 +23,33 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import attrs
+import msgspec
+
+from agentsd.store.database import StoreConnection
+from agentsd.store.memory import UnknownSession
 
 __all__ = [
+    "Append",
     "StoredEvent",
     "UnknownSession",
     "append_events",
+    "bodies_of_kind",
     "bounded_payload",
+    "insert_rows",
+    "last_seq_of_kind",
     "read_events",
 ]
 
 
-class UnknownSession(KeyError):
-    """No session row with this id exists."""
+class StoredEvent(msgspec.Struct, frozen=True, gc=False):
+    """One journaled event; ``body`` is its JSON encoding.
 
-    def __init__(self, session_id: str) -> None:
-        super().__init__(session_id)
-        self.session_id = session_id
-
-    def __str__(self) -> str:
-        return f"unknown session {self.session_id!r}"
-
-
-@attrs.frozen
-class StoredEvent:
-    """One journaled event; ``body`` is its JSON encoding."""
+    A frozen value like the attrs classes elsewhere, but a msgspec Struct: one is
+    built for every event appended or read, and a Struct is built in C (about a
+    tenth of a frozen attrs instance's cost, which set each field through
+    ``object.__setattr__``). Its fields are immutable scalars, so it holds no
+    reference cycle and the garbage collector need not track it (``gc=False``).
+    """
 
     session_id: str
     seq: int
@@ -53,11 +59,11 @@ class StoredEvent:
     body: bytes
 
 
-# Rows per INSERT statement, at most. An append runs one multi-row INSERT per chunk
-# (64s, then the powers of two that make up the rest: 8 + 2 for ten events), which
-# costs SQLite and the sqlite3 module far less than a statement step per row, and
-# needs at most 7 distinct statements in the connection's statement cache. 64 rows
-# bind 384 parameters, below SQLite's smallest limit (999 before 3.32).
+# Rows per INSERT statement, at most. Rows are inserted with one multi-row INSERT
+# per chunk (64s, then the powers of two that make up the rest: 8 + 2 for ten
+# events), which costs SQLite and the sqlite3 module far less than a statement step
+# per row, and needs at most 7 distinct statements in the connection's statement
+# cache. 64 rows bind 384 parameters, below SQLite's smallest limit (999 before 3.32).
 MAX_INSERT_ROWS = 64
 
 _EVENT_COLUMNS = 6  # session_id, seq, ts, fence, kind, body
@@ -83,48 +89,64 @@ def _chunk_sizes(count: int) -> Iterator[int]:
         size //= 2
 
 
+def insert_rows(conn: sqlite3.Connection, params: list[object]) -> None:
+    """Insert event rows given as one flat list of column values, six per row, whose
+    seqs were reserved (``Append.reserve``)."""
+    start = 0
+    for rows_in_chunk in _chunk_sizes(len(params) // _EVENT_COLUMNS):
+        end = start + rows_in_chunk * _EVENT_COLUMNS
+        conn.execute(_insert_events_sql(rows_in_chunk), params[start:end])
+        start = end
+
+
+@attrs.frozen
+class Append:
+    """Append ``items`` (kind, encoded body) to a session's journal, as one op.
+
+    Called as an op (``op(conn)``) it inserts its rows at once; the writer instead
+    calls ``reserve`` and inserts the rows of consecutive appends in one go.
+    """
+
+    session_id: str
+    fence: int
+    items: Sequence[tuple[str, bytes]]
+    ts: float
+
+    def reserve(self, conn: StoreConnection, params: list[object]) -> list[StoredEvent]:
+        """Take the next seqs and add the rows to ``params`` (flat, as ``insert_rows``
+        takes them). Raises ``UnknownSession``, having reserved nothing."""
+        session_id, fence, ts = self.session_id, self.fence, self.ts
+        if not self.items:
+            conn.memory.head(conn, session_id)
+            return []
+        first_seq = conn.memory.advance(conn, session_id, len(self.items))
+        events: list[StoredEvent] = []
+        for seq, (kind, body) in enumerate(self.items, first_seq):
+            events.append(StoredEvent(session_id, seq, ts, fence, kind, body))
+            params += (session_id, seq, ts, fence, kind, body)
+        return events
+
+    def __call__(self, conn: StoreConnection) -> list[StoredEvent]:
+        params: list[object] = []
+        events = self.reserve(conn, params)
+        insert_rows(conn, params)
+        return events
+
+
 def append_events(
-    conn: sqlite3.Connection,
+    conn: StoreConnection,
     session_id: str,
     fence: int,
     items: Sequence[tuple[str, bytes]],
     ts: float,
 ) -> list[StoredEvent]:
-    """Append ``items`` (kind, JSON body) to the session's journal with consecutive
-    seqs, in order, and bump the session's ``head_seq`` and ``updated_at``.
+    """Append events to a session's journal; returns them with their seqs.
 
     Must run inside a transaction (``Store.write``) so the seq reservation and the
     rows commit or roll back together. Raises ``UnknownSession`` if the session row
     does not exist. An empty ``items`` writes nothing.
     """
-    if not items:
-        if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
-            raise UnknownSession(session_id)
-        return []
-    count = len(items)
-    # UPDATE then SELECT, not UPDATE ... RETURNING: SQLite materializes RETURNING
-    # rows in a temporary table, which costs more than the second statement. A
-    # missing session updates nothing and selects nothing. fetchall() steps the
-    # SELECT to its end, so it is not left in progress.
-    conn.execute(
-        "UPDATE sessions SET head_seq = head_seq + ?, updated_at = ? WHERE id = ?",
-        (count, ts, session_id),
-    )
-    rows = conn.execute("SELECT head_seq FROM sessions WHERE id = ?", (session_id,)).fetchall()
-    if not rows:
-        raise UnknownSession(session_id)
-    first_seq = rows[0][0] - count + 1
-    events: list[StoredEvent] = []
-    params: list[object] = []
-    for seq, (kind, body) in enumerate(items, first_seq):
-        events.append(StoredEvent(session_id, seq, ts, fence, kind, body))
-        params += (session_id, seq, ts, fence, kind, body)
-    start = 0
-    for rows_in_chunk in _chunk_sizes(count):
-        end = start + rows_in_chunk * _EVENT_COLUMNS
-        conn.execute(_insert_events_sql(rows_in_chunk), params[start:end])
-        start = end
-    return events
+    return Append(session_id, fence, items, ts)(conn)
 
 
 def read_events(
@@ -171,16 +193,19 @@ def read_events(
     # bodies past the byte bound are never loaded.
     cursor = conn.execute(query, (session_id, bound, limit + 1))
     page: list[StoredEvent] = []
-    used = 0
+    append = page.append
+    budget = max_bytes
     more = False
     try:
         for seq, ts, fence, kind, body in cursor:
-            body = bytes(body)
-            if len(page) == limit or (page and used + len(body) > max_bytes):
+            budget -= len(body)
+            if budget < 0 and page:
                 more = True
                 break
-            page.append(StoredEvent(session_id, seq, ts, fence, kind, body))
-            used += len(body)
+            if len(page) == limit:
+                more = True
+                break
+            append(StoredEvent(session_id, seq, ts, fence, kind, body))
     finally:
         # Reset the statement now rather than when the cursor is collected: an
         # unfinished statement would hold the read transaction's snapshot busy.
@@ -188,6 +213,29 @@ def read_events(
     if before_seq is not None:
         page.reverse()
     return page, more
+
+
+def last_seq_of_kind(conn: sqlite3.Connection, session_id: str, kind: str) -> int:
+    """The seq of the session's last event of ``kind``; 0 when it has none."""
+    row = conn.execute(
+        "SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = ? AND kind = ?",
+        (session_id, kind),
+    ).fetchone()
+    return int(row[0])
+
+
+def bodies_of_kind(conn: sqlite3.Connection, session_id: str, kind: str) -> Iterator[bytes]:
+    """The bodies of the session's events of ``kind``, newest first. Runs inside the
+    caller's ``Store.read``: consume it there."""
+    cursor = conn.execute(
+        "SELECT body FROM events WHERE session_id = ? AND kind = ? ORDER BY seq DESC",
+        (session_id, kind),
+    )
+    try:
+        for (body,) in cursor:
+            yield bytes(body)
+    finally:
+        cursor.close()
 
 
 def _utf8_head(data: bytes, max_bytes: int) -> bytes:

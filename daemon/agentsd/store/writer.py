@@ -1,10 +1,15 @@
 """The store: one writer task that group-commits, and a serialized reader.
 
-Rule 1: every write goes through ``Store.write``; one writer task cuts the queue into
-batches and hands each to one long-lived writer thread (``handoff``), which owns the
-write connection and runs the batch in one transaction, one savepoint per op (a batch
-of one op needs none: the transaction is its savepoint). Many small appends therefore
-cost one fsync, and a batch costs one thread handoff and one trio wakeup.
+Rule 1: every write goes through ``Store.write`` (or ``Store.append``); one writer
+task cuts the queue into batches and hands each to one long-lived writer thread
+(``handoff``), which owns the write connection and runs the batch in one
+transaction, one savepoint per op (a batch of one op needs none: the transaction is
+its savepoint). Appends (``journal.Append``) need no savepoint either: they take
+their seqs from the writer's memory (``memory``), which fails before anything was
+written or not at all, and the rows of consecutive appends are inserted together,
+before the next other op or the COMMIT. Many small appends therefore cost one fsync
+and a few multi-row INSERTs, and a batch costs one thread handoff and one trio
+wakeup.
 
 Rule 2: a caller's ``write`` returns only after the COMMIT of its batch returned, so
 "acknowledged" always means "durable" (``synchronous=FULL``).
@@ -19,6 +24,10 @@ full, I/O error, read-only, cannot open) are translated to ``StorageUnavailable`
 ``failures``, for the store's callers only; every other exception an op raises passes
 through as it is.
 
+Rule 6: the writer's memory follows the transaction: an op's changes to it are undone
+with its savepoint, a failed batch's with the batch, and they are kept only once
+COMMIT returned (``memory`` Rule 1).
+
 Rule 5: every queue is bounded. ``write`` blocks while ``QUEUE_CAPACITY`` ops wait,
 which is the backpressure a flooding agent feels.
 """
@@ -28,16 +37,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import sqlite3
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import trio
 
-from agentsd.store.database import open_database
+from agentsd.store.database import StoreConnection, open_database
 from agentsd.store.failures import batch_failed, translate
 from agentsd.store.handoff import Request, WriterThread
+from agentsd.store.journal import Append, StoredEvent, insert_rows
 from agentsd_protocol.errors import ShuttingDown, StorageUnavailable
 
 __all__ = [
@@ -85,7 +95,7 @@ class Store:
     batch (see ``writer_healthy``).
     """
 
-    def __init__(self, write_conn: sqlite3.Connection, read_conn: sqlite3.Connection) -> None:
+    def __init__(self, write_conn: StoreConnection, read_conn: sqlite3.Connection) -> None:
         self._write_conn = write_conn
         self._read_conn = read_conn
         self._send, self._receive = trio.open_memory_channel[Request[Any]](QUEUE_CAPACITY)
@@ -102,7 +112,7 @@ class Store:
         self.batches_failed = 0
         self.last_progress = trio.current_time()
 
-    async def write(self, op: Callable[[sqlite3.Connection], T]) -> T:
+    async def write(self, op: Callable[[StoreConnection], T]) -> T:
         """Run ``op(conn)`` in the writer's thread, inside a savepoint of the current
         batch's transaction, and return its result once that transaction committed.
 
@@ -145,6 +155,20 @@ class Store:
             assert request.error is not None
             raise request.error
         return cast(T, request.value)
+
+    async def append(
+        self, session_id: str, fence: int, items: Sequence[tuple[str, bytes]], ts: float
+    ) -> list[StoredEvent]:
+        """Append ``items`` (kind, encoded body) to the session's journal; the stored
+        events once committed. As ``write`` (``journal.append_events`` as the op),
+        sharing its INSERT with the appends around it in the batch. Raises
+        ``UnknownSession`` if the session does not exist."""
+        return await self.write(Append(session_id, fence, items, ts))
+
+    @property
+    def operation_rows(self) -> int:
+        """Rows in the operation ledger as of the last commit (expired ones too)."""
+        return self._write_conn.memory.committed_operation_rows
 
     async def read(self, op: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``op(conn)`` on the read-only connection in a worker thread, inside one
@@ -265,6 +289,7 @@ class Store:
         committed, or None when the transaction failed and every request in the
         batch was failed with ``StorageUnavailable``."""
         conn = self._write_conn
+        memory = conn.memory
         # A transaction left over from a batch whose ROLLBACK failed would make
         # every later BEGIN fail: retry that rollback first.
         self._rollback_quietly()
@@ -276,42 +301,58 @@ class Store:
         # An op alone in its batch needs no savepoint: rolling back the transaction
         # undoes that op and nothing else (two statements fewer per lone write).
         savepoints = len(batch) > 1
+        # The rows of the appends since the last other op (Rule 1).
+        rows: list[object] = []
         try:
             ok = 0
             for request in batch:
-                if savepoints:
+                op = request.op
+                appending = type(op) is Append
+                if not appending and rows:
+                    insert_rows(conn, rows)
+                    rows = []
+                savepoint = savepoints and not appending
+                if savepoint:
                     conn.execute("SAVEPOINT op")
+                mark = memory.mark()
                 try:
-                    value = request.op(conn)
+                    value = op.reserve(conn, rows) if isinstance(op, Append) else op(conn)
                 except Exception as exc:
                     if not conn.in_transaction:
                         # SQLite discarded the whole transaction itself (it does on
                         # SQLITE_FULL and SQLITE_IOERR): the ops before this one in
                         # the batch are gone too.
+                        memory.rollback_to(0)
                         self._fail_batch(batch, exc)
                         return None
-                    if savepoints:
+                    memory.rollback_to(mark)
+                    if savepoint:
                         conn.execute("ROLLBACK TO op")
                         conn.execute("RELEASE op")
-                    else:
+                    elif not savepoints:
                         conn.execute("ROLLBACK")
                     request.fail(translate(exc))
                 else:
-                    if savepoints:
+                    if savepoint:
                         conn.execute("RELEASE op")
                     request.ok, request.value = True, value
                     ok += 1
+            if rows:
+                insert_rows(conn, rows)
             if savepoints or ok:
                 conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            # SAVEPOINT, RELEASE, ROLLBACK TO or COMMIT failed: the batch cannot be
-            # trusted, so none of it is kept.
+            # An INSERT of appends, SAVEPOINT, RELEASE, ROLLBACK TO or COMMIT failed:
+            # the batch cannot be trusted, so none of it is kept.
             self._rollback_quietly()
+            memory.rollback_to(0)
             self._fail_batch(batch, exc)
             return None
         except BaseException:
             self._rollback_quietly()
+            memory.rollback_to(0)
             raise
+        memory.commit()
         return ok
 
     def _rollback_quietly(self) -> None:
@@ -367,7 +408,7 @@ async def _close_connection(conn: sqlite3.Connection) -> None:
         await trio.to_thread.run_sync(conn.close, abandon_on_cancel=True)
 
 
-async def _open_connection(path: Path, *, readonly: bool) -> sqlite3.Connection:
+async def _open_connection(path: Path, *, readonly: bool) -> StoreConnection:
     try:
         return await trio.to_thread.run_sync(
             functools.partial(open_database, path, readonly=readonly)

@@ -1,0 +1,179 @@
+"""Lease rows (DESIGN.md section 3): the durable side of ``agentsd.leases``.
+
+Every function here is synchronous and takes the connection it is given: writes run
+inside ``Store.write``, reads inside ``Store.read``. A lease change and the journal
+events that tell it commit together, in the op's savepoint.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import attrs
+import msgspec
+
+from agentsd import leases
+from agentsd.leases import ClaimState, ExitEvidence, Identity, Lease
+from agentsd.store.database import StoreConnection
+from agentsd.store.journal import StoredEvent
+from agentsd.store.sessions import Events, append, load_json, update_session
+
+_json = msgspec.json.Encoder()
+
+
+_LEASE_COLUMNS = (
+    "session_id, fence, generation, state, token, pid, start_time, pgid, "
+    "acquired_at, live_at, released_at, death"
+)
+
+
+def _row_to_lease(row: tuple[Any, ...]) -> Lease:
+    identity = None
+    if row[5] is not None:
+        identity = Identity(pid=row[5], pgid=row[7], start_time=row[6])
+    death = None
+    if row[11] is not None:
+        death = msgspec.convert(load_json(row[11]), ExitEvidenceWire).to_evidence()
+    return Lease(
+        session_id=row[0],
+        fence=row[1],
+        generation=row[2],
+        state=ClaimState(row[3]),
+        token=row[4],
+        identity=identity,
+        acquired_at=row[8],
+        live_at=row[9],
+        released_at=row[10],
+        death=death,
+    )
+
+
+class ExitEvidenceWire(msgspec.Struct, frozen=True):
+    cause: str
+    proven: bool
+    returncode: int | None = None
+    signal: int | None = None
+    detail: str = ""
+
+    def to_evidence(self) -> ExitEvidence:
+        return ExitEvidence(
+            cause=self.cause,
+            proven=self.proven,
+            returncode=self.returncode,
+            signal=self.signal,
+            detail=self.detail,
+        )
+
+    @classmethod
+    def of(cls, evidence: ExitEvidence) -> ExitEvidenceWire:
+        return cls(**attrs.asdict(evidence))
+
+
+def _write_lease(conn: StoreConnection, lease: Lease) -> None:
+    ident = lease.identity
+    conn.execute(
+        f"INSERT OR REPLACE INTO leases ({_LEASE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+        (
+            lease.session_id,
+            lease.fence,
+            lease.generation,
+            lease.state.value,
+            lease.token,
+            None if ident is None else ident.pid,
+            None if ident is None else ident.start_time,
+            None if ident is None else ident.pgid,
+            lease.acquired_at,
+            lease.live_at,
+            lease.released_at,
+            None
+            if lease.death is None
+            else _json.encode(ExitEvidenceWire.of(lease.death)).decode(),
+        ),
+    )
+
+
+def latest_lease(conn: sqlite3.Connection, session_id: str) -> Lease | None:
+    row = conn.execute(
+        f"SELECT {_LEASE_COLUMNS} FROM leases WHERE session_id = ? ORDER BY fence DESC LIMIT 1",
+        (session_id,),
+    ).fetchone()
+    return None if row is None else _row_to_lease(row)
+
+
+def load_held_leases(conn: sqlite3.Connection) -> list[Lease]:
+    rows = conn.execute(
+        f"SELECT {_LEASE_COLUMNS} FROM leases WHERE state != 'released' ORDER BY session_id, fence"
+    ).fetchall()
+    return [_row_to_lease(r) for r in rows]
+
+
+def acquire_lease(
+    conn: StoreConnection, session_id: str, now: float
+) -> tuple[Lease, list[StoredEvent]]:
+    """Take the next fence durably (before any spawn) and reserve the lease."""
+    row = conn.execute("SELECT fence FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    if row is None:
+        raise KeyError(session_id)
+    lease = leases.acquire(session_id, row[0], latest_lease(conn, session_id), now)
+    conn.execute("UPDATE sessions SET fence = ? WHERE id = ?", (lease.fence, session_id))
+    _write_lease(conn, lease)
+    events = append(
+        conn,
+        session_id,
+        lease.fence,
+        [("lease.acquired", {"fence": lease.fence, "generation": lease.generation})],
+        now,
+    )
+    return lease, events
+
+
+def lease_live(
+    conn: StoreConnection, lease: Lease, identity: Identity, now: float
+) -> tuple[Lease, list[StoredEvent]]:
+    live = leases.go_live(lease, identity, now)
+    _write_lease(conn, live)
+    events = append(
+        conn,
+        lease.session_id,
+        lease.fence,
+        [
+            (
+                "child.spawned",
+                {
+                    "pid": identity.pid,
+                    "pgid": identity.pgid,
+                    "generation": lease.generation,
+                    "fence": lease.fence,
+                },
+            )
+        ],
+        now,
+    )
+    return live, events
+
+
+def lease_released(
+    conn: StoreConnection,
+    lease: Lease,
+    evidence: ExitEvidence,
+    now: float,
+    events: Events,
+    **session_fields: Any,
+) -> tuple[Lease, list[StoredEvent]]:
+    """Release after proof of exit, with the events that tell the story (child.exited
+    and whatever the session settles) and session fields, in one savepoint."""
+    released = leases.release(lease, evidence, now)
+    _write_lease(conn, released)
+    all_events = [*events, ("lease.released", {"fence": lease.fence})]
+    stored = update_session(conn, lease.session_id, lease.fence, now, all_events, **session_fields)
+    return released, stored
+
+
+def lease_unproven(
+    conn: StoreConnection, lease: Lease, evidence: ExitEvidence, now: float, events: Events
+) -> tuple[Lease, list[StoredEvent]]:
+    held = leases.record_unproven(lease, evidence)
+    _write_lease(conn, held)
+    stored = append(conn, lease.session_id, lease.fence, events, now)
+    return held, stored
