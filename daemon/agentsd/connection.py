@@ -273,10 +273,12 @@ class Connection:
                     return
             if not data:
                 return
+            # A memory stream returns a bytearray, a socket bytes. The check costs about
+            # 15 ns a read; bytes() of bytes, though it copies nothing, about 250 ns.
+            if type(data) is not bytes:
+                data = bytes(data)
             try:
-                # A Stream may return a bytearray; bytes() of a bytes object (what a
-                # socket returns) is that object, not a copy.
-                for frame in decoder.feed_frames(bytes(data)):
+                for frame in decoder.feed_frames(data):
                     stalled_s = 0.0  # what follows this frame is a new one
                     if is_batch(frame):
                         await self._in_flight.acquire()
