@@ -23,8 +23,8 @@ import trio
 
 from agentsd.app import App
 from agentsd.config import Config
-from agentsd.connection import Connection
-from agentsd.listener import TRANSIENT_ACCEPT_ERRNOS, bind_socket, peer_uid
+from agentsd.connection import Connection, Transport
+from agentsd.listener import TRANSIENT_ACCEPT_ERRNOS, SocketTransport, bind_socket, peer_uid
 from agentsd.operations import Ledger
 from agentsd.paths import StateLock, ensure_private_dir
 from agentsd.providers import provider_registry
@@ -188,11 +188,11 @@ async def _serve_connections(
             log.warning("refused a connection: %d connections already open", MAX_CONNECTIONS)
             sock.close()
             continue
-        nursery.start_soon(_run_connection, app, trio.SocketStream(sock))
+        nursery.start_soon(_run_connection, app, SocketTransport(trio.SocketStream(sock)))
 
 
-async def _run_connection(app: App, stream: trio.SocketStream) -> None:
-    connection = Connection(app, stream)
+async def _run_connection(app: App, transport: Transport) -> None:
+    connection = Connection(app, transport)
     app.connections.add(connection)
     try:
         await connection.serve()
