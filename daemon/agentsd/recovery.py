@@ -15,8 +15,9 @@ import logging
 import time
 
 from agentsd import records
-from agentsd.child import ChildIdentity, EndOutcome, Ladder, end_processes
+from agentsd.config import Ladder
 from agentsd.leases import ExitEvidence, Lease
+from agentsd.leftovers import ChildIdentity, EndOutcome, end_processes
 from agentsd.procfs import current_scanner
 from agentsd.runner import settle_events
 from agentsd.session import Session, derive_conversation

@@ -29,9 +29,10 @@ import msgspec
 import trio
 
 from agentsd import records
-from agentsd.child import Child, ChildIdentity, ExitProof, open_child
+from agentsd.child import Child, ExitProof, open_child
 from agentsd.child import ChildSpec as ProcessSpec
 from agentsd.leases import ExitEvidence, Identity, Lease
+from agentsd.leftovers import ChildIdentity
 from agentsd.providers.base import Adapter, LineLink, Provider
 from agentsd.session import Session
 from agentsd.sink import Sink

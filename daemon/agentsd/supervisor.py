@@ -33,10 +33,10 @@ import msgspec
 import trio
 
 from agentsd import records
-from agentsd.child import ChildIdentity, EndOutcome, Ladder, end_processes
 from agentsd.config import Config
 from agentsd.feed import Feed
 from agentsd.leases import ExitEvidence
+from agentsd.leftovers import ChildIdentity, EndOutcome, end_processes
 from agentsd.operations import Operation, record_provisional
 from agentsd.procfs import current_scanner
 from agentsd.providers.base import Provider
@@ -66,14 +66,6 @@ T = TypeVar("T")
 HOST_ID_FILE = "host-id"
 
 
-def ladder_from(config: Config) -> Ladder:
-    return Ladder(
-        eof_grace_s=config.ladder.eof_grace_s,
-        term_grace_s=config.ladder.term_grace_s,
-        kill_wait_s=config.ladder.kill_wait_s,
-    )
-
-
 @attrs.define(eq=False)
 class Watch:
     id: str
@@ -92,7 +84,7 @@ class Supervisor:
         self.store = store
         self.config = config
         self.state_dir = state_dir
-        self.ladder = ladder_from(config)
+        self.ladder = config.ladder
         self.feed = Feed()
         self.sessions: dict[str, Session] = {}
         self.watches: dict[str, Watch] = {}

@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from agentsd import records
-from agentsd.config import Config, LadderConfig, ProviderConfig
+from agentsd.config import Config, Ladder, ProviderConfig
 from agentsd.procfs import is_same_process, scan_processes
 from agentsd.providers import provider_registry
 from agentsd.providers.base import Submission
@@ -31,7 +31,7 @@ from agentsd.supervisor import Supervisor, open_supervisor
 from agentsd_protocol.errors import AgentExited, HandshakeTimeout, StorageUnavailable
 from tests.polling import eventually
 
-FAST_LADDER = LadderConfig(eof_grace_s=0.5, term_grace_s=0.5, kill_wait_s=1.0)
+FAST_LADDER = Ladder(eof_grace_s=0.5, term_grace_s=0.5, kill_wait_s=1.0)
 
 
 def make_config(**overrides: Any) -> Config:
@@ -319,7 +319,7 @@ async def test_streamed_text_is_journaled_while_the_agent_is_quiet(
 
 async def test_shutdown_closes_every_session_concurrently(store: Store, tmp_path: Path) -> None:
     """Leaving the supervisor stops all sessions at once: about one ladder for all."""
-    config = make_config(ladder=LadderConfig(eof_grace_s=0.2, term_grace_s=1.0, kill_wait_s=1.0))
+    config = make_config(ladder=Ladder(eof_grace_s=0.2, term_grace_s=1.0, kill_wait_s=1.0))
     tokens: list[str] = []
     with trio.fail_after(120):
         async with await _supervisor(store, tmp_path, config) as sup:
