@@ -8,11 +8,13 @@ Rules this module keeps (DESIGN.md sections 2 and 6):
 2. Its identity (pid, pgid, start time, token) reaches the caller before the body
    runs, so the caller can make it durable before any handshake.
 3. Leaving `open_child` always runs the close ladder, whatever ended the body
-   (return, exception, cancellation). Every await in it is shielded and has a time
-   bound, and it never raises: the body's exception propagates unchanged.
+   (return, exception, cancellation) and even when the child was never identified.
+   Every await in it is shielded and has a time bound, and it never raises: the
+   body's exception propagates unchanged.
 4. Exit is proven, not assumed: the child was reaped, its group is empty and no
-   live process carries its token (``agentsd.leftovers.prove_gone``). Otherwise
-   `Child.unproven_reason` says why and the caller keeps the lease held.
+   live process carries its token (``agentsd.leftovers.prove_gone``). Whoever owns
+   the spawn learns the outcome through ``on_exit``: an `ExitProof`, or an
+   `ExitUnproven` saying why (the caller then keeps the lease held).
 5. `os.killpg` is used only while our child is unreaped, which keeps its pid, and
    so its group id, from being reused. Anything else is signalled through a
    verified pidfd (``agentsd.leftovers``).
@@ -46,8 +48,10 @@ from agentsd.procfs import (
 __all__ = [
     "SPAWN_TOKEN_ENV",
     "Child",
+    "ChildExit",
     "ChildSpec",
     "ExitProof",
+    "ExitUnproven",
     "new_spawn_token",
     "open_child",
 ]
@@ -94,31 +98,33 @@ class ExitProof:
         return cls(returncode=returncode, signal=None, stragglers_killed=stragglers_killed)
 
 
+@attrs.frozen
+class ExitUnproven:
+    """The ladder could not show that nothing of the child runs any more."""
+
+    reason: str
+
+
+ChildExit = ExitProof | ExitUnproven
+"""How the close ladder left a spawned child."""
+
+
 @attrs.define(eq=False)
 class Child:
     """A running child, owned by the task inside `open_child`.
 
     The body reads ``stdout`` and writes ``stdin``; it may close ``stdin`` early
     (asking the child to exit) but `open_child` owns both streams and closes them.
-    ``exit_proof`` or ``unproven_reason`` is set when `open_child` exits.
     """
 
     identity: ChildIdentity
     process: trio.Process
     stdin: trio.abc.SendStream
     stdout: trio.abc.ReceiveStream
-    exit_proof: ExitProof | None = None
-    unproven_reason: str | None = None
 
     async def wait(self) -> int:
         """Wait for the child itself to exit (and reap it); its returncode."""
         return await self.process.wait()
-
-
-@attrs.define(eq=False)
-class _Outcome:
-    exit_proof: ExitProof | None = None
-    unproven_reason: str | None = None
 
 
 @asynccontextmanager
@@ -126,6 +132,7 @@ async def open_child(
     spec: ChildSpec,
     ladder: Ladder,
     on_spawned: Callable[[ChildIdentity], Awaitable[None]],
+    on_exit: Callable[[ChildExit], None],
     *,
     scanner: ProcScanner | None = None,
 ) -> AsyncIterator[Child]:
@@ -135,13 +142,18 @@ async def open_child(
     caller writes the identity durably there. If it raises, the ladder runs and the
     exception propagates.
 
+    ``on_exit(outcome)`` is called exactly once for every process spawned, when the
+    ladder is done and before `open_child` exits: also when identifying the child,
+    ``on_spawned`` or the body failed or were cancelled, which the caller may see
+    before it ever holds the `Child`. It is not called when nothing was spawned.
+
     On exit, whatever the cause, the close ladder runs shielded and bounded (at most
     ``eof_grace_s + term_grace_s + kill_wait_s`` plus ``proof_rounds`` straggler
     rounds of ``kill_wait_s``, each scan capped by ``scan_timeout_s``; in practice
     no longer than the child takes to exit): close stdin, wait; SIGTERM the group
     and every token carrier, wait; SIGKILL them, wait for the reap; then prove exit.
-    It sets ``exit_proof`` or ``unproven_reason`` and never raises. It closes both
-    pipes; the child is reaped unless ``unproven_reason`` says it still ran.
+    It never raises. It closes both pipes; the child is reaped unless the outcome
+    is an `ExitUnproven` saying it still ran.
 
     Raises OSError if the program cannot be started (nothing is left running), and
     whatever ``on_spawned`` or the body raise. ``scanner`` defaults to the run's
@@ -151,8 +163,6 @@ async def open_child(
     process = await _spawn(spec)
     # From here on nothing may stand between the spawn and the try: the ladder
     # must run even if the very next checkpoint is cancelled.
-    outcome = _Outcome()
-    child: Child | None = None
     try:
         assert process.stdin is not None and process.stdout is not None
         start_time = await trio.to_thread.run_sync(
@@ -169,10 +179,13 @@ async def open_child(
         await on_spawned(identity)
         yield child
     finally:
-        await _close(process, spec.token, ladder, scanner, outcome)
-        if child is not None:
-            child.exit_proof = outcome.exit_proof
-            child.unproven_reason = outcome.unproven_reason
+        # Should the ladder itself fail (a bug), the caller still learns that a
+        # process was spawned and may run: never that nothing was.
+        outcome: ChildExit = ExitUnproven(f"the close ladder of {_describe(process)} failed")
+        try:
+            outcome = await _close(process, spec.token, ladder, scanner)
+        finally:
+            on_exit(outcome)
 
 
 async def _spawn(spec: ChildSpec) -> trio.Process:
@@ -224,8 +237,8 @@ def _open_append(path: Path) -> int:
 
 
 async def _close(
-    process: trio.Process, token: str, ladder: Ladder, scanner: ProcScanner, outcome: _Outcome
-) -> None:
+    process: trio.Process, token: str, ladder: Ladder, scanner: ProcScanner
+) -> ChildExit:
     """The close ladder. Shielded, every step bounded, never raises."""
     pgid = process.pid
     signalled: set[tuple[int, int]] = set()  # (pid, start time) signalled individually
@@ -248,8 +261,9 @@ async def _close(
                         os.killpg(pgid, sig)
                     signalled |= await _signal_carriers(token, pgid, sig, scanner)
                 await process.wait()
+        outcome: ChildExit
         if process.returncode is None:
-            outcome.unproven_reason = (
+            outcome = ExitUnproven(
                 f"child {_describe(process)} still ran {ladder.kill_wait_s}s after SIGKILL"
             )
         else:
@@ -257,10 +271,13 @@ async def _close(
                 [Remains(pgid=pgid, token=token, leader=None)], ladder, scanner
             )
             signalled |= killed
-            outcome.unproven_reason = unproven_reason(live, ladder)
-            if outcome.unproven_reason is None:
-                outcome.exit_proof = ExitProof.from_returncode(process.returncode, len(signalled))
+            reason = unproven_reason(live, ladder)
+            if reason is None:
+                outcome = ExitProof.from_returncode(process.returncode, len(signalled))
+            else:
+                outcome = ExitUnproven(reason)
         await process.stdout.aclose()
+    return outcome
 
 
 async def _signal_carriers(

@@ -8,7 +8,8 @@
         settle: release the lease with the exit proof (or keep it held: exit-unproven)
 
 Rule 1 (reap before release): the lease is released only in ``_settle``, which runs
-after ``open_child`` returned, and only with an ``ExitProof``.
+after ``open_child`` returned, and only with the ``ExitProof`` that ``open_child``
+reported for whatever it spawned, even a child that was never identified.
 
 Rule 2 (bounded cleanup): ``_settle`` runs under a shield with a time bound; a store
 that cannot take the release leaves the lease held in the database (the next start
@@ -29,7 +30,7 @@ import msgspec
 import trio
 
 from agentsd import records
-from agentsd.child import Child, ExitProof, open_child
+from agentsd.child import ChildExit, ExitUnproven, open_child
 from agentsd.child import ChildSpec as ProcessSpec
 from agentsd.leases import ExitEvidence, Identity, Lease
 from agentsd.leftovers import ChildIdentity
@@ -133,7 +134,7 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
     supervisor.status_maybe_changed(session)
 
     failure: RpcError | None = None
-    child: Child | None = None
+    exits: list[ChildExit] = []  # how the ladder left whatever was spawned
     program = "agent"
     try:
         process_spec = _process_spec(supervisor, session, provider, lease)
@@ -152,7 +153,7 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
                 started_at=time.time(),
             )
 
-        async with open_child(process_spec, supervisor.ladder, on_spawned) as child:
+        async with open_child(process_spec, supervisor.ladder, on_spawned, exits.append) as child:
             sink = Sink(supervisor, session, lease, task)
             adapter = provider.adapter(LineLink(child.stdin, child.stdout), sink, session.row)
             await _handshake(supervisor, session, lease, task, adapter)
@@ -170,7 +171,8 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
         settled = False
         with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
             try:
-                await _settle(supervisor, session, lease, child, cause, failure)
+                proof = exits[0] if exits else None
+                await _settle(supervisor, session, lease, proof, cause, failure)
                 settled = True
             except RpcError as exc:
                 log.error("session %s: could not record its agent's end: %s", session.id, exc)
@@ -304,12 +306,12 @@ async def _keep_time(
                 return
 
 
-def _evidence(child: Child | None, cause: ExitCause) -> ExitEvidence:
-    if child is None:
-        return ExitEvidence(cause=cause, proven=True, detail="the agent was never started")
-    proof: ExitProof | None = child.exit_proof
+def _evidence(proof: ChildExit | None, cause: ExitCause) -> ExitEvidence:
+    """The evidence of ``proof``; None: nothing was spawned under the lease."""
     if proof is None:
-        return ExitEvidence(cause=cause, proven=False, detail=child.unproven_reason or "")
+        return ExitEvidence(cause=cause, proven=True, detail="the agent was never started")
+    if isinstance(proof, ExitUnproven):
+        return ExitEvidence(cause=cause, proven=False, detail=proof.reason)
     return ExitEvidence(
         cause=cause,
         proven=True,
@@ -356,12 +358,12 @@ async def _settle(
     supervisor: Supervisor,
     session: Session,
     lease: Lease,
-    child: Child | None,
+    proof: ChildExit | None,
     cause: ExitCause,
     failure: RpcError | None,
 ) -> None:
     now = time.time()
-    evidence = _evidence(child, cause)
+    evidence = _evidence(proof, cause)
     exited: dict[str, Any] = {
         "cause": cause,
         "returncode": evidence.returncode,
