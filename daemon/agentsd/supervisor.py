@@ -35,12 +35,12 @@ import trio
 from agentsd import records
 from agentsd.config import Config
 from agentsd.feed import Feed
-from agentsd.leases import ExitEvidence
-from agentsd.leftovers import ChildIdentity, EndOutcome, end_processes
+from agentsd.held_lease import recorded_identity, settle
+from agentsd.leftovers import EndOutcome, end_processes
 from agentsd.operations import Operation, record_provisional
 from agentsd.procfs import current_scanner
 from agentsd.providers.base import Provider
-from agentsd.runner import SessionTask, run_session, settle_events
+from agentsd.runner import SessionTask, run_session
 from agentsd.session import Session, derive_conversation
 from agentsd.store.journal import StoredEvent
 from agentsd.store.writer import Store
@@ -238,13 +238,12 @@ class Supervisor:
             lease = await self.store.read(
                 functools.partial(records.latest_lease, session_id=row.id)
             )
+            # A lease still held (its exit unproven) makes the session exit-unproven.
             session = Session(row=row, head_seq=row.head_seq, conversation=convo, lease=lease)
             if row.last_exit is not None:
                 session.last_exit = msgspec.convert(row.last_exit, ExitInfo)
             if row.error is not None:
                 session.error = msgspec.convert(row.error, SessionError)
-            if lease is not None and lease.held:
-                session.phase = "exit-unproven"
             self.sessions[row.id] = session
 
     async def create(
@@ -328,10 +327,11 @@ class Supervisor:
             return False
         task.stop(cause)
         await task.done.wait()
-        if task.settle_error is not None:
+        settle_error = None if task.held is None else task.held.settle_error
+        if settle_error is not None:
             raise StorageUnavailable(
                 f"the end of the agent of session {session.id} could not be recorded "
-                f"({task.settle_error.message}); close again to retry"
+                f"({settle_error.message}); close again to retry"
             )
         if session.phase == "exit-unproven":
             raise ExitUnproven(
@@ -355,29 +355,20 @@ class Supervisor:
         self.status_maybe_changed(session, deleted=True)
 
     async def _retry_unproven(self, session: Session) -> None:
+        """End what may remain of the child of the session's held lease and settle
+        the lease through the one settle path. Raises ``ExitUnproven`` while its
+        exit still cannot be proven (nothing is journaled again), and what the
+        store raises."""
         lease = session.lease
         if lease is None or not lease.held:
-            session.phase = "stopped"
+            session.transition("stopped")
             return
-        ident = lease.identity
-        identity = ChildIdentity(
-            pid=ident.pid if ident else 0,
-            pgid=ident.pgid if ident else 0,
-            start_time=ident.start_time if ident else -1,
-            token=lease.token,
-        )
+        identity = recorded_identity(lease)
         report = await end_processes([identity], self.ladder, current_scanner())
-        if report.outcomes.get(identity) is EndOutcome.UNPROVEN:
+        outcome = report.outcomes.get(identity, EndOutcome.UNPROVEN)
+        if outcome is EndOutcome.UNPROVEN:
             raise ExitUnproven(f"the agent of session {session.id} still cannot be proven gone")
-        evidence = ExitEvidence(cause="requested", proven=True, detail="ended on retry")
-        now = time.time()
-        events = [*settle_events(session, "requested"), ("child.exited", {"cause": "requested"})]
-        released, _ = await self.write_events(
-            session, lambda conn: records.lease_released(conn, lease, evidence, now, events)
-        )
-        session.lease = released
-        session.child = None
-        session.phase = "stopped"
+        await settle(session, functools.partial(self.write_events, session), "requested", outcome)
         self.status_maybe_changed(session)
 
     def stop_all(self, cause: ExitCause) -> None:

@@ -106,8 +106,8 @@ async def test_reap_before_release_under_cancellation_at_every_await_point(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Stop the session task after 1, 2, 3, ... of its steps (lease, spawn, identity,
-    handshake, serving, closing). Whenever the session task releases a lease, its
-    child is already reaped, its process group is empty and nothing carries its
+    handshake, serving, closing). Whenever ``open_lease``'s exit releases a lease,
+    its child is already reaped, its process group is empty and nothing carries its
     token; and a lease under which a process was spawned, even one cancelled before
     its identity was recorded, is released with how that process was reaped."""
     checked: list[tuple[bool, list[int], list[int]]] = []
