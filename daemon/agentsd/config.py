@@ -12,12 +12,16 @@ from pathlib import Path
 import msgspec
 
 
-class LadderConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The close ladder: stdin EOF, SIGTERM, SIGKILL; each step waits at most this long."""
+class Ladder(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Bounds of the close ladder (stdin EOF, SIGTERM, SIGKILL, then the proof of
+    exit). Each wait ends as soon as its condition holds. The one type: the config
+    file's ``[ladder]`` table decodes into it, and the child code takes it as is."""
 
-    eof_grace_s: float = 2.0  # codex and claude exit on EOF within milliseconds
-    term_grace_s: float = 3.0  # long enough for an agent to end its own tool processes
-    kill_wait_s: float = 2.0  # SIGKILL cannot be ignored; this only covers reaping
+    eof_grace_s: float = 2.0  # after stdin EOF; codex and claude exit on EOF in milliseconds
+    term_grace_s: float = 3.0  # after SIGTERM; lets an agent end its own tool processes
+    kill_wait_s: float = 2.0  # after SIGKILL, which cannot be ignored: only the reap
+    proof_rounds: int = 3  # straggler re-scans and SIGKILLs before giving up on proof
+    scan_timeout_s: float = 5.0  # one /proc scan takes milliseconds; this is a safety net
 
 
 class ProviderConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -39,7 +43,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     frame_timeout_s: float = 10.0
     # A client whose socket takes no batch of replies for this long is cut off.
     send_timeout_s: float = 30.0
-    ladder: LadderConfig = LadderConfig()
+    ladder: Ladder = Ladder()
     providers: dict[str, ProviderConfig] = {}
 
 

@@ -2,22 +2,22 @@
 
 For every lease a previous daemon left held: end whatever still runs of its child
 (the recorded process only while its start time matches, its group, and every
-process carrying its spawn token), then settle the session in the journal
-(open turn ``interrupted``, pending approvals ``cancelled``, undelivered submissions
-``unknown``, ``child.exited {cause: daemon-restart}``) and release the lease. A child
-that cannot be proven gone keeps its lease held and its session shows
-``exit-unproven``.
+process carrying its spawn token), then settle it through the one settle path
+(``agentsd.held_lease.settle``): open turn ``interrupted``, pending approvals
+``cancelled``, undelivered submissions ``unknown``, ``child.exited {cause:
+daemon-restart}`` and the release, in one commit. A child that cannot be proven gone
+keeps its lease held and its session shows ``exit-unproven``.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 
-from agentsd.child import ChildIdentity, EndOutcome, Ladder, end_processes
-from agentsd.leases import ExitEvidence, Lease
+from agentsd.config import Ladder
+from agentsd.held_lease import recorded_identity, settle
+from agentsd.leases import Lease
+from agentsd.leftovers import EndOutcome, end_processes
 from agentsd.procfs import current_scanner
-from agentsd.runner import settle_events
 from agentsd.session import Session, derive_conversation
 from agentsd.store import leases as lease_rows
 from agentsd.store import sessions as session_rows
@@ -26,33 +26,22 @@ from agentsd_protocol.api.daemon import RecoveryReport
 
 log = logging.getLogger(__name__)
 
-CAUSE = "daemon-restart"
-
-
-def _identity(lease: Lease) -> ChildIdentity:
-    ident = lease.identity
-    if ident is None:
-        # Reserved but never confirmed: only its token can find what it spawned.
-        return ChildIdentity(pid=0, pgid=0, start_time=-1, token=lease.token)
-    return ChildIdentity(
-        pid=ident.pid, pgid=ident.pgid, start_time=ident.start_time, token=lease.token
-    )
-
 
 async def recover(store: Store, ladder: Ladder) -> RecoveryReport:
     held = await store.read(lease_rows.load_held_leases)
     if not held:
         return RecoveryReport(summary="nothing to recover")
-    identities = [_identity(lease) for lease in held]
+    identities = [recorded_identity(lease) for lease in held]
+    # All together: ending every previous child takes about one ladder.
     report = await end_processes(identities, ladder, current_scanner())
     recovered = unproven = 0
     for lease, identity in zip(held, identities, strict=True):
         outcome = report.outcomes.get(identity, EndOutcome.UNPROVEN)
-        if outcome is EndOutcome.UNPROVEN:
+        session = await _load(store, lease)
+        await settle(session, store.write, "daemon-restart", outcome)
+        if session.lease is not None and session.lease.held:
             unproven += 1
-            await _keep_held(store, lease)
         else:
-            await _release(store, lease, outcome)
             recovered += 1
     summary = (
         f"{recovered} session{'s' if recovered != 1 else ''} recovered, "
@@ -65,28 +54,11 @@ async def recover(store: Store, ladder: Ladder) -> RecoveryReport:
     )
 
 
-async def _keep_held(store: Store, lease: Lease) -> None:
-    evidence = ExitEvidence(cause=CAUSE, proven=False, detail="still running after the ladder")
-    events = [("child.exit-unproven", {"cause": CAUSE, "detail": evidence.detail})]
-    now = time.time()
-    await store.write(lambda conn: lease_rows.lease_unproven(conn, lease, evidence, now, events))
-
-
-async def _release(store: Store, lease: Lease, outcome: EndOutcome) -> None:
-    """Settle the session's conversation and release the lease, in one commit."""
+async def _load(store: Store, lease: Lease) -> Session:
+    """The session of ``lease`` as the previous daemon left it, to settle it (the
+    supervisor loads its own afterwards)."""
     session_id = lease.session_id
     convo = await store.read(lambda conn: derive_conversation(conn, session_id))
     row = await store.read(lambda conn: session_rows.load_session(conn, session_id))
     assert row is not None  # leases cascade with their session
-    probe = Session(row=row, head_seq=row.head_seq, conversation=convo)
-    detail = "ended at start-up" if outcome is EndOutcome.ENDED else "already gone"
-    evidence = ExitEvidence(cause=CAUSE, proven=True, detail=detail)
-    now = time.time()
-    exited = {"cause": CAUSE, "returncode": None, "signal": None, "detail": detail}
-    events = [*settle_events(probe, CAUSE), ("child.exited", exited)]
-    last_exit = {"cause": CAUSE, "returncode": None, "signal": None, "at": now}
-    await store.write(
-        lambda conn: lease_rows.lease_released(
-            conn, lease, evidence, now, events, last_exit=last_exit
-        )
-    )
+    return Session(row=row, head_seq=row.head_seq, conversation=convo, lease=lease)

@@ -1,18 +1,19 @@
 """The session task: one trio task per live agent child (DESIGN.md section 2).
 
     run_session:
-        lease = acquire (fence + 1, durable)          # before any spawn
-        async with open_child(spec, on_spawned=...)   # identity durable before handshake
-            adapter.handshake, then serve until stopped, idle, or the child exits
-        # open_child's exit: the shielded, bounded close ladder; the child is reaped
-        settle: release the lease with the exit proof (or keep it held: exit-unproven)
+        async with open_lease(session) as held:           # fence + 1, durable, before spawn
+            async with open_child(spec, ladder, held...):  # identity durable before handshake
+                adapter.handshake, then serve until stopped, idle, or the child exits
+            # open_child's exit: the shielded, bounded close ladder; the child is reaped
+        # open_lease's exit: settle with the ladder's proof (or keep it held: exit-unproven)
 
-Rule 1 (reap before release): the lease is released only in ``_settle``, which runs
-after ``open_child`` returned, and only with an ``ExitProof``.
+Rule 1 (reap before release): the lease is settled only by ``open_lease``'s exit,
+which runs after ``open_child``'s, and released only with proof
+(``agentsd.held_lease``).
 
-Rule 2 (bounded cleanup): ``_settle`` runs under a shield with a time bound; a store
-that cannot take the release leaves the lease held in the database (the next start
-retries the release, and recovery at the next daemon start re-proves the exit).
+Rule 2 (bounded cleanup): the settle runs under a shield with a time bound; a store
+that cannot take it leaves the lease held in the database (the next start or close
+retries, and recovery at the next daemon start re-proves the exit).
 
 Rule 3: a session task never raises into the supervisor's nursery. Failures are
 journaled, recorded on the session and reported to whoever waits for the start.
@@ -20,37 +21,34 @@ journaled, recorded on the session and reported to whoever waits for the start.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
-import msgspec
 import trio
 
-from agentsd.child import Child, ChildIdentity, ExitProof, open_child
 from agentsd.child import ChildSpec as ProcessSpec
-from agentsd.leases import ExitEvidence, Identity, Lease
+from agentsd.child import open_child
+from agentsd.held_lease import SETTLE_TIMEOUT_S, HeldLease, open_lease
+from agentsd.leases import Lease
 from agentsd.providers.base import Adapter, LineLink, Provider
 from agentsd.session import Session
 from agentsd.sink import Sink
-from agentsd.store import leases as lease_rows
-from agentsd_protocol.api.session import ChildInfo, ExitCause, ExitInfo, SessionError
+from agentsd_protocol.api.session import ExitCause
 from agentsd_protocol.errors import (
     AgentExited,
     AgentNotFound,
     AgentStartFailed,
     HandshakeTimeout,
     RpcError,
-    StorageUnavailable,
 )
 
 if TYPE_CHECKING:
     from agentsd.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
-
-SETTLE_TIMEOUT_S = 10.0  # a release is one small commit; this covers a slow disk
 
 
 @attrs.define(eq=False)
@@ -61,8 +59,9 @@ class SessionTask:
     ready: trio.Event = attrs.field(factory=trio.Event)
     done: trio.Event = attrs.field(factory=trio.Event)
     start_error: RpcError | None = None
-    # Why the end of its agent could not be recorded (the lease stays held; Rule 2).
-    settle_error: RpcError | None = None
+    # Its lease, once acquired; ``held.settle_error`` says why the end of its agent
+    # could not be recorded (the lease stays held; Rule 2).
+    held: HeldLease | None = None
     stop_cause: ExitCause | None = None
     adapter: Adapter | None = None
     last_activity: float = attrs.field(factory=time.monotonic)
@@ -119,74 +118,31 @@ async def run_session(supervisor: Supervisor, session: Session, task: SessionTas
 
 async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> None:
     provider = supervisor.provider(session.row.provider)
-    # Shielded: once the fence is taken durably, this task must learn it, so that
-    # the lease is settled below even if a close arrived meanwhile.
-    with trio.CancelScope(shield=True), trio.fail_after(SETTLE_TIMEOUT_S):
-        lease, _ = await supervisor.write_events(
-            session, lambda conn: lease_rows.acquire_lease(conn, session.id, time.time())
-        )
-    session.lease = lease
-    session.row = attrs.evolve(session.row, fence=lease.fence)
-    session.phase = "starting"
-    session.error = None
-    supervisor.status_maybe_changed(session)
-
-    failure: RpcError | None = None
-    child: Child | None = None
-    program = "agent"
-    try:
-        process_spec = _process_spec(supervisor, session, provider, lease)
-        program = process_spec.argv[0]
-
-        async def on_spawned(identity: ChildIdentity) -> None:
-            ident = Identity(pid=identity.pid, pgid=identity.pgid, start_time=identity.start_time)
-            live, _ = await supervisor.write_events(
-                session, lambda conn: lease_rows.lease_live(conn, lease, ident, time.time())
-            )
-            session.lease = live
-            session.child = ChildInfo(
-                pid=identity.pid,
-                pgid=identity.pgid,
-                generation=lease.generation,
-                started_at=time.time(),
-            )
-
-        async with open_child(process_spec, supervisor.ladder, on_spawned) as child:
-            sink = Sink(supervisor, session, lease, task)
-            adapter = provider.adapter(LineLink(child.stdin, child.stdout), sink, session.row)
-            await _handshake(supervisor, session, lease, task, adapter)
-            failure = await _serve(supervisor, session, task, adapter, sink)
-    except RpcError as exc:
-        failure = exc
-    except (OSError, trio.TooSlowError) as exc:
-        failure = _classify_start_failure(exc, program)
-    finally:
-        task.adapter = None
-        session.phase = "stopping"
-        cause: ExitCause = task.stop_cause or ("failed" if failure else "unexpected")
-        if failure is not None and not task.ready.is_set():
-            task.start_error = failure
-        settled = False
-        with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
-            try:
-                await _settle(supervisor, session, lease, child, cause, failure)
-                settled = True
-            except RpcError as exc:
-                log.error("session %s: could not record its agent's end: %s", session.id, exc)
-                task.settle_error = exc
-        if not settled:
-            # The child is gone (or unproven) but the store did not take the release:
-            # the lease stays held durably, and the next start or close retries.
-            session.phase = "exit-unproven"
-            session.error = SessionError(
-                kind="storage_unavailable",
-                message="the end of the agent could not be recorded; close to retry",
-                at=time.time(),
-            )
-            if task.settle_error is None:
-                task.settle_error = StorageUnavailable(
-                    f"recording the end of the agent took over {SETTLE_TIMEOUT_S:g} s"
-                )
+    async with open_lease(session, functools.partial(supervisor.write_events, session)) as held:
+        task.held = held
+        supervisor.status_maybe_changed(session)
+        failure: RpcError | None = None
+        program = "agent"
+        try:
+            process_spec = _process_spec(supervisor, session, provider, held.lease)
+            program = process_spec.argv[0]
+            async with open_child(
+                process_spec, supervisor.ladder, held.child_spawned, held.child_exited
+            ) as child:
+                sink = Sink(supervisor, session, held.lease, task)
+                adapter = provider.adapter(LineLink(child.stdin, child.stdout), sink, session.row)
+                await _handshake(supervisor, session, held.lease, task, adapter)
+                failure = await _serve(supervisor, session, task, adapter, sink)
+        except RpcError as exc:
+            failure = exc
+        except (OSError, trio.TooSlowError) as exc:
+            failure = _classify_start_failure(exc, program)
+        finally:
+            task.adapter = None
+            held.cause = task.stop_cause or ("failed" if failure else "unexpected")
+            held.failure = failure
+            if failure is not None and not task.ready.is_set():
+                task.start_error = failure
 
 
 def _process_spec(
@@ -228,7 +184,7 @@ async def _handshake(
         fence=lease.fence,
         provider_handle=handle,
     )
-    session.phase = "running"
+    session.transition("running")
     task.adapter = adapter
     task.touch()
     task.ready.set()
@@ -301,105 +257,3 @@ async def _keep_time(
                 log.info("stopping an agent idle for %g s", idle_s)
                 task.stop("idle")
                 return
-
-
-def _evidence(child: Child | None, cause: ExitCause) -> ExitEvidence:
-    if child is None:
-        return ExitEvidence(cause=cause, proven=True, detail="the agent was never started")
-    proof: ExitProof | None = child.exit_proof
-    if proof is None:
-        return ExitEvidence(cause=cause, proven=False, detail=child.unproven_reason or "")
-    return ExitEvidence(
-        cause=cause,
-        proven=True,
-        returncode=proof.returncode,
-        signal=proof.signal,
-        detail=f"{proof.stragglers_killed} stragglers killed" if proof.stragglers_killed else "",
-    )
-
-
-def settle_events(session: Session, cause: str) -> list[tuple[str, Any]]:
-    """What a child's end settles in the conversation: its open turn and its pending
-    approvals (absent evidence is ``unknown``/``interrupted``, never success)."""
-    convo = session.conversation
-    events: list[tuple[str, Any]] = []
-    for approval in convo.approvals.values():
-        if approval.approval_id in session.claims:
-            continue  # a client's answer is being committed; it wins
-        events.append(
-            (
-                "approval.resolved",
-                {"approvalId": approval.approval_id, "decision": "cancelled", "by": "daemon"},
-            )
-        )
-    if convo.turn_open:
-        outcome = (
-            "interrupted"
-            if cause in ("requested", "shutdown", "idle", "daemon-restart")
-            else "unknown"
-        )
-        events.append(
-            ("turn.completed", {"turnId": convo.turn_id, "outcome": outcome, "reason": cause})
-        )
-    for cmid in sorted(convo.undispatched):
-        events.append(
-            (
-                "submission.dispatched",
-                {"clientMessageId": cmid, "outcome": "unknown", "reason": cause},
-            )
-        )
-    return events
-
-
-async def _settle(
-    supervisor: Supervisor,
-    session: Session,
-    lease: Lease,
-    child: Child | None,
-    cause: ExitCause,
-    failure: RpcError | None,
-) -> None:
-    now = time.time()
-    evidence = _evidence(child, cause)
-    exited: dict[str, Any] = {
-        "cause": cause,
-        "returncode": evidence.returncode,
-        "signal": evidence.signal,
-    }
-    error = None
-    if failure is not None:
-        error = SessionError(kind=failure.kind, message=failure.message, at=now)
-        exited["error"] = {"kind": failure.kind, "message": failure.message}
-    session.error = error
-    current = session.lease or lease
-    if evidence.proven:
-        events = [*settle_events(session, cause), ("child.exited", exited)]
-        last_exit = ExitInfo(
-            cause=cause, returncode=evidence.returncode, signal=evidence.signal, at=now
-        )
-        released, _ = await supervisor.write_events(
-            session,
-            lambda conn: lease_rows.lease_released(
-                conn,
-                current,
-                evidence,
-                now,
-                events,
-                last_exit=msgspec.to_builtins(last_exit),
-                error=None if error is None else msgspec.to_builtins(error),
-            ),
-        )
-        session.lease = released
-        session.child = None
-        session.last_exit = last_exit
-        session.phase = "stopped"
-    else:
-        log.error(
-            "session %s: exit of its agent could not be proven: %s", session.id, evidence.detail
-        )
-        events = [("child.exit-unproven", {"cause": cause, "detail": evidence.detail})]
-        held, _ = await supervisor.write_events(
-            session, lambda conn: lease_rows.lease_unproven(conn, current, evidence, now, events)
-        )
-        session.lease = held
-        session.phase = "exit-unproven"

@@ -30,7 +30,7 @@ from agentsd.paths import StateLock, ensure_private_dir
 from agentsd.providers import provider_registry
 from agentsd.recovery import recover
 from agentsd.store.writer import open_store
-from agentsd.supervisor import ladder_from, open_supervisor
+from agentsd.supervisor import open_supervisor
 from agentsd.systemd import (
     InheritedSocket,
     Notifier,
@@ -102,7 +102,7 @@ async def _serve_sessions(
     config = app.config
     async with open_store(app.state_dir / DATABASE_NAME) as store:
         # Rule 1: the previous daemon's children are dealt with before anything is served.
-        app.recovery = await recover(store, ladder_from(config))
+        app.recovery = await recover(store, config.ladder)
         providers = provider_registry()
         async with open_supervisor(store, config, app.state_dir, providers) as supervisor:
             app.attach(supervisor, Ledger(store))

@@ -1,7 +1,9 @@
 """A session's in-memory state and the status derived from its journal.
 
 Rule 1: ``Session`` is owned by the supervisor; only the session's own task changes
-``phase``, ``lease`` and ``child``; handlers change the record under ``lock``.
+``phase``, ``lease`` and ``child`` (and the settle of an unproven exit, under
+``lock``, while no task runs); handlers change the record under ``lock``. ``phase``
+changes only through ``Session.transition``, by the table in ``agentsd.phase``.
 
 Rule 2: ``status`` is never set directly. It is derived by ``Conversation.apply``
 from journal events, in seq order: ``attention`` while an approval is pending,
@@ -19,6 +21,7 @@ import msgspec
 import trio
 
 from agentsd.leases import Lease
+from agentsd.phase import advance, initial_phase
 from agentsd.store.journal import last_seq_of_kind, read_events
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.api.session import (
@@ -113,8 +116,10 @@ class Conversation:
 class Session:
     row: SessionRow
     head_seq: int
-    phase: Phase = "stopped"
     lease: Lease | None = None
+    _phase: Phase = attrs.field(
+        init=False, default=attrs.Factory(lambda self: initial_phase(self.lease), takes_self=True)
+    )
     child: ChildInfo | None = None
     last_exit: ExitInfo | None = None
     error: SessionError | None = None
@@ -137,6 +142,14 @@ class Session:
     @property
     def status(self) -> Status:
         return self.conversation.status
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    def transition(self, new: Phase) -> None:
+        """Move to phase ``new``; raises ``PhaseError`` if the table has no such move."""
+        self._phase = advance(self._phase, new)
 
     def info(self) -> SessionInfo:
         row = self.row

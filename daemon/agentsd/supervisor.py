@@ -31,14 +31,14 @@ import attrs
 import msgspec
 import trio
 
-from agentsd.child import ChildIdentity, EndOutcome, Ladder, end_processes
 from agentsd.config import Config
 from agentsd.feed import Feed
-from agentsd.leases import ExitEvidence
+from agentsd.held_lease import recorded_identity, settle
+from agentsd.leftovers import EndOutcome, end_processes
 from agentsd.operations import Operation, record_provisional
 from agentsd.procfs import current_scanner
 from agentsd.providers.base import Provider
-from agentsd.runner import SessionTask, run_session, settle_events
+from agentsd.runner import SessionTask, run_session
 from agentsd.session import Session, derive_conversation
 from agentsd.store import leases as lease_rows
 from agentsd.store import sessions as session_rows
@@ -67,14 +67,6 @@ T = TypeVar("T")
 HOST_ID_FILE = "host-id"
 
 
-def ladder_from(config: Config) -> Ladder:
-    return Ladder(
-        eof_grace_s=config.ladder.eof_grace_s,
-        term_grace_s=config.ladder.term_grace_s,
-        kill_wait_s=config.ladder.kill_wait_s,
-    )
-
-
 @attrs.define(eq=False)
 class Watch:
     id: str
@@ -93,7 +85,7 @@ class Supervisor:
         self.store = store
         self.config = config
         self.state_dir = state_dir
-        self.ladder = ladder_from(config)
+        self.ladder = config.ladder
         self.feed = Feed()
         self.sessions: dict[str, Session] = {}
         self.watches: dict[str, Watch] = {}
@@ -254,13 +246,12 @@ class Supervisor:
             lease = await self.store.read(
                 functools.partial(lease_rows.latest_lease, session_id=row.id)
             )
+            # A lease still held (its exit unproven) makes the session exit-unproven.
             session = Session(row=row, head_seq=row.head_seq, conversation=convo, lease=lease)
             if row.last_exit is not None:
                 session.last_exit = msgspec.convert(row.last_exit, ExitInfo)
             if row.error is not None:
                 session.error = msgspec.convert(row.error, SessionError)
-            if lease is not None and lease.held:
-                session.phase = "exit-unproven"
             self.sessions[row.id] = session
 
     async def create(
@@ -344,10 +335,11 @@ class Supervisor:
             return False
         task.stop(cause)
         await task.done.wait()
-        if task.settle_error is not None:
+        settle_error = None if task.held is None else task.held.settle_error
+        if settle_error is not None:
             raise StorageUnavailable(
                 f"the end of the agent of session {session.id} could not be recorded "
-                f"({task.settle_error.message}); close again to retry"
+                f"({settle_error.message}); close again to retry"
             )
         if session.phase == "exit-unproven":
             raise ExitUnproven(
@@ -371,29 +363,20 @@ class Supervisor:
         self.status_maybe_changed(session, deleted=True)
 
     async def _retry_unproven(self, session: Session) -> None:
+        """End what may remain of the child of the session's held lease and settle
+        the lease through the one settle path. Raises ``ExitUnproven`` while its
+        exit still cannot be proven (nothing is journaled again), and what the
+        store raises."""
         lease = session.lease
         if lease is None or not lease.held:
-            session.phase = "stopped"
+            session.transition("stopped")
             return
-        ident = lease.identity
-        identity = ChildIdentity(
-            pid=ident.pid if ident else 0,
-            pgid=ident.pgid if ident else 0,
-            start_time=ident.start_time if ident else -1,
-            token=lease.token,
-        )
+        identity = recorded_identity(lease)
         report = await end_processes([identity], self.ladder, current_scanner())
-        if report.outcomes.get(identity) is EndOutcome.UNPROVEN:
+        outcome = report.outcomes.get(identity, EndOutcome.UNPROVEN)
+        if outcome is EndOutcome.UNPROVEN:
             raise ExitUnproven(f"the agent of session {session.id} still cannot be proven gone")
-        evidence = ExitEvidence(cause="requested", proven=True, detail="ended on retry")
-        now = time.time()
-        events = [*settle_events(session, "requested"), ("child.exited", {"cause": "requested"})]
-        released, _ = await self.write_events(
-            session, lambda conn: lease_rows.lease_released(conn, lease, evidence, now, events)
-        )
-        session.lease = released
-        session.child = None
-        session.phase = "stopped"
+        await settle(session, functools.partial(self.write_events, session), "requested", outcome)
         self.status_maybe_changed(session)
 
     def stop_all(self, cause: ExitCause) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agentsd.config import Config, ConfigError, LadderConfig, load_config
+from agentsd.config import Config, ConfigError, Ladder, load_config
 from tests.daemon_process import make_temp_dir, run_daemon
 
 EXIT_USAGE = 2  # agentsd.main: bad options or configuration
@@ -54,7 +54,7 @@ def test_values_from_the_file_override_the_defaults(base: Path) -> None:
     config = load_config(path, required=True)
     assert config.log_level == "debug"
     assert config.max_frame_bytes == 4096
-    assert config.ladder == LadderConfig(term_grace_s=0.5)
+    assert config.ladder == Ladder(term_grace_s=0.5)
     assert config.providers["mock"].command == ["mock-agent", "--fast"]
     assert config.providers["mock"].env == {"A": "1"}
     assert config.idle_timeout_s == Config().idle_timeout_s

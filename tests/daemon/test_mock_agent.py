@@ -15,7 +15,7 @@ from typing import Any
 
 import trio
 
-from agentsd.child import open_child
+from agentsd.child import ChildExit, ExitProof, open_child
 from tests.daemon import test_child as child_tests
 from tests.daemon.test_child import MOCK_AGENT, QUICK, JsonLines, MakeToken, mock_spec
 
@@ -30,8 +30,11 @@ REPLY = "Hello from the mock agent."
 
 @asynccontextmanager
 async def mock_agent(token: str, options: dict[str, Any] | None = None) -> AsyncIterator[JsonLines]:
-    async with open_child(mock_spec(token, options), QUICK, child_tests.ignore_identity) as child:
+    exits: list[ChildExit] = []
+    spec = mock_spec(token, options)
+    async with open_child(spec, QUICK, child_tests.ignore_identity, exits.append) as child:
         yield JsonLines(child)
+    assert [type(e) for e in exits] == [ExitProof]
 
 
 def texts(frames: list[dict[str, Any]], kind: str) -> list[str]:

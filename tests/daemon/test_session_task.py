@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,16 @@ import msgspec
 import pytest
 import trio
 
-from agentsd.config import Config, LadderConfig, ProviderConfig
-from agentsd.procfs import is_same_process, scan_processes
+from agentsd import child as child_module
+from agentsd.child import ChildSpec as ProcessSpec
+from agentsd.config import Config, Ladder, ProviderConfig
+from agentsd.procfs import (
+    ProcessTable,
+    ProcScanFailed,
+    ProcScanner,
+    is_same_process,
+    scan_processes,
+)
 from agentsd.providers import provider_registry
 from agentsd.providers.base import Submission
 from agentsd.runner import SessionTask
@@ -32,7 +40,7 @@ from agentsd.supervisor import Supervisor, open_supervisor
 from agentsd_protocol.errors import AgentExited, HandshakeTimeout, StorageUnavailable
 from tests.polling import eventually
 
-FAST_LADDER = LadderConfig(eof_grace_s=0.5, term_grace_s=0.5, kill_wait_s=1.0)
+FAST_LADDER = Ladder(eof_grace_s=0.5, term_grace_s=0.5, kill_wait_s=1.0)
 
 
 def make_config(**overrides: Any) -> Config:
@@ -98,20 +106,33 @@ class StepCounter(trio.abc.Instrument):
 async def test_reap_before_release_under_cancellation_at_every_await_point(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Stop the session task after 1, 2, 3, ... of its steps (spawn, identity,
-    handshake, serving, closing). Whenever a lease is released, its child is already
-    reaped and its process group is empty."""
-    checked: list[tuple[bool, list[int]]] = []
+    """Stop the session task after 1, 2, 3, ... of its steps (lease, spawn, identity,
+    handshake, serving, closing). Whenever ``open_lease``'s exit releases a lease,
+    its child is already reaped, its process group is empty and nothing carries its
+    token; and a lease under which a process was spawned, even one cancelled before
+    its identity was recorded, is released with how that process was reaped."""
+    checked: list[tuple[bool, list[int], list[int]]] = []
+    spawned: set[str] = set()  # tokens of every process spawned
+    original_spawn = child_module._spawn
     original = lease_rows.lease_released
 
-    def checking_release(conn: Any, lease: Any, *args: Any, **kwargs: Any) -> Any:
-        ident = lease.identity
-        if ident is not None:
-            alive = is_same_process(ident.pid, ident.start_time)
-            group = [p.pid for p in scan_processes().group_members(ident.pgid)]
-            checked.append((alive, group))
-        return original(conn, lease, *args, **kwargs)
+    async def recording_spawn(spec: ProcessSpec) -> trio.Process:
+        process = await original_spawn(spec)
+        spawned.add(spec.token)
+        return process
 
+    def checking_release(conn: Any, lease: Any, evidence: Any, *args: Any, **kwargs: Any) -> Any:
+        ident = lease.identity
+        alive = ident is not None and is_same_process(ident.pid, ident.start_time)
+        group = [] if ident is None else [p.pid for p in scan_processes().group_members(ident.pgid)]
+        checked.append((alive, group, token_carriers(lease.token)))
+        if lease.token in spawned:
+            assert evidence.returncode is not None or evidence.signal is not None, evidence
+        else:
+            assert ident is None and evidence.detail == "the agent was never started"
+        return original(conn, lease, evidence, *args, **kwargs)
+
+    monkeypatch.setattr(child_module, "_spawn", recording_spawn)
     monkeypatch.setattr(lease_rows, "lease_released", checking_release)
     with trio.fail_after(240):
         async with await _supervisor(store, tmp_path, make_config()) as sup:
@@ -145,9 +166,9 @@ async def test_reap_before_release_under_cancellation_at_every_await_point(
                 assert token_carriers(session.lease.token) == []
                 target += 1
             assert target > 5
-    assert checked, "no lease with a spawned child was released"
-    for alive, group in checked:
-        assert not alive and group == []
+    assert len(spawned) > 5, "too few rounds spawned a child"
+    for alive, group, carriers in checked:
+        assert not alive and group == [] and carriers == []
     assert_contiguous(await journal(store, session.id))
 
 
@@ -320,7 +341,7 @@ async def test_streamed_text_is_journaled_while_the_agent_is_quiet(
 
 async def test_shutdown_closes_every_session_concurrently(store: Store, tmp_path: Path) -> None:
     """Leaving the supervisor stops all sessions at once: about one ladder for all."""
-    config = make_config(ladder=LadderConfig(eof_grace_s=0.2, term_grace_s=1.0, kill_wait_s=1.0))
+    config = make_config(ladder=Ladder(eof_grace_s=0.2, term_grace_s=1.0, kill_wait_s=1.0))
     tokens: list[str] = []
     with trio.fail_after(120):
         async with await _supervisor(store, tmp_path, config) as sup:
@@ -454,3 +475,63 @@ async def test_a_close_whose_end_cannot_be_recorded_says_so_and_the_next_close_s
             assert session.info().phase == "stopped"
             kinds = [k for _, k, _ in await journal(store, session.id)]
             assert kinds.count("child.exited") == 1
+
+
+def _refuse_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store refuses the child's identity, right after the spawn."""
+
+    def full_disk(*args: Any, **kwargs: Any) -> Any:
+        raise StorageUnavailable("storage unavailable: disk full")
+
+    monkeypatch.setattr(lease_rows, "lease_live", full_disk)
+
+
+async def test_reap_before_release_records_the_proof_of_an_agent_whose_identity_was_refused(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent was spawned and laddered although its identity never became
+    durable: the release records how it was reaped, never that it never started."""
+    _refuse_identity(monkeypatch)
+    with trio.fail_after(60):
+        async with await _supervisor(store, tmp_path, make_config()) as sup:
+            session = await create(sup, tmp_path)
+            with pytest.raises(StorageUnavailable):
+                await sup.start(session)
+            assert session.phase == "stopped"
+            lease = await store.read(lambda conn: lease_rows.latest_lease(conn, session.id))
+            assert lease is not None and not lease.held and lease.death is not None
+            assert "never started" not in lease.death.detail
+            assert lease.death.returncode == 0  # it exited on stdin EOF, and was reaped
+            assert token_carriers(lease.token) == []
+            [exited] = [b for _, k, b in await journal(store, session.id) if k == "child.exited"]
+            assert exited["returncode"] == 0 and exited["signal"] is None
+            assert exited["error"]["kind"] == "storage_unavailable"
+
+
+async def test_reap_before_release_keeps_the_lease_of_an_unidentified_agent_not_proven_gone(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spawned agent whose identity was refused and whose end cannot be proven (no
+    /proc scan finishes) keeps its lease held; a later close proves it and releases."""
+
+    async def broken_scan(self: ProcScanner, tokens: Iterable[str] = ()) -> ProcessTable:
+        await trio.lowlevel.checkpoint()
+        raise ProcScanFailed("no /proc here")
+
+    _refuse_identity(monkeypatch)
+    with trio.fail_after(60):
+        async with await _supervisor(store, tmp_path, make_config()) as sup:
+            session = await create(sup, tmp_path)
+            with monkeypatch.context() as scans:
+                scans.setattr(ProcScanner, "scan", broken_scan)
+                with pytest.raises(StorageUnavailable):
+                    await sup.start(session)
+                assert session.phase == "exit-unproven"
+                assert session.lease is not None and session.lease.held
+                kinds = [k for _, k, _ in await journal(store, session.id)]
+                assert "child.exit-unproven" in kinds and "child.exited" not in kinds
+            assert await sup.close(session) is False
+            assert session.info().phase == "stopped"
+            assert session.lease is not None and not session.lease.held
+            kinds = [k for _, k, _ in await journal(store, session.id)]
+            assert kinds[-2:] == ["child.exited", "lease.released"]

@@ -1,0 +1,284 @@
+"""The held lease: the outer ``async with`` of the session task (DESIGN.md section 2),
+and the one path by which a lease whose child ended is settled.
+
+    async with open_lease(session, write) as held:   # fence + 1, durable, before any spawn
+        async with open_child(spec, ladder, held.child_spawned, held.child_exited):
+            ...                                       # identity durable before handshake
+        # open_child's exit: the shielded, bounded ladder; the child is reaped
+    # open_lease's exit: settle(...) with the proof open_child handed over
+
+Rule 1 (reap before release): `settle` releases a lease only with proof: our child
+was reaped (``wait()`` returned) and nothing of it remains (its group is empty and
+no process carries its token), or a previous child's leftovers were found and ended
+or were already gone, or no process was spawned under the lease at all. Without
+proof it keeps the lease held, journals ``child.exit-unproven``, and the session is
+``exit-unproven``; a later close or start retries, through `settle` again.
+
+Rule 2 (one story): `settle` is the only writer of ``child.exited`` (one shape,
+`exited_body`) and of ``child.exit-unproven``, for the session task, the retry of an
+unproven exit (``Supervisor``) and recovery at start-up; `_evidence` is the only
+place that puts a proof into words.
+
+Rule 3 (bounded, shielded): `open_lease` acquires and settles under a shield with a
+time bound. A store that refuses the settle, or is too slow, leaves the lease held
+durably as it was: the session is ``exit-unproven`` and ``settle_error`` says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, assert_never
+
+import attrs
+import msgspec
+import trio
+
+from agentsd.child import ChildExit, ExitProof, ExitUnproven
+from agentsd.leases import ExitEvidence, Identity, Lease
+from agentsd.leftovers import ChildIdentity, EndOutcome
+from agentsd.session import Session
+from agentsd.store import leases as lease_rows
+from agentsd.store.database import StoreConnection
+from agentsd.store.journal import StoredEvent
+from agentsd_protocol.api.session import ChildInfo, ExitCause, ExitInfo, SessionError
+from agentsd_protocol.errors import RpcError, StorageUnavailable
+
+log = logging.getLogger(__name__)
+
+SETTLE_TIMEOUT_S = 10.0  # a release is one small commit; this covers a slow disk
+
+LeaseOp = Callable[[StoreConnection], tuple[Lease, list[StoredEvent]]]
+Write = Callable[[LeaseOp], Awaitable[tuple[Lease, list[StoredEvent]]]]
+"""Commits a lease op and returns its result: the supervisor's ``write_events`` for a
+session it holds (which applies and publishes the events), the store's ``write``
+during recovery (nothing is served yet)."""
+
+Proof = ChildExit | EndOutcome | None
+"""What a lease is settled with: how the close ladder left our own child, how ending
+a previous child's leftovers went, or None: no process was spawned under the lease."""
+
+
+@attrs.define(eq=False)
+class HeldLease:
+    """The lease of one session task, from its acquisition to its settle.
+
+    ``open_child`` reports to it (`child_spawned`, `child_exited`); the task body
+    says why its child ends (``cause``) and what failed (``failure``), both journaled
+    by the settle. Owned by the session task.
+    """
+
+    session: Session
+    write: Write
+    lease: Lease  # as acquired: its fence and generation; ``session.lease`` is current
+    cause: ExitCause = "unexpected"
+    failure: RpcError | None = None
+    proof: ChildExit | None = None  # None until a spawned process was laddered
+    settle_error: RpcError | None = None  # why the settle could not be committed
+
+    async def child_spawned(self, identity: ChildIdentity) -> None:
+        """Make the child's identity durable (the lease goes live) before its
+        handshake. Raises what the store raises; the child is laddered all the same."""
+        lease = self.lease
+        ident = Identity(pid=identity.pid, pgid=identity.pgid, start_time=identity.start_time)
+        live, _ = await self.write(
+            lambda conn: lease_rows.lease_live(conn, lease, ident, time.time())
+        )
+        self.session.lease = live
+        self.session.child = ChildInfo(
+            pid=identity.pid,
+            pgid=identity.pgid,
+            generation=lease.generation,
+            started_at=time.time(),
+        )
+
+    def child_exited(self, proof: ChildExit) -> None:
+        self.proof = proof
+
+
+@asynccontextmanager
+async def open_lease(session: Session, write: Write) -> AsyncIterator[HeldLease]:
+    """Acquire the session's next lease and yield it held; settle it on exit.
+
+    Entering takes fence + 1 and reserves the lease durably, before anything is
+    spawned (shielded, at most ``SETTLE_TIMEOUT_S``); the session goes ``starting``.
+    It raises what the store raises (``StorageUnavailable``, ``trio.TooSlowError``),
+    and then nothing is held.
+
+    Exit runs whatever ended the body, after it: so after the child nested inside was
+    laddered. The session goes ``stopping``, then `settle` runs with the held lease's
+    ``proof``, ``cause`` and ``failure``, shielded and at most ``SETTLE_TIMEOUT_S``.
+    Exit never raises: if the store refuses or is too slow, the lease stays held, the
+    session is ``exit-unproven`` with a ``storage_unavailable`` error, and
+    ``settle_error`` says why. The body's exception propagates unchanged.
+    """
+    # Shielded: once the fence is taken durably, this task must learn it, so that
+    # the lease is settled below even if a close arrived meanwhile.
+    with trio.CancelScope(shield=True), trio.fail_after(SETTLE_TIMEOUT_S):
+        lease, _ = await write(lambda conn: lease_rows.acquire_lease(conn, session.id, time.time()))
+    session.lease = lease
+    session.row = attrs.evolve(session.row, fence=lease.fence)
+    session.error = None
+    session.transition("starting")
+    held = HeldLease(session=session, write=write, lease=lease)
+    try:
+        yield held
+    finally:
+        session.transition("stopping")
+        settled = False
+        with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
+            try:
+                await settle(session, write, held.cause, held.proof, held.failure)
+                settled = True
+            except RpcError as exc:
+                log.error("session %s: could not record its agent's end: %s", session.id, exc)
+                held.settle_error = exc
+        if not settled:
+            # The child is gone (or unproven) but the store did not take the settle:
+            # the lease stays held durably, and the next start or close retries.
+            session.transition("exit-unproven")
+            session.error = SessionError(
+                kind="storage_unavailable",
+                message="the end of the agent could not be recorded; close to retry",
+                at=time.time(),
+            )
+            if held.settle_error is None:
+                held.settle_error = StorageUnavailable(
+                    f"recording the end of the agent took over {SETTLE_TIMEOUT_S:g} s"
+                )
+
+
+async def settle(
+    session: Session,
+    write: Write,
+    cause: ExitCause,
+    proof: Proof,
+    failure: RpcError | None = None,
+) -> None:
+    """Settle ``session.lease``, which is held, on the end of its child (Rule 1).
+
+    With proof, one commit settles the conversation (`settle_events`), journals
+    ``child.exited`` and releases the lease; the session goes ``stopped``. Without,
+    ``child.exit-unproven`` is journaled and the lease stays held; the session goes
+    ``exit-unproven``. Raises what ``write`` raises (``StorageUnavailable``), and then
+    nothing changed, in memory or durably. Callers shield and bound it.
+    """
+    lease = session.lease
+    assert lease is not None and lease.held, "settle takes a held lease"
+    evidence = _evidence(proof, cause)
+    now = time.time()
+    error = None
+    if failure is not None:
+        error = SessionError(kind=failure.kind, message=failure.message, at=now)
+    if evidence.proven:
+        events = [*settle_events(session, cause), ("child.exited", exited_body(evidence, failure))]
+        last_exit = ExitInfo(
+            cause=cause, returncode=evidence.returncode, signal=evidence.signal, at=now
+        )
+        released, _ = await write(
+            lambda conn: lease_rows.lease_released(
+                conn,
+                lease,
+                evidence,
+                now,
+                events,
+                last_exit=msgspec.to_builtins(last_exit),
+                error=None if error is None else msgspec.to_builtins(error),
+            )
+        )
+        session.lease = released
+        session.child = None
+        session.last_exit = last_exit
+        session.error = error
+        session.transition("stopped")
+    else:
+        log.error(
+            "session %s: exit of its agent could not be proven: %s", session.id, evidence.detail
+        )
+        events = [("child.exit-unproven", {"cause": cause, "detail": evidence.detail})]
+        held, _ = await write(
+            lambda conn: lease_rows.lease_unproven(conn, lease, evidence, now, events)
+        )
+        session.lease = held
+        session.error = error
+        session.transition("exit-unproven")
+
+
+def exited_body(evidence: ExitEvidence, failure: RpcError | None) -> dict[str, Any]:
+    """The one shape of ``child.exited``, whoever settles: how the child ended
+    (``returncode`` or ``signal`` when it was our own and reaped), the evidence in
+    words, and the failure that ended it, if any."""
+    return {
+        "cause": evidence.cause,
+        "returncode": evidence.returncode,
+        "signal": evidence.signal,
+        "detail": evidence.detail,
+        "error": None if failure is None else {"kind": failure.kind, "message": failure.message},
+    }
+
+
+def _evidence(proof: Proof, cause: ExitCause) -> ExitEvidence:
+    match proof:
+        case None:
+            return ExitEvidence(cause=cause, proven=True, detail="the agent was never started")
+        case ExitProof(returncode=returncode, signal=signal, stragglers_killed=killed):
+            detail = f"{killed} stragglers killed" if killed else ""
+            return ExitEvidence(
+                cause=cause, proven=True, returncode=returncode, signal=signal, detail=detail
+            )
+        case ExitUnproven(reason=reason):
+            return ExitEvidence(cause=cause, proven=False, detail=reason)
+        case EndOutcome.ENDED:
+            return ExitEvidence(cause=cause, proven=True, detail="found running and ended")
+        case EndOutcome.ALREADY_GONE:
+            return ExitEvidence(cause=cause, proven=True, detail="already gone")
+        case EndOutcome.UNPROVEN:
+            return ExitEvidence(cause=cause, proven=False, detail="still running after the ladder")
+        case _:
+            assert_never(proof)
+
+
+def recorded_identity(lease: Lease) -> ChildIdentity:
+    """The identity of a lease's child, to find its leftovers."""
+    ident = lease.identity
+    if ident is None:
+        # Reserved but never confirmed: only its token can find what it spawned.
+        return ChildIdentity(pid=0, pgid=0, start_time=-1, token=lease.token)
+    return ChildIdentity(
+        pid=ident.pid, pgid=ident.pgid, start_time=ident.start_time, token=lease.token
+    )
+
+
+def settle_events(session: Session, cause: str) -> list[tuple[str, Any]]:
+    """What a child's end settles in the conversation: its open turn and its pending
+    approvals (absent evidence is ``unknown``/``interrupted``, never success)."""
+    convo = session.conversation
+    events: list[tuple[str, Any]] = []
+    for approval in convo.approvals.values():
+        if approval.approval_id in session.claims:
+            continue  # a client's answer is being committed; it wins
+        events.append(
+            (
+                "approval.resolved",
+                {"approvalId": approval.approval_id, "decision": "cancelled", "by": "daemon"},
+            )
+        )
+    if convo.turn_open:
+        outcome = (
+            "interrupted"
+            if cause in ("requested", "shutdown", "idle", "daemon-restart")
+            else "unknown"
+        )
+        events.append(
+            ("turn.completed", {"turnId": convo.turn_id, "outcome": outcome, "reason": cause})
+        )
+    for cmid in sorted(convo.undispatched):
+        events.append(
+            (
+                "submission.dispatched",
+                {"clientMessageId": cmid, "outcome": "unknown", "reason": cause},
+            )
+        )
+    return events
