@@ -40,6 +40,8 @@ from agentsctl.acp.turns import (
 from agentsctl.acp.updates import UpdateTranslator, approval_tool_call
 from agentsctl.async_client import open_client
 from agentsctl.client import Client
+from agentsd_protocol import methods
+from agentsd_protocol.api.session import GetParams
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
 from tests.daemon_process import DaemonProcess, running_daemon
 
@@ -916,7 +918,10 @@ def test_killing_the_bridge_mid_turn_leaves_the_session_running(
         events = client.call(
             "agentSession.history", {"sessionId": report["sessionId"], "afterSeq": 0, "limit": 1000}
         )["events"]
-        assert client.get(report["sessionId"]).session.phase == "running"
+        assert (
+            client.call(methods.GET, GetParams(session_id=report["sessionId"])).session.phase
+            == "running"
+        )
     kinds = [e["kind"] for e in events]
     outcomes = [e["body"]["outcome"] for e in events if e["kind"] == "turn.completed"]
     assert outcomes == ["completed", "completed"], "the orphaned turn ran to its end"

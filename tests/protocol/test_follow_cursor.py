@@ -3,6 +3,7 @@ gaps; the end of a deleted session; catch-up markers."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -35,7 +36,7 @@ def subscribed(subscription_id: str, head_seq: int) -> sm.SubscribeResult:
     return sm.SubscribeResult(subscription_id=subscription_id, head_seq=head_seq)
 
 
-def seqs(items: list[FollowItem]) -> list[int]:
+def seqs(items: Sequence[FollowItem]) -> list[int]:
     return [item.seq for item in items if isinstance(item, sm.JournalEvent)]
 
 
@@ -127,7 +128,7 @@ def test_any_lag_drop_or_repeat_hands_out_every_event_once_in_order(
         next_seq = params.after_seq + 1
         take(cursor.subscribed(subscribed(current, head)))
 
-    def take(items: list[FollowItem]) -> None:
+    def take(items: Sequence[FollowItem]) -> None:
         handed.extend(seqs(items))
         if any(isinstance(item, Resubscribe) for item in items):
             subscribe()

@@ -73,7 +73,7 @@ class FollowCursor:
     def subscribe_params(self) -> st.SubscribeParams:
         return st.SubscribeParams(session_id=self.session_id, after_seq=self.last_seq)
 
-    def subscribed(self, result: st.SubscribeResult) -> list[FollowItem]:
+    def subscribed(self, result: st.SubscribeResult) -> list[CaughtUp]:
         """The (re)subscription's reply arrived: what to hand out now."""
         if self.head_seq is None:
             self.head_seq = result.head_seq
@@ -128,7 +128,9 @@ class FollowCursor:
         if last is not None and event.seq > last + 1:
             return self._abandon()  # a gap: read it from the journal
         self.last_seq = event.seq
-        return [event.event, *self._caught_up()]
+        items: list[FollowItem] = [event.event]
+        items.extend(self._caught_up())
+        return items
 
     def _abandon(self) -> list[FollowItem]:
         if self.subscription_id is None:
@@ -136,7 +138,7 @@ class FollowCursor:
         stale, self.subscription_id = self.subscription_id, None
         return [Resubscribe(stale=stale)]
 
-    def _caught_up(self) -> list[FollowItem]:
+    def _caught_up(self) -> list[CaughtUp]:
         last, target = self.last_seq, self._catch_up_to
         if target is None or last is None or last < target:
             return []
