@@ -27,7 +27,7 @@ from agentsd_protocol.api import stream as st
 from agentsd_protocol.errors import AlreadyResolved
 
 if TYPE_CHECKING:
-    from agentsctl.cli import Target
+    from agentsctl.target import Target
 
 LOG_PAGE_EVENTS = 500  # per history request; the daemon bounds a page's bytes as well
 

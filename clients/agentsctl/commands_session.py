@@ -23,7 +23,7 @@ from agentsd_protocol import methods
 from agentsd_protocol.api import session as s
 
 if TYPE_CHECKING:
-    from agentsctl.cli import Target
+    from agentsctl.target import Target
 
 PHASES = ("stopped", "starting", "running", "stopping", "exit-unproven")
 

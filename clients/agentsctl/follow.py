@@ -40,8 +40,8 @@ from agentsd_protocol.client.cursor import CaughtUp, Ended, FollowCursor, Resubs
 from agentsd_protocol.errors import RpcError, SessionNotFound, ShuttingDown
 
 if TYPE_CHECKING:
-    from agentsctl.cli import Target
     from agentsctl.client import Client
+    from agentsctl.target import Target
 
 __all__ = ["CaughtUp", "FollowItem", "Follower", "Note", "SessionGone"]
 

@@ -24,7 +24,7 @@ from agentsd_protocol.api.base import MutationParams
 from agentsd_protocol.methods import Method
 
 if TYPE_CHECKING:
-    from agentsctl.cli import Target
+    from agentsctl.target import Target
 
 P = TypeVar("P", bound=MutationParams)
 R = TypeVar("R")
