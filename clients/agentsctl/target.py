@@ -26,8 +26,12 @@ from agentsctl.daemon import (
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable
+    from typing import TypeVar
 
     from agentsctl.client import Client
+
+    C = TypeVar("C")
 
 
 class Target:
@@ -54,25 +58,22 @@ class Target:
     def link(self, *, start: bool = True) -> Link:
         """A stdlib-JSON connection; with ``start``, a daemon is started if none runs
         (unless ``--no-start``). Raises ``DaemonUnreachable`` and its subclasses."""
-        try:
-            return Link(self.socket_path)
-        except DaemonNotRunning:
-            if not (start and self.may_start):
-                raise
-        self.autostart()
-        return Link(self.socket_path)
+        return self._connect(Link, start=start)
 
     def client(self, *, start: bool = True) -> Client:
         """A typed ``Client`` (this imports msgspec); started as ``link`` does."""
         from agentsctl.client import Client
 
+        return self._connect(Client, start=start)
+
+    def _connect(self, open_connection: Callable[[str], C], *, start: bool) -> C:
         try:
-            return Client(self.socket_path)
+            return open_connection(self.socket_path)
         except DaemonNotRunning:
             if not (start and self.may_start):
                 raise
         self.autostart()
-        return Client(self.socket_path)
+        return open_connection(self.socket_path)
 
     def autostart(self) -> None:
         """Start a detached daemon for a command that needs one; says so on stderr."""
