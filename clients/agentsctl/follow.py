@@ -7,9 +7,10 @@ asks for the events after it; so no lag, reconnect or restart repeats or skips a
 event.
 
 Rule 2 (resubscribe): when the cursor says so (after ``agentSession.lagged``, or a
-gap) the follower subscribes again on the same connection from its cursor. After a dropped connection it reconnects with
-backoff, never starting a daemon (one that went away was stopped or is restarting;
-it is waited for, not replaced), then subscribes again. Deltas streamed while
+gap) the follower subscribes again on the same connection from its cursor. After a
+dropped connection it reconnects with backoff, never starting a daemon (one that went
+away was stopped or is restarting; it is waited for, not replaced), then subscribes
+again. Deltas streamed while
 disconnected are not replayed: the next snapshot carries their text (see
 ``agentsctl.render``, Rule 1).
 

@@ -17,7 +17,8 @@ from agentsd_protocol.paths import default_socket_path
 class AsyncClient(Connector):
     """A trio JSON-RPC 2.0 client of agentsd; build one with ``open_client``.
 
-    ``await client.call(methods.SEND, SendParams(...))`` is a ``SendResult``. Calls may run concurrently from any number of tasks. Each raises the daemon's
+    ``await client.call(methods.SEND, SendParams(...))`` is a ``SendResult``. Calls
+    may run concurrently from any number of tasks. Each raises the daemon's
     ``RpcError`` subclass for an error reply, ``DaemonUnreachable`` (or a subclass)
     when no connection can be made or it fails before the reply (Rules 1 and 2), and
     ``ParseError`` for a result that does not fit its type. Cancelling a call abandons
