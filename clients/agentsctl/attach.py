@@ -37,7 +37,7 @@ from agentsd_protocol.api import stream as st
 from agentsd_protocol.errors import RpcError
 
 if TYPE_CHECKING:
-    from agentsctl.cli import Target
+    from agentsctl.target import Target
 
 KEY_POLL_S = 0.05  # how often a waiting question looks at the keyboard; feels instant
 ERASE_LINE = "\r\x1b[K"

@@ -1,17 +1,19 @@
 """``agentsctl``: the command line client of agentsd.
 
 Rule 1: the CLI never imports trio or the ``agentsd`` package, and imports at module
-level only what ``agentsctl status`` needs (argparse and the stdlib-only
-``agentsctl.daemon``): its cold start is budgeted at 3x ``python -c pass``. Only
-``status`` and ``daemon *`` live here; every other command lives in a module of its
-concept (``commands_session``, ``commands_conversation``, ``attach``, ``doctor``,
+level only what ``agentsctl status`` needs (argparse, ``agentsctl.target`` and the
+stdlib-only ``agentsctl.daemon``): its cold start is budgeted at 3x ``python -c
+pass``. This module holds the command table, the parser built from it, and ``main``;
+every command lives in a module of its concept (``commands_daemon``,
+``commands_session``, ``commands_conversation``, ``attach``, ``doctor``,
 ``completion``), named in its ``COMMANDS`` row as ``"module:function"`` and imported
 only when that command runs or its options are built; msgspec and the typed
-``Client`` come in with them.
+``Client`` come in with the commands that use them.
 
 Rule 2: one function per command and one table (``COMMANDS``) that builds the parser,
 the help and the shell completion; a new command is a function and a row. A command
-reaches the daemon through ``Target.link()`` (stdlib) or ``Target.client()`` (typed),
+reaches the daemon through its ``agentsctl.target.Target``: ``link()`` (stdlib) or
+``client()`` (typed),
 which start a detached daemon when none runs unless ``--no-start``; the commands that
 must never start one (``daemon ping``, ``daemon stop``, ``doctor``, and reconnecting
 streams) pass ``start=False``. Every mutation goes through
@@ -28,33 +30,17 @@ the normal way out: 0), 141 stdout was closed by its reader (``| head``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 
-from agentsctl.daemon import (
-    DaemonDisconnected,
-    DaemonNotRunning,
-    DaemonStartFailed,
-    DaemonUnreachable,
-    Link,
-    answers,
-    daemon_argv,
-    default_socket_path,
-    default_state_dir,
-    spawn_detached,
-    wait_until_answering,
-    wait_until_gone,
-)
+from agentsctl.daemon import DaemonNotRunning, DaemonUnreachable
+from agentsctl.target import Target
 
 # typing costs a few ms of cold start and is needed by the type checker only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
-
-    from agentsctl.client import Client
 
 EXIT_OK = 0
 EXIT_DAEMON_ERROR = 1  # the daemon answered with an error, or what was asked did not happen
@@ -78,190 +64,6 @@ class CommandFailed(Exception):
 
 class UsageError(Exception):
     """The command line is wrong in a way argparse cannot see (exit 2, with usage)."""
-
-
-class Target:
-    """The daemon a command talks to: its socket, its state dir, whether to start it."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.explicit_socket: str | None = args.socket
-        self.explicit_state_dir: str | None = args.state_dir
-        self.state_dir: str = args.state_dir or default_state_dir()
-        self.socket_path: str = args.socket or default_socket_path(state_dir=args.state_dir)
-        self.may_start: bool = not args.no_start
-        self.log_path = os.path.join(self.state_dir, "agentsd.log")
-
-    def global_args(self) -> list[str]:
-        """The global options given on this command line that locate the daemon, for
-        commands printed as hints (``agentsctl approve ...``)."""
-        words: list[str] = []
-        if self.explicit_socket is not None:
-            words += ["--socket", self.explicit_socket]
-        if self.explicit_state_dir is not None:
-            words += ["--state-dir", self.explicit_state_dir]
-        return words
-
-    def link(self, *, start: bool = True) -> Link:
-        """A stdlib-JSON connection; with ``start``, a daemon is started if none runs
-        (unless ``--no-start``). Raises ``DaemonUnreachable`` and its subclasses."""
-        try:
-            return Link(self.socket_path)
-        except DaemonNotRunning:
-            if not (start and self.may_start):
-                raise
-        self.autostart()
-        return Link(self.socket_path)
-
-    def client(self, *, start: bool = True) -> Client:
-        """A typed ``Client`` (this imports msgspec); started as ``link`` does."""
-        from agentsctl.client import Client
-
-        try:
-            return Client(self.socket_path)
-        except DaemonNotRunning:
-            if not (start and self.may_start):
-                raise
-        self.autostart()
-        return Client(self.socket_path)
-
-    def autostart(self) -> None:
-        """Start a detached daemon for a command that needs one; says so on stderr."""
-        pid = self.start_detached()
-        print(f"agentsctl: started agentsd (pid {pid}) at {self.socket_path}", file=sys.stderr)
-
-    def start_detached(self, *, log_level: str | None = None, config: str | None = None) -> int:
-        """Spawn a detached daemon and wait until it answers; its pid.
-
-        Raises ``DaemonStartFailed`` if it exits or stays silent past the deadline.
-        """
-        argv = daemon_argv(
-            self.socket_path,
-            state_dir=self.explicit_state_dir,
-            log_level=log_level,
-            config=config,
-        )
-        try:
-            pid = spawn_detached(argv, self.log_path)
-        except OSError as exc:
-            raise DaemonStartFailed(f"cannot start agentsd: {exc}", self.socket_path) from None
-        wait_until_answering(self.socket_path, pid=pid, log_path=self.log_path)
-        return pid
-
-
-# -- commands ---------------------------------------------------------------------
-
-
-def _configure_status(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the raw JSON result")
-
-
-def _run_status(args: argparse.Namespace, target: Target) -> int:
-    with target.link(start=True) as link:
-        result = link.call("daemon.status")
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return EXIT_OK
-    print(_format_status(result))
-    return EXIT_OK
-
-
-def _format_status(result: dict[str, Any]) -> str:
-    sessions = result.get("sessions") or {}
-    recovery = result.get("recovery") or {}
-    counts = ", ".join(
-        f"{sessions.get(key, 0)} {key}" for key in ("running", "working", "attention")
-    )
-    recovered = recovery.get("summary") or (
-        f"{recovery.get('sessionsRecovered', 0)} sessions recovered, "
-        f"{recovery.get('orphansEnded', 0)} orphans ended, "
-        f"{recovery.get('unproven', 0)} unproven"
-    )
-    rows = [
-        ("socket", result.get("socket", "?")),
-        ("state dir", result.get("stateDir", "?")),
-        ("connections", result.get("connections", "?")),
-        ("sessions", f"{sessions.get('total', 0)} ({counts})"),
-        ("recovery", recovered),
-    ]
-    head = (
-        f"agentsd {result.get('version', '?')} (pid {result.get('pid', '?')}), "
-        f"up {_format_duration(float(result.get('uptimeS', 0.0)))}"
-    )
-    return "\n".join([head, *(f"  {name + ':':<13}{value}" for name, value in rows)])
-
-
-def _format_duration(seconds: float) -> str:
-    whole = int(seconds)
-    days, rest = divmod(whole, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours}h"
-    if hours:
-        return f"{hours}h {minutes}m"
-    if minutes:
-        return f"{minutes}m {secs}s"
-    return f"{seconds:.1f}s"
-
-
-def _configure_daemon_start(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--foreground", action="store_true", help="run agentsd in this process (exec) instead"
-    )
-    parser.add_argument("--log-level", help="passed to agentsd: debug, info, warning, error")
-    parser.add_argument("--config", metavar="FILE", help="passed to agentsd: its config file")
-
-
-def _run_daemon_start(args: argparse.Namespace, target: Target) -> int:
-    if answers(target.socket_path):
-        print(f"agentsd is already running at {target.socket_path}")
-        return EXIT_OK
-    if args.foreground:
-        argv = daemon_argv(
-            target.socket_path,
-            state_dir=target.explicit_state_dir,
-            log_level=args.log_level,
-            config=args.config,
-        )
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.execv(argv[0], argv)
-    pid = target.start_detached(log_level=args.log_level, config=args.config)
-    print(f"agentsd started (pid {pid}) at {target.socket_path}; log: {target.log_path}")
-    return EXIT_OK
-
-
-def _run_daemon_stop(args: argparse.Namespace, target: Target) -> int:
-    from agentsd_protocol.errors import ShuttingDown
-
-    try:
-        with target.link(start=False) as link:
-            link.call("daemon.shutdown")
-    except DaemonDisconnected:
-        pass  # it went away before replying: what we asked for
-    except ShuttingDown:
-        pass  # someone else asked first; wait all the same
-    except DaemonNotRunning:
-        print(f"agentsd is not running at {target.socket_path}")
-        return EXIT_OK
-    started = time.monotonic()
-    if not wait_until_gone(target.socket_path):
-        raise CommandFailed(
-            f"agentsd at {target.socket_path} still answers "
-            f"{time.monotonic() - started:.0f} s after daemon.shutdown",
-            "stop_timeout",
-        )
-    print(f"agentsd at {target.socket_path} stopped")
-    return EXIT_OK
-
-
-def _run_daemon_ping(args: argparse.Namespace, target: Target) -> int:
-    with target.link(start=False) as link:
-        started = time.perf_counter()
-        link.call("daemon.ping")
-        elapsed = time.perf_counter() - started
-    print(f"pong from agentsd at {target.socket_path}: {elapsed * 1000:.2f} ms")
-    return EXIT_OK
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -364,6 +166,7 @@ SECTIONS = (
 
 _S = "agentsctl.commands_session"
 _C = "agentsctl.commands_conversation"
+_D = "agentsctl.commands_daemon"
 COMMANDS = (
     Command("new", "create a session and start its agent (-m: and send a prompt); prints its id", f"{_S}:run_new", f"{_S}:configure_new", section="sessions"),
     Command("ls", "list sessions", f"{_S}:run_ls", f"{_S}:configure_ls", section="sessions"),
@@ -377,10 +180,10 @@ COMMANDS = (
     Command("interrupt", "interrupt the running turn", f"{_C}:run_interrupt", f"{_C}:configure_interrupt", section="conversation"),
     Command("approve", "answer a pending approval (accept, or --decline / --decision)", f"{_C}:run_approve", f"{_C}:configure_approve", section="conversation"),
     Command("acp", "serve the Agent Client Protocol on stdio for an editor (a daemon session per ACP session)", "agentsctl.acp.command:run_acp", "agentsctl.acp.command:configure_acp", section="conversation"),
-    Command("status", "the daemon's version, uptime, paths, connections and sessions", _run_status, _configure_status, section="daemon"),
-    Command("daemon start", "start agentsd detached (or --foreground) and wait until it answers", _run_daemon_start, _configure_daemon_start, section="daemon"),
-    Command("daemon stop", "ask agentsd to shut down and wait until it is gone", _run_daemon_stop, section="daemon"),
-    Command("daemon ping", "time one round trip to a running agentsd", _run_daemon_ping, section="daemon"),
+    Command("status", "the daemon's version, uptime, paths, connections and sessions", f"{_D}:run_status", f"{_D}:configure_status", section="daemon"),
+    Command("daemon start", "start agentsd detached (or --foreground) and wait until it answers", f"{_D}:run_daemon_start", f"{_D}:configure_daemon_start", section="daemon"),
+    Command("daemon stop", "ask agentsd to shut down and wait until it is gone", f"{_D}:run_daemon_stop", section="daemon"),
+    Command("daemon ping", "time one round trip to a running agentsd", f"{_D}:run_daemon_ping", section="daemon"),
     Command("doctor", "check the agents, directories, socket, database and service", "agentsctl.doctor:run_doctor", "agentsctl.doctor:configure_doctor", section="setup"),
     Command("completion", "print a bash, zsh or fish completion script", "agentsctl.completion:run_completion", "agentsctl.completion:configure_completion", section="setup"),
 )  # fmt: skip

@@ -1,63 +1,46 @@
 """The synchronous client library: one blocking connection to the daemon.
 
-Rule 1: requests carry fresh integer ids; a reply is matched to its request by id
-alone, so replies may arrive in any order and a reply nobody waits for any more (its
-call timed out) is dropped.
+Requests, replies and notifications are ``agentsd_protocol.client.core``'s (its Rules
+1 to 4: ids, matching, errors rebuilt); this module is the socket glue around it.
+
+Rule 1: ``call(methods.X, params)`` is typed by the method it names; a method named
+by a string (outside the registry, or to send params as plain JSON) gets plain JSON
+values back.
 
 Rule 2: notifications that arrive while a reply is awaited are kept, in order, for
 ``notifications()`` and ``next_notification()``; nothing the daemon sends is lost
 while the connection lives.
 
 Rule 3: once the connection has failed (closed by the daemon, broken, or the daemon
-sent something that is not JSON-RPC) the client is closed for good and every later
-call raises ``DaemonDisconnected``. A timeout does not break it.
+sent something that is not JSON-RPC, including an error it could not attribute to a
+request) the client is closed for good and every later call raises
+``DaemonDisconnected``. A timeout does not break it.
 
-All framing and JSON-RPC decoding is ``agentsd_protocol``'s; this module is the
-socket glue around it. A ``Client`` is not thread-safe.
+A ``Client`` is not thread-safe.
 """
 
 from __future__ import annotations
 
-import builtins
-import os
 import socket
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import msgspec
-from msgspec import UNSET
 
 from agentsctl.daemon import DaemonDisconnected, DaemonUnreachable, connect, receive, send
-from agentsd_protocol.api import daemon as d
-from agentsd_protocol.api import session as s
-from agentsd_protocol.errors import MethodNotFound, ParseError, RpcError, error_from_wire
-from agentsd_protocol.framing import FrameDecoder, Framing, encode_frame
-from agentsd_protocol.jsonrpc import (
-    ClientIncoming,
-    RequestId,
-    decode_client_frame,
-    encode_error,
-    encode_request,
-)
+from agentsd_protocol.client.core import ClientCore, IncomingRequest, Notification, PendingCall
+from agentsd_protocol.errors import RpcError
+from agentsd_protocol.methods import Method, untyped
 from agentsd_protocol.paths import default_socket_path
 
 __all__ = ["Client", "DaemonDisconnected", "DaemonUnreachable", "Notification"]
 
-T = TypeVar("T")
-
-
-class Notification(msgspec.Struct, frozen=True):
-    """A notification from the daemon, params still encoded."""
-
-    method: str
-    params: msgspec.Raw = msgspec.Raw(b"null")
-
-    def decode(self, params_type: type[T]) -> T:
-        """The params as ``params_type`` (``msgspec.ValidationError`` if they do not fit)."""
-        return msgspec.json.decode(self.params, type=params_type)
+P = TypeVar("P")
+R = TypeVar("R")
+UntypedParams = msgspec.Struct | dict[str, Any] | None
 
 
 class Client:
@@ -73,10 +56,8 @@ class Client:
         self.socket_path = Path(path) if path is not None else default_socket_path()
         self.timeout_s = timeout_s
         self._sock: socket.socket | None = connect(self.socket_path, timeout_s)
-        self._decoder = FrameDecoder(framing=Framing.NDJSON)
-        self._next_id = 1
-        self._pending: dict[RequestId, str] = {}  # submitted, not yet collected: id -> method
-        self._replies: dict[RequestId | None, ClientIncoming] = {}
+        self._core: ClientCore[None] = ClientCore()
+        self._submitted: set[int] = set()  # ids submitted and not yet collected by ``wait``
         self._notifications: deque[Notification] = deque()
         self._failure: str | None = None  # why the connection is closed (Rule 3)
         self._eof = False  # the daemon closed the connection cleanly
@@ -102,100 +83,68 @@ class Client:
     # -- requests ---------------------------------------------------------------
 
     @overload
-    def call(
-        self,
-        method: str,
-        params: msgspec.Struct | dict[str, Any] | None = None,
-        *,
-        result_type: type[T],
-    ) -> T: ...
+    def call(self, method: Method[P, R], params: P | None = None) -> R: ...
 
     @overload
-    def call(
-        self,
-        method: str,
-        params: msgspec.Struct | dict[str, Any] | None = None,
-        *,
-        result_type: None = None,
-    ) -> Any: ...
+    def call(self, method: str, params: UntypedParams = None) -> Any: ...
 
-    def call(
-        self,
-        method: str,
-        params: msgspec.Struct | dict[str, Any] | None = None,
-        *,
-        result_type: type[T] | None = None,
-    ) -> T | Any:
-        """Send one request and wait for its reply.
+    def call(self, method: Method[Any, Any] | str, params: Any = None) -> Any:
+        """Send one request and wait for its reply (Rule 1). Params None are left out.
 
-        The result is decoded as ``result_type`` when given, else into plain JSON
-        values. Raises the daemon's ``RpcError`` subclass for an error reply,
-        ``TimeoutError`` after ``timeout_s`` without the reply (the late reply will be
-        dropped), ``DaemonDisconnected`` if the connection fails first, and
-        ``ParseError`` if the daemon sends something that is not JSON-RPC or a result
-        that does not fit ``result_type``.
+        Raises the daemon's ``RpcError`` subclass for an error reply, ``TimeoutError``
+        after ``timeout_s`` without the reply (the late reply will be dropped),
+        ``DaemonDisconnected`` if the connection fails first, and ``ParseError`` if the
+        daemon sends something that is not JSON-RPC or a result that does not fit.
         """
-        request_id = self.submit(method, params)
+        call = self.submit(method, params)
         try:
-            return self.wait(request_id, result_type=result_type)
+            return self.wait(call)
         except TimeoutError:
-            del self._pending[request_id]
+            self._core.forget(call)
+            self._submitted.discard(call.id)
             raise
 
-    def submit(self, method: str, params: msgspec.Struct | dict[str, Any] | None = None) -> int:
-        """Send a request without waiting; collect its reply with ``wait(id)``.
+    @overload
+    def submit(self, method: Method[P, R], params: P | None = None) -> PendingCall[R]: ...
+
+    @overload
+    def submit(self, method: str, params: UntypedParams = None) -> PendingCall[Any]: ...
+
+    def submit(self, method: Method[Any, Any] | str, params: Any = None) -> PendingCall[Any]:
+        """Send a request without waiting; collect its reply with ``wait(call)``.
 
         Several submitted requests may be outstanding at once (pipelining).
         """
         sock = self._live_socket()
-        request_id = self._next_id
-        self._next_id += 1
-        frame = encode_frame(Framing.NDJSON, encode_request(method, params, request_id))
+        call, frame = self._core.request(
+            untyped(method) if isinstance(method, str) else method, params
+        )
         try:
             send(sock, frame, self.socket_path)
         except DaemonDisconnected as exc:
             self._fail(exc.message)
             raise
-        self._pending[request_id] = method
-        return request_id
+        self._submitted.add(call.id)
+        return call
 
-    @overload
-    def wait(self, request_id: int, *, result_type: type[T]) -> T: ...
-
-    @overload
-    def wait(self, request_id: int, *, result_type: None = None) -> Any: ...
-
-    def wait(self, request_id: int, *, result_type: type[T] | None = None) -> T | Any:
+    def wait(self, call: PendingCall[R]) -> R:
         """Wait for the reply to a submitted request; raises as ``call`` does.
 
         On ``TimeoutError`` the request stays pending and may be waited for again.
-        An error reply the daemon could not attribute to a request (id null: it could
-        not parse what it received) fails the wait that reads it.
         """
-        if request_id not in self._pending:
-            raise ValueError(f"request {request_id} is not pending on this client")
+        if call.id not in self._submitted:
+            raise ValueError(f"request {call.id} is not pending on this client")
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
-        while request_id not in self._replies and None not in self._replies:
+        while not call.done:
             try:
                 self._read_more(deadline)
             except TimeoutError:
-                method = self._pending[request_id]
                 raise TimeoutError(
-                    f"agentsd at {self.socket_path} did not answer {method} "
-                    f"(request {request_id}) within {self.timeout_s} s"
+                    f"agentsd at {self.socket_path} did not answer {call.method.name} "
+                    f"(request {call.id}) within {self.timeout_s} s"
                 ) from None
-        reply = self._replies.pop(request_id if request_id in self._replies else None)
-        del self._pending[request_id]
-        if reply.error is not UNSET:
-            raise error_from_wire(reply.error)
-        if reply.result is UNSET:
-            raise ParseError("Parse error: a reply with neither result nor error")
-        try:
-            if result_type is None:
-                return msgspec.json.decode(reply.result)
-            return msgspec.json.decode(reply.result, type=result_type)
-        except msgspec.DecodeError as exc:
-            raise ParseError(f"Parse error in the result of request {request_id}: {exc}") from None
+        self._submitted.discard(call.id)
+        return call.result()
 
     # -- notifications ----------------------------------------------------------
 
@@ -229,103 +178,6 @@ class Client:
                 return None
         return self._notifications.popleft()
 
-    # -- typed methods ----------------------------------------------------------
-
-    def ping(self) -> d.PingResult:
-        return self.call("daemon.ping", result_type=d.PingResult)
-
-    def status(self) -> d.StatusResult:
-        return self.call("daemon.status", result_type=d.StatusResult)
-
-    def shutdown(self) -> d.ShutdownResult:
-        """Ask the daemon to close every session and exit; it replies first."""
-        return self.call("daemon.shutdown", result_type=d.ShutdownResult)
-
-    def discover(self) -> dict[str, Any]:
-        """This API as an OpenRPC document."""
-        return self.call("rpc.discover", result_type=dict[str, Any])
-
-    def create(
-        self,
-        provider: str,
-        cwd: str | os.PathLike[str],
-        *,
-        title: str | None = None,
-        options: dict[str, Any] | None = None,
-        env: dict[str, str] | None = None,
-        command: Sequence[str] | None = None,
-        start: bool = True,
-        client_operation_id: str | None = None,
-    ) -> s.CreateResult:
-        params = s.CreateParams(
-            provider=provider,
-            cwd=os.fspath(cwd),
-            title=title,
-            options=options or {},
-            env=env or {},
-            command=None if command is None else builtins.list(command),
-            start=start,
-            client_operation_id=client_operation_id,
-        )
-        return self.call("agentSession.create", params, result_type=s.CreateResult)
-
-    def get(self, session_id: str) -> s.GetResult:
-        return self.call(
-            "agentSession.get", s.GetParams(session_id=session_id), result_type=s.GetResult
-        )
-
-    def start(
-        self,
-        session_id: str,
-        *,
-        client_operation_id: str | None = None,
-        expected_fence: int | None = None,
-    ) -> s.StartResult:
-        params = s.StartParams(
-            session_id=session_id,
-            client_operation_id=client_operation_id,
-            expected_fence=expected_fence,
-        )
-        return self.call("agentSession.start", params, result_type=s.StartResult)
-
-    def close_session(
-        self,
-        session_id: str,
-        *,
-        client_operation_id: str | None = None,
-        expected_fence: int | None = None,
-    ) -> s.CloseResult:
-        """``agentSession.close``: end the agent child, keep the record and journal.
-
-        (Named so because ``close()`` closes this connection.)
-        """
-        params = s.CloseParams(
-            session_id=session_id,
-            client_operation_id=client_operation_id,
-            expected_fence=expected_fence,
-        )
-        return self.call("agentSession.close", params, result_type=s.CloseResult)
-
-    def delete(
-        self,
-        session_id: str,
-        *,
-        client_operation_id: str | None = None,
-        expected_fence: int | None = None,
-    ) -> s.DeleteResult:
-        params = s.DeleteParams(
-            session_id=session_id,
-            client_operation_id=client_operation_id,
-            expected_fence=expected_fence,
-        )
-        return self.call("agentSession.delete", params, result_type=s.DeleteResult)
-
-    def list(self, *, state: s.Phase | None = None, provider: str | None = None) -> s.ListResult:
-        # Defined last: inside the class body, later annotations would see this
-        # method instead of the builtin ``list``.
-        params = s.ListParams(state=state, provider=provider)
-        return self.call("agentSession.list", params, result_type=s.ListResult)
-
     # -- the socket -------------------------------------------------------------
 
     def _live_socket(self) -> socket.socket:
@@ -339,15 +191,17 @@ class Client:
     def _fail(self, reason: str) -> None:
         """Close for good (Rule 3), remembering why."""
         self._failure = reason
+        self._core.fail(DaemonDisconnected(reason, self.socket_path))
         if self._sock is not None:
             self._sock.close()
             self._sock = None
 
     def _read_more(self, deadline: float | None) -> None:
-        """Receive once and dispatch every complete message.
+        """Receive once and hand every complete message to the core.
 
-        Raises a bare ``TimeoutError`` at ``deadline`` (callers say what was late), ``DaemonDisconnected`` when the
-        connection ends, ``ParseError``/``FrameTooLarge`` on garbage (closing it).
+        Raises a bare ``TimeoutError`` at ``deadline`` (callers say what was late),
+        ``DaemonDisconnected`` when the connection ends, and the core's protocol
+        errors (closing it).
         """
         sock = self._live_socket()
         if deadline is None:
@@ -364,33 +218,18 @@ class Client:
             raise
         if not data:
             message = f"agentsd at {self.socket_path} closed the connection"
-            if self._pending:
+            if self._core.pending:
                 message += " with requests unanswered"
             self._eof = True
             self._fail(message)
             raise DaemonDisconnected(message, self.socket_path)
         try:
-            self._decoder.feed(data)
-            for frame in self._decoder.frames():
-                for message_ in decode_client_frame(frame):
-                    self._dispatch(message_)
+            for event in self._core.receive_data(data):
+                if isinstance(event, Notification):
+                    self._notifications.append(event)
+                elif isinstance(event, IncomingRequest):
+                    # The daemon sends no requests today; answer one as any peer must.
+                    send(sock, self._core.refuse(event), self.socket_path)
         except (RpcError, DaemonDisconnected) as exc:
             self._fail(exc.message)
             raise
-
-    def _dispatch(self, message: ClientIncoming) -> None:
-        if message.method is not UNSET:
-            if message.id is UNSET:
-                params = message.params if message.params is not UNSET else msgspec.Raw(b"null")
-                self._notifications.append(Notification(method=message.method, params=params))
-            else:
-                # The daemon sends no requests today; answer one as any peer must.
-                refusal = MethodNotFound(f"Method not found: {message.method}")
-                reply = encode_error(message.id, refusal)
-                send(self._live_socket(), encode_frame(Framing.NDJSON, reply), self.socket_path)
-            return
-        if message.id is UNSET:
-            raise ParseError("Parse error: a message with neither method nor id")
-        if message.id in self._pending or (message.id is None and self._pending):
-            self._replies[message.id] = message
-        # Otherwise it answers a request whose caller gave up (Rule 1): dropped.

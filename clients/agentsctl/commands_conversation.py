@@ -21,12 +21,13 @@ from agentsctl.cli import (
 from agentsctl.follow import CaughtUp, Follower, Note, SessionGone
 from agentsctl.mutation import mutate
 from agentsctl.render import Transcript, print_json, print_jsonl
+from agentsd_protocol import methods
 from agentsd_protocol.api import conversation as c
 from agentsd_protocol.api import stream as st
 from agentsd_protocol.errors import AlreadyResolved
 
 if TYPE_CHECKING:
-    from agentsctl.cli import Target
+    from agentsctl.target import Target
 
 LOG_PAGE_EVENTS = 500  # per history request; the daemon bounds a page's bytes as well
 
@@ -61,7 +62,7 @@ def configure_send(parser: argparse.ArgumentParser) -> None:
 def send_prompt(target: Target, session_id: str, text: str) -> c.SendResult:
     """``agentSession.send`` as a mutation (a fresh operation id, one retry)."""
     params = c.SendParams(session_id=session_id, text=text)
-    return mutate(target, "agentSession.send", params, c.SendResult)
+    return mutate(target, methods.SEND, params)
 
 
 def report_send(result: c.SendResult, *, quiet: bool = False) -> int:
@@ -110,7 +111,7 @@ def configure_interrupt(parser: argparse.ArgumentParser) -> None:
 def run_interrupt(args: argparse.Namespace, target: Target) -> int:
     """Interrupt the running turn. Nothing running is not an error: it says so, exit 0."""
     params = c.InterruptParams(session_id=args.session_id, turn_id=args.turn)
-    result = mutate(target, "agentSession.interrupt", params, c.InterruptResult)
+    result = mutate(target, methods.INTERRUPT, params)
     if args.json:
         print_json(result)
     elif result.interrupted:
@@ -141,7 +142,7 @@ def respond(target: Target, session_id: str, approval_id: str, decision: str) ->
     ``CommandFailed`` (kind ``already_resolved``) naming the winning decision."""
     params = c.RespondParams(session_id=session_id, approval_id=approval_id, decision=decision)
     try:
-        return mutate(target, "agentSession.respond", params, c.RespondResult)
+        return mutate(target, methods.RESPOND, params)
     except AlreadyResolved as exc:
         winner: dict[str, Any] = exc.details.get("winner") or {}
         by = f" by {winner['by']}" if winner.get("by") else ""
@@ -214,11 +215,10 @@ def run_log(args: argparse.Namespace, target: Target) -> int:
     with target.client() as client:
         while True:
             page = client.call(
-                "agentSession.history",
+                methods.HISTORY,
                 st.HistoryParams(
                     session_id=args.session_id, after_seq=cursor, limit=LOG_PAGE_EVENTS
                 ),
-                result_type=st.HistoryResult,
             )
             head_seq = page.head_seq
             for event in page.events:

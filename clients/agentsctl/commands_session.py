@@ -19,10 +19,11 @@ from agentsctl.cli import EXIT_OK, UsageError
 from agentsctl.commands_conversation import report_send, send_prompt
 from agentsctl.mutation import mutate
 from agentsctl.render import print_json
+from agentsd_protocol import methods
 from agentsd_protocol.api import session as s
 
 if TYPE_CHECKING:
-    from agentsctl.cli import Target
+    from agentsctl.target import Target
 
 PHASES = ("stopped", "starting", "running", "stopping", "exit-unproven")
 
@@ -123,7 +124,7 @@ def run_new(args: argparse.Namespace, target: Target) -> int:
         command=None if args.agent_command is None else shlex.split(args.agent_command),
         start=not args.stopped,
     )
-    created = mutate(target, "agentSession.create", params, s.CreateResult)
+    created = mutate(target, methods.CREATE, params)
     if args.message is None:
         if args.json:
             print_json(created)
@@ -150,7 +151,7 @@ def configure_ls(parser: argparse.ArgumentParser) -> None:
 
 def run_ls(args: argparse.Namespace, target: Target) -> int:
     with target.client() as client:
-        result = client.list(state=args.state, provider=args.provider)
+        result = client.call(methods.LIST, s.ListParams(state=args.state, provider=args.provider))
     if args.json:
         print_json(result)
         return EXIT_OK
@@ -171,7 +172,7 @@ def run_ls(args: argparse.Namespace, target: Target) -> int:
 
 def run_show(args: argparse.Namespace, target: Target) -> int:
     with target.client() as client:
-        result = client.get(args.session_id)
+        result = client.call(methods.GET, s.GetParams(session_id=args.session_id))
     if args.json:
         print_json(result)
         return EXIT_OK
@@ -198,7 +199,7 @@ def run_show(args: argparse.Namespace, target: Target) -> int:
 
 def run_start(args: argparse.Namespace, target: Target) -> int:
     params = s.StartParams(session_id=args.session_id)
-    result = mutate(target, "agentSession.start", params, s.StartResult)
+    result = mutate(target, methods.START, params)
     if args.json:
         print_json(result)
     else:
@@ -208,7 +209,7 @@ def run_start(args: argparse.Namespace, target: Target) -> int:
 
 def run_close(args: argparse.Namespace, target: Target) -> int:
     params = s.CloseParams(session_id=args.session_id)
-    result = mutate(target, "agentSession.close", params, s.CloseResult)
+    result = mutate(target, methods.CLOSE, params)
     if args.json:
         print_json(result)
     else:
@@ -219,7 +220,7 @@ def run_close(args: argparse.Namespace, target: Target) -> int:
 
 def run_rm(args: argparse.Namespace, target: Target) -> int:
     params = s.DeleteParams(session_id=args.session_id)
-    result = mutate(target, "agentSession.delete", params, s.DeleteResult)
+    result = mutate(target, methods.DELETE, params)
     if args.json:
         print_json(result)
     else:

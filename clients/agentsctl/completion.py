@@ -23,7 +23,7 @@ import msgspec
 from agentsctl.cli import COMMANDS, EXIT_OK, GROUPS, build_parser
 
 if TYPE_CHECKING:
-    from agentsctl.cli import Target
+    from agentsctl.target import Target
 
 SHELLS = ("bash", "zsh", "fish")
 PROVIDERS = ("codex", "claude", "acp", "mock")  # what `new --provider` offers

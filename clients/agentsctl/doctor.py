@@ -35,7 +35,7 @@ from agentsd_protocol.errors import RpcError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from agentsctl.cli import Target
+    from agentsctl.target import Target
 
 VERSION_TIMEOUT_S = 10.0  # `codex --version` answers in milliseconds; a hung one is a finding
 SYSTEM_TIMEOUT_S = 5.0  # loginctl, systemctl: local D-Bus round trips

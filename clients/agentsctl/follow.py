@@ -1,14 +1,16 @@
 """Following one session live: catch up from the journal, then stream, across lags,
 dropped connections and daemon restarts.
 
-Rule 1 (exactly once, in order): the cursor is the seq of the last event handed out.
-Every (re)subscription asks for the events after it, and an event at or below it is
-a duplicate and is dropped; so no lag, reconnect or restart repeats or skips an event.
+Rule 1 (exactly once, in order): ``agentsd_protocol.client.cursor.FollowCursor``
+keeps the seq of the last event handed out (``cursor``), and every (re)subscription
+asks for the events after it; so no lag, reconnect or restart repeats or skips an
+event.
 
-Rule 2 (resubscribe): after ``agentSession.lagged`` the follower subscribes again on
-the same connection from its cursor. After a dropped connection it reconnects with
-backoff, never starting a daemon (one that went away was stopped or is restarting;
-it is waited for, not replaced), then subscribes again. Deltas streamed while
+Rule 2 (resubscribe): when the cursor says so (after ``agentSession.lagged``, or a
+gap) the follower subscribes again on the same connection from its cursor. After a
+dropped connection it reconnects with backoff, never starting a daemon (one that went
+away was stopped or is restarting; it is waited for, not replaced), then subscribes
+again. Deltas streamed while
 disconnected are not replayed: the next snapshot carries their text (see
 ``agentsctl.render``, Rule 1).
 
@@ -24,6 +26,7 @@ caller can interleave keyboard input.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from typing import TYPE_CHECKING
@@ -31,12 +34,17 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from agentsctl.daemon import DaemonDisconnected, DaemonUnreachable
+from agentsd_protocol import methods
 from agentsd_protocol.api import stream as st
-from agentsd_protocol.errors import SessionNotFound, ShuttingDown
+from agentsd_protocol.client.core import Notification
+from agentsd_protocol.client.cursor import CaughtUp, Ended, FollowCursor, Resubscribe
+from agentsd_protocol.errors import RpcError, SessionNotFound, ShuttingDown
 
 if TYPE_CHECKING:
-    from agentsctl.cli import Target
-    from agentsctl.client import Client, Notification
+    from agentsctl.client import Client
+    from agentsctl.target import Target
+
+__all__ = ["CaughtUp", "FollowItem", "Follower", "Note", "SessionGone"]
 
 RECONNECT_FIRST_S = 0.05  # first pause before reconnecting, doubled up to RECONNECT_MAX_S
 RECONNECT_MAX_S = 1.0  # a restarted daemon is seen within a second
@@ -60,12 +68,6 @@ class SessionGone(Exception):
         self.last_seq = last_seq
 
 
-class CaughtUp(msgspec.Struct, frozen=True):
-    """Everything journaled before the (re)subscription has been handed out."""
-
-    seq: int
-
-
 class Note(msgspec.Struct, frozen=True):
     """Something about the connection, for the user (lost, reconnected, lagged)."""
 
@@ -84,15 +86,18 @@ class Follower:
     def __init__(self, target: Target, session_id: str, *, after_seq: int = 0) -> None:
         self._target = target
         self.session_id = session_id
-        self.cursor = after_seq
+        self._cursor = FollowCursor(session_id, after_seq)
         self._client: Client | None = None
-        self._subscription: str | None = None
-        self._head_at_subscribe: int | None = None  # until CaughtUp is handed out
         self._items: deque[FollowItem] = deque()
         self._retry_at = 0.0
         self._backoff_s = RECONNECT_FIRST_S
         self._lost_reason: str | None = None
         self._gone_error: SessionGone | None = None  # once gone, always gone
+
+    @property
+    def cursor(self) -> int:
+        """The seq of the last event handed out."""
+        return self._cursor.last_seq or 0
 
     def __enter__(self) -> Follower:
         return self
@@ -147,51 +152,33 @@ class Follower:
     # -- subscription ---------------------------------------------------------------
 
     def _subscribe(self, client: Client) -> None:
-        result = client.call(
-            "agentSession.subscribe",
-            st.SubscribeParams(session_id=self.session_id, after_seq=self.cursor),
-            result_type=st.SubscribeResult,
-        )
-        self._subscription = result.subscription_id
-        self._head_at_subscribe = result.head_seq
-        self._maybe_caught_up()
-
-    def _maybe_caught_up(self) -> None:
-        if self._head_at_subscribe is not None and self.cursor >= self._head_at_subscribe:
-            self._head_at_subscribe = None
-            self._items.append(CaughtUp(seq=self.cursor))
+        result = client.call(methods.SUBSCRIBE, self._cursor.subscribe_params())
+        self._items.extend(self._cursor.subscribed(result))
 
     def _handle(self, notification: Notification) -> None:
-        method = notification.method
-        if method == "agentSession.event":
-            event = notification.decode(st.EventNotification)
-            if event.subscription_id != self._subscription or event.seq <= self.cursor:
-                return  # another subscription's, or a duplicate (Rule 1)
-            self.cursor = event.seq
-            self._items.append(event.event)
-            self._maybe_caught_up()
-        elif method == "agentSession.delta":
-            delta = notification.decode(st.DeltaNotification)
-            if delta.subscription_id == self._subscription:
-                self._items.append(delta)
-        elif method == "agentSession.lagged":
-            lagged = notification.decode(st.LaggedNotification)
-            if lagged.subscription_id != self._subscription or self._client is None:
-                return
-            self._subscription = None
-            self._items.append(Note(f"fell behind; resubscribing after seq {self.cursor}"))
-            try:
-                self._subscribe(self._client)
-            except SessionNotFound:
-                self._gone(NOT_FOUND_ON_RESUBSCRIBE)
-            except (DaemonUnreachable, ShuttingDown, TimeoutError) as exc:
-                self._lost(str(exc))
-        elif method == "agentSession.ended":
-            ended = notification.decode(st.EndedNotification)
-            if ended.session_id == self.session_id:
-                # Whichever subscription it names: the session itself is gone.
-                self._subscription = None
-                self._gone(ended.reason)
+        for item in self._cursor.receive(notification):
+            match item:
+                case Resubscribe(stale=stale):
+                    self._resubscribe(stale)
+                case Ended(reason=reason):
+                    self._gone(reason)
+                case _:
+                    self._items.append(item)
+
+    def _resubscribe(self, stale: str | None) -> None:
+        client = self._client
+        if client is None:
+            return
+        self._items.append(Note(f"fell behind; resubscribing after seq {self.cursor}"))
+        try:
+            if stale is not None:
+                with contextlib.suppress(RpcError):  # failing means it ended anyway
+                    client.call(methods.UNSUBSCRIBE, st.UnsubscribeParams(subscription_id=stale))
+            self._subscribe(client)
+        except SessionNotFound:
+            self._gone(NOT_FOUND_ON_RESUBSCRIBE)
+        except (DaemonUnreachable, ShuttingDown, TimeoutError) as exc:
+            self._lost(str(exc))
 
     def _gone(self, reason: str) -> SessionGone:
         """Record that the session is gone; ``next`` raises it once the items before
@@ -203,7 +190,7 @@ class Follower:
 
     def _lost(self, reason: str) -> None:
         self.close()
-        self._subscription = None
+        self._cursor.unsubscribed()
         if self._lost_reason is None:
             self._lost_reason = reason
             self._items.append(Note(f"{reason}; reconnecting (Ctrl-C to stop)"))

@@ -21,11 +21,13 @@ import msgspec
 
 from agentsctl.daemon import DaemonDisconnected
 from agentsd_protocol.api.base import MutationParams
+from agentsd_protocol.methods import Method
 
 if TYPE_CHECKING:
-    from agentsctl.cli import Target
+    from agentsctl.target import Target
 
-T = TypeVar("T")
+P = TypeVar("P", bound=MutationParams)
+R = TypeVar("R")
 
 
 def new_operation_id() -> str:
@@ -33,7 +35,7 @@ def new_operation_id() -> str:
     return str(uuid.uuid4())
 
 
-def mutate(target: Target, method: str, params: MutationParams, result_type: type[T]) -> T:
+def mutate(target: Target, method: Method[P, R], params: P) -> R:
     """Send ``method`` with ``params`` under a fresh operation id; its typed result.
 
     Connects through ``target.client()`` (which may start the daemon). Raises the
@@ -44,11 +46,12 @@ def mutate(target: Target, method: str, params: MutationParams, result_type: typ
     params = msgspec.structs.replace(params, client_operation_id=new_operation_id())
     try:
         with target.client() as client:
-            return client.call(method, params, result_type=result_type)
+            return client.call(method, params)
     except DaemonDisconnected as exc:
+        operation = params.client_operation_id
         print(
-            f"agentsctl: {exc.message}; retrying {method} (operation {params.client_operation_id})",
+            f"agentsctl: {exc.message}; retrying {method.name} (operation {operation})",
             file=sys.stderr,
         )
     with target.client() as client:
-        return client.call(method, params, result_type=result_type)
+        return client.call(method, params)

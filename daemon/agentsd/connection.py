@@ -49,6 +49,7 @@ from agentsd_protocol.jsonrpc import (
     encode_success,
     is_batch,
 )
+from agentsd_protocol.methods import INLINE_METHODS
 
 if TYPE_CHECKING:
     from agentsd.app import App
@@ -67,11 +68,6 @@ OUTBOUND_HIGH_WATER_MESSAGES = MAX_OUTBOUND_MESSAGES // 2
 FLUSH_TIMEOUT_S = 2.0  # how long a reply that must precede an action may take
 WRITE_BATCH_BYTES = 256 * 1024  # one send_all; large enough to amortize, small enough to interleave
 
-# Methods whose handlers never block (they read memory only): answered in the
-# reading task itself instead of a task of their own.
-INLINE_METHODS = frozenset(
-    {"daemon.ping", "daemon.status", "rpc.discover", "agentSession.get", "agentSession.list"}
-)
 
 _ids = itertools.count(1)
 

@@ -29,7 +29,7 @@ HANDLERS: dict[str, Handler] = {
 }
 
 # Both tables in one lookup per request; a method is served when it is in both.
-_ROUTES: dict[str, tuple[Method, Handler]] = {
+_ROUTES: dict[str, tuple[Method[Any, Any], Handler]] = {
     name: (method, HANDLERS[name]) for name, method in METHODS.items() if name in HANDLERS
 }
 

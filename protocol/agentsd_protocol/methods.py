@@ -1,142 +1,223 @@
-"""The method registry: every method's name, params and result types, and summary.
+"""The method registry: every method's name, params and result types, summary, and
+how it is served.
 
 Rule 1: a method exists on the wire exactly when it is registered here; the daemon's
-dispatch table and the OpenRPC document are both derived from this registry.
+dispatch table, the clients and the OpenRPC document are all derived from this
+registry.
+
+Rule 2: a method is one ``Method[P, R]`` constant (``SEND``, ``SUBSCRIBE``, ...), so
+``client.call(methods.SEND, SendParams(...))`` is a ``SendResult`` to the type
+checker, in every client.
+
+Rule 3: how a method is served is said here and nowhere else: ``inline`` (the daemon
+answers it in the connection's reading task: it reads memory only), ``mutation``
+(it changes state: ``clientOperationId`` makes it idempotent) and ``stream_key``
+(streaming: its result names the route, a subscription or a watch, of the
+notifications that follow it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+import msgspec
 
 from agentsd_protocol.api import conversation as c
 from agentsd_protocol.api import daemon as d
 from agentsd_protocol.api import session as s
 from agentsd_protocol.api import stream as st
 
+P = TypeVar("P")
+R = TypeVar("R")
+
+# One decoder per result type, built on first use: a Decoder does its type's lookup
+# work once, and most processes call a few methods only.
+_result_decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
+
 
 @dataclass(frozen=True, slots=True)
-class Method:
+class Method(Generic[P, R]):
+    """One method: its wire name, params and result types, and how it is served."""
+
     name: str
-    params: type[Any]
-    result: Any  # a Struct type, or a typing alias such as dict[str, Any]
-    summary: str
+    params: type[P]
+    result: type[R]  # a Struct type, or a typing alias such as dict[str, Any]
+    summary: str = ""
     mutation: bool = False
+    inline: bool = False
+    stream_key: Callable[[R], str] | None = None
+
+    def decode_result(self, raw: bytes | msgspec.Raw) -> R:
+        """The result as ``R``; raises ``msgspec.DecodeError`` if it does not fit."""
+        decoder = _result_decoders.get(self.result)
+        if decoder is None:
+            decoder = _result_decoders[self.result] = msgspec.json.Decoder(self.result)
+        result: R = decoder.decode(raw)
+        return result
 
 
-_METHODS = [
-    Method("daemon.ping", d.PingParams, d.PingResult, "Check that the daemon answers."),
-    Method(
-        "daemon.status",
-        d.StatusParams,
-        d.StatusResult,
-        "Version, uptime, paths, counts and what recovery did.",
-    ),
-    Method(
-        "daemon.shutdown",
-        d.ShutdownParams,
-        d.ShutdownResult,
-        "Reply, then close every session and exit.",
-        mutation=True,
-    ),
-    Method(
-        "rpc.discover", d.DiscoverParams, d.DiscoverResult, "This API as an OpenRPC 1.3 document."
-    ),
-    Method(
-        "agentSession.create",
-        s.CreateParams,
-        s.CreateResult,
-        "Create a session and (by default) start its agent.",
-        mutation=True,
-    ),
-    Method(
-        "agentSession.get",
-        s.GetParams,
-        s.GetResult,
-        "One session's record, status, fence and live child.",
-    ),
-    Method(
-        "agentSession.list",
-        s.ListParams,
-        s.ListResult,
-        "Every session, optionally filtered by phase or provider.",
-    ),
-    Method(
-        "agentSession.start",
-        s.StartParams,
-        s.StartResult,
-        "Start the session's agent if it is not running.",
-        mutation=True,
-    ),
-    Method(
-        "agentSession.close",
-        s.CloseParams,
-        s.CloseResult,
-        "End the agent child; keep the record and journal.",
-        mutation=True,
-    ),
-    Method(
-        "agentSession.delete",
-        s.DeleteParams,
-        s.DeleteResult,
-        "Close, then remove the record and journal.",
-        mutation=True,
-    ),
-    Method(
-        "agentSession.send",
-        c.SendParams,
-        c.SendResult,
-        "Journal a prompt (write-ahead), start the agent if needed, and deliver it.",
-        mutation=True,
-    ),
-    Method(
-        "agentSession.interrupt",
-        c.InterruptParams,
-        c.InterruptResult,
-        "Interrupt the running turn.",
-        mutation=True,
-    ),
-    Method(
-        "agentSession.respond",
-        c.RespondParams,
-        c.RespondResult,
-        "Answer a pending approval; the first answer wins.",
-        mutation=True,
-    ),
-    Method(
-        "agentSession.setOptions",
-        c.SetOptionsParams,
-        c.SetOptionsResult,
-        "Change the title or the options used at the next start.",
-        mutation=True,
-    ),
-    Method(
-        "agentSession.history",
-        st.HistoryParams,
-        st.HistoryResult,
-        "A byte-bounded page of the journal, by seq.",
-    ),
-    Method(
-        "agentSession.subscribe",
-        st.SubscribeParams,
-        st.SubscribeResult,
-        "Catch up after a seq, then follow live.",
-    ),
-    Method(
-        "agentSession.unsubscribe",
-        st.UnsubscribeParams,
-        st.UnsubscribeResult,
-        "End a subscription.",
-    ),
-    Method(
-        "agentSession.watch",
-        st.WatchParams,
-        st.WatchResult,
-        "Every session's status now, then a notification on each change.",
-    ),
-]
+def untyped(name: str) -> Method[Any, Any]:
+    """A method by name alone, for calls outside the registry (tests, probes, a newer
+    daemon): any params, a result in plain JSON values."""
+    return Method(name, object, object)
 
-METHODS: dict[str, Method] = {m.name: m for m in _METHODS}
+
+def _subscription_key(result: st.SubscribeResult) -> str:
+    return result.subscription_id
+
+
+def _watch_key(result: st.WatchResult) -> str:
+    return result.watch_id
+
+
+PING = Method(
+    "daemon.ping", d.PingParams, d.PingResult, "Check that the daemon answers.", inline=True
+)
+STATUS = Method(
+    "daemon.status",
+    d.StatusParams,
+    d.StatusResult,
+    "Version, uptime, paths, counts and what recovery did.",
+    inline=True,
+)
+SHUTDOWN = Method(
+    "daemon.shutdown",
+    d.ShutdownParams,
+    d.ShutdownResult,
+    "Reply, then close every session and exit.",
+    mutation=True,
+)
+DISCOVER = Method(
+    "rpc.discover",
+    d.DiscoverParams,
+    d.DiscoverResult,
+    "This API as an OpenRPC 1.3 document.",
+    inline=True,
+)
+CREATE = Method(
+    "agentSession.create",
+    s.CreateParams,
+    s.CreateResult,
+    "Create a session and (by default) start its agent.",
+    mutation=True,
+)
+GET = Method(
+    "agentSession.get",
+    s.GetParams,
+    s.GetResult,
+    "One session's record, status, fence and live child.",
+    inline=True,
+)
+LIST = Method(
+    "agentSession.list",
+    s.ListParams,
+    s.ListResult,
+    "Every session, optionally filtered by phase or provider.",
+    inline=True,
+)
+START = Method(
+    "agentSession.start",
+    s.StartParams,
+    s.StartResult,
+    "Start the session's agent if it is not running.",
+    mutation=True,
+)
+CLOSE = Method(
+    "agentSession.close",
+    s.CloseParams,
+    s.CloseResult,
+    "End the agent child; keep the record and journal.",
+    mutation=True,
+)
+DELETE = Method(
+    "agentSession.delete",
+    s.DeleteParams,
+    s.DeleteResult,
+    "Close, then remove the record and journal.",
+    mutation=True,
+)
+SEND = Method(
+    "agentSession.send",
+    c.SendParams,
+    c.SendResult,
+    "Journal a prompt (write-ahead), start the agent if needed, and deliver it.",
+    mutation=True,
+)
+INTERRUPT = Method(
+    "agentSession.interrupt",
+    c.InterruptParams,
+    c.InterruptResult,
+    "Interrupt the running turn.",
+    mutation=True,
+)
+RESPOND = Method(
+    "agentSession.respond",
+    c.RespondParams,
+    c.RespondResult,
+    "Answer a pending approval; the first answer wins.",
+    mutation=True,
+)
+SET_OPTIONS = Method(
+    "agentSession.setOptions",
+    c.SetOptionsParams,
+    c.SetOptionsResult,
+    "Change the title or the options used at the next start.",
+    mutation=True,
+)
+HISTORY = Method(
+    "agentSession.history",
+    st.HistoryParams,
+    st.HistoryResult,
+    "A byte-bounded page of the journal, by seq.",
+)
+SUBSCRIBE = Method(
+    "agentSession.subscribe",
+    st.SubscribeParams,
+    st.SubscribeResult,
+    "Catch up after a seq, then follow live.",
+    stream_key=_subscription_key,
+)
+UNSUBSCRIBE = Method(
+    "agentSession.unsubscribe",
+    st.UnsubscribeParams,
+    st.UnsubscribeResult,
+    "End a subscription.",
+)
+WATCH = Method(
+    "agentSession.watch",
+    st.WatchParams,
+    st.WatchResult,
+    "Every session's status now, then a notification on each change.",
+    stream_key=_watch_key,
+)
+
+METHODS: dict[str, Method[Any, Any]] = {
+    m.name: m
+    for m in (
+        PING,
+        STATUS,
+        SHUTDOWN,
+        DISCOVER,
+        CREATE,
+        GET,
+        LIST,
+        START,
+        CLOSE,
+        DELETE,
+        SEND,
+        INTERRUPT,
+        RESPOND,
+        SET_OPTIONS,
+        HISTORY,
+        SUBSCRIBE,
+        UNSUBSCRIBE,
+        WATCH,
+    )
+}
+
+INLINE_METHODS = frozenset(name for name, m in METHODS.items() if m.inline)
 
 
 @dataclass(frozen=True, slots=True)

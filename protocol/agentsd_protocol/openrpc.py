@@ -42,6 +42,10 @@ def build_openrpc(version: str) -> dict[str, Any]:
                 "paramStructure": "by-name",
                 "params": params,
                 "result": {"name": f"{m.name}.result", "schema": result_schema},
+                # Extensions: a mutation takes clientOperationId and is idempotent; a
+                # streaming method's result names the route of the notifications after it.
+                "x-mutation": m.mutation,
+                "x-streaming": m.stream_key is not None,
             }
         )
     return {

@@ -33,6 +33,8 @@ from typing import Any
 import msgspec
 
 from agentsctl.client import Client
+from agentsd_protocol import methods
+from agentsd_protocol.api import session as s
 from tests.daemon_process import DaemonProcess, running_daemon
 
 ROUNDS = 12  # create/ready/close pairs
@@ -122,10 +124,11 @@ def bare_spawn_s(handshake: bool) -> float:
 
 def daemon_cycle_s(client: Client) -> float:
     started = time.perf_counter()
-    created = client.create("mock", "/tmp")
-    client.close_session(created.session_id)
+    created = client.call(methods.CREATE, s.CreateParams(provider="mock", cwd="/tmp"))
+    client.call(methods.CLOSE, s.CloseParams(session_id=created.session_id))
     elapsed = time.perf_counter() - started
-    client.delete(created.session_id)  # keep the registry as it was
+    # Keep the registry as it was.
+    client.call(methods.DELETE, s.DeleteParams(session_id=created.session_id))
     return elapsed
 
 
@@ -169,7 +172,7 @@ def pipelined(clients: list[Client], calls: list[tuple[str, dict[str, Any]]]) ->
         (clients[i % len(clients)], clients[i % len(clients)].submit(method, params))
         for i, (method, params) in enumerate(calls)
     ]
-    return [client.wait(request_id) for client, request_id in submitted]
+    return [client.wait(call) for client, call in submitted]
 
 
 def create_tiny(clients: list[Client], count: int) -> list[str]:
@@ -235,7 +238,7 @@ def run(daemon: DaemonProcess) -> None:
             )
 
             sids += create_tiny(clients, SESSIONS - LIVE_FOR_GET)
-            running = client.list(state="running").sessions
+            running = client.call(methods.LIST, s.ListParams(state="running")).sessions
             if len(running) != SESSIONS:
                 raise RuntimeError(f"{len(running)} sessions run, not {SESSIONS}")
             rss_after = vm_rss_kib(pid)

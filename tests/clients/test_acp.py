@@ -40,6 +40,9 @@ from agentsctl.acp.turns import (
 from agentsctl.acp.updates import UpdateTranslator, approval_tool_call
 from agentsctl.async_client import open_client
 from agentsctl.client import Client
+from agentsd_protocol import methods
+from agentsd_protocol.api.conversation import RespondParams
+from agentsd_protocol.api.session import GetParams
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
 from tests.daemon_process import DaemonProcess, running_daemon
 
@@ -731,7 +734,10 @@ async def test_the_bridge_prompts_asks_cancels_and_replays(daemon: DaemonProcess
                 try:
                     async with open_client(daemon.socket) as other:
                         approval_id = params["_meta"]["agentsd"]["approvalId"]
-                        await other.respond(session_id, approval_id, "decline")
+                        answer = RespondParams(
+                            session_id=session_id, approval_id=approval_id, decision="decline"
+                        )
+                        await other.call(methods.RESPOND, answer)
                     await trio.sleep_forever()
                 finally:
                     withdrawn.set()
@@ -916,7 +922,10 @@ def test_killing_the_bridge_mid_turn_leaves_the_session_running(
         events = client.call(
             "agentSession.history", {"sessionId": report["sessionId"], "afterSeq": 0, "limit": 1000}
         )["events"]
-        assert client.get(report["sessionId"]).session.phase == "running"
+        assert (
+            client.call(methods.GET, GetParams(session_id=report["sessionId"])).session.phase
+            == "running"
+        )
     kinds = [e["kind"] for e in events]
     outcomes = [e["body"]["outcome"] for e in events if e["kind"] == "turn.completed"]
     assert outcomes == ["completed", "completed"], "the orphaned turn ran to its end"

@@ -15,12 +15,14 @@ import pytest
 import trio
 import trio.testing
 
-from agentsctl import async_client
 from agentsctl.async_client import AsyncClient, Subscription, follow, open_client
 from agentsctl.daemon import DaemonDisconnected, DaemonNotRunning
+from agentsd_protocol import methods
+from agentsd_protocol.api import conversation as c
+from agentsd_protocol.api import session as s
 from agentsd_protocol.api import stream as st
 from agentsd_protocol.errors import InvalidParams, SessionNotFound
-from agentsd_protocol.methods import METHODS
+from agentsd_protocol.methods import METHODS, Method
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
 
 TEST_TIMEOUT_S = 30.0  # each test's outer bound; the steps take milliseconds
@@ -36,54 +38,69 @@ def daemon() -> Iterator[DaemonProcess]:
 # -- against a real daemon --------------------------------------------------------
 
 
+def create_params(*, title: str | None = None, start: bool = True) -> s.CreateParams:
+    return s.CreateParams(provider="mock", cwd="/tmp", title=title, start=start)
+
+
 def test_every_registered_method_has_a_typed_call() -> None:
-    assert set(async_client.TYPED_METHODS) == set(METHODS)
-    for name in async_client.TYPED_METHODS.values():
-        assert callable(getattr(AsyncClient, name)), name
+    # ``call(methods.X, params)`` is typed by the constant; there is one per method.
+    constants = {m.name: m for m in vars(methods).values() if isinstance(m, Method)}
+    assert constants == METHODS
+    assert callable(AsyncClient.call)
 
 
 async def test_typed_calls_and_the_daemons_error_classes(daemon: DaemonProcess) -> None:
     with trio.fail_after(TEST_TIMEOUT_S):
         async with open_client(daemon.socket) as client:
-            assert (await client.ping()).pong
-            created = await client.create("mock", "/tmp", title="aio")
+            assert (await client.call(methods.PING)).pong
+            created = await client.call(methods.CREATE, create_params(title="aio"))
             session_id = created.session_id
-            assert (await client.get(session_id)).session.title == "aio"
-            assert session_id in {i.session_id for i in (await client.list()).sessions}
-            renamed = await client.set_options(session_id, title="renamed")
+            got = await client.call(methods.GET, s.GetParams(session_id=session_id))
+            assert got.session.title == "aio"
+            listed = await client.call(methods.LIST, s.ListParams())
+            assert session_id in {i.session_id for i in listed.sessions}
+            renamed = await client.call(
+                methods.SET_OPTIONS, c.SetOptionsParams(session_id=session_id, title="renamed")
+            )
             assert renamed.session.title == "renamed"
-            assert (await client.interrupt(session_id)).interrupted is False
-            page = await client.history(session_id, after_seq=0)
+            interrupt = c.InterruptParams(session_id=session_id)
+            assert (await client.call(methods.INTERRUPT, interrupt)).interrupted is False
+            history = st.HistoryParams(session_id=session_id, after_seq=0)
+            page = await client.call(methods.HISTORY, history)
             assert [e.kind for e in page.events][:1] == ["session.created"]
             with pytest.raises(SessionNotFound) as missing:
-                await client.get("no-such-session")
+                await client.call(methods.GET, s.GetParams(session_id="no-such-session"))
             assert missing.value.kind == "session_not_found"
             with pytest.raises(InvalidParams):
-                await client.history(session_id, limit=0)
-            assert (await client.close_session(session_id)).was_running
-            assert (await client.delete(session_id)).deleted
+                await client.call(methods.HISTORY, st.HistoryParams(session_id=session_id, limit=0))
+            closed = await client.call(methods.CLOSE, s.CloseParams(session_id=session_id))
+            assert closed.was_running
+            deleted = await client.call(methods.DELETE, s.DeleteParams(session_id=session_id))
+            assert deleted.deleted
 
 
 async def test_many_requests_share_one_connection(daemon: DaemonProcess) -> None:
     with trio.fail_after(TEST_TIMEOUT_S):
         async with open_client(daemon.socket) as client:
-            session_id = (await client.create("mock", "/tmp", start=False)).session_id
+            created = await client.call(methods.CREATE, create_params(start=False))
+            session_id = created.session_id
             results: list[str] = []
 
             async def get() -> None:
-                results.append((await client.get(session_id)).session.session_id)
+                got = await client.call(methods.GET, s.GetParams(session_id=session_id))
+                results.append(got.session.session_id)
 
             async with trio.open_nursery() as nursery:
                 for _ in range(50):
                     nursery.start_soon(get)
             assert results == [session_id] * 50
-            assert (await client.status()).connections == 1
+            assert (await client.call(methods.STATUS)).connections == 1
 
 
 async def test_an_error_in_the_body_is_not_wrapped_in_a_group(daemon: DaemonProcess) -> None:
     with trio.fail_after(TEST_TIMEOUT_S), pytest.raises(SessionNotFound):
         async with open_client(daemon.socket) as client:
-            await client.get("no-such-session")
+            await client.call(methods.GET, s.GetParams(session_id="no-such-session"))
 
 
 async def test_no_daemon_raises_daemon_not_running(temp_dir: Path) -> None:
@@ -103,9 +120,9 @@ async def _until_kind(events: Subscription, kind: str, seen: list[st.JournalEven
 async def test_a_subscription_catches_up_then_streams_deltas(daemon: DaemonProcess) -> None:
     with trio.fail_after(TEST_TIMEOUT_S):
         async with open_client(daemon.socket) as client:
-            session_id = (await client.create("mock", "/tmp")).session_id
+            session_id = (await client.call(methods.CREATE, create_params())).session_id
             async with client.subscribe(session_id, after_seq=0) as events:
-                await client.send(session_id, "hello")
+                await client.call(methods.SEND, c.SendParams(session_id=session_id, text="hello"))
                 deltas: list[str] = []
                 seen: list[st.JournalEvent] = []
                 async for item in events:
@@ -124,11 +141,11 @@ async def test_a_subscription_catches_up_then_streams_deltas(daemon: DaemonProce
 async def test_following_from_the_head_skips_history(daemon: DaemonProcess) -> None:
     with trio.fail_after(TEST_TIMEOUT_S):
         async with open_client(daemon.socket) as client:
-            session_id = (await client.create("mock", "/tmp")).session_id
+            session_id = (await client.call(methods.CREATE, create_params())).session_id
             async with client.subscribe(session_id, after_seq=None) as events:
                 head = events.head_seq
                 assert events.last_seq == head
-                await client.send(session_id, "hello")
+                await client.call(methods.SEND, c.SendParams(session_id=session_id, text="hello"))
                 seen: list[st.JournalEvent] = []
                 await _until_kind(events, "turn.completed", seen)
             assert seen[0].seq == head + 1
@@ -140,10 +157,10 @@ async def test_a_subscription_of_a_deleted_session_raises_session_not_found(
 ) -> None:
     with trio.fail_after(TEST_TIMEOUT_S):
         async with open_client(daemon.socket) as client:
-            session_id = (await client.create("mock", "/tmp")).session_id
+            session_id = (await client.call(methods.CREATE, create_params())).session_id
             async with client.subscribe(session_id, after_seq=0) as events:
                 await _until_kind(events, "session.created", [])
-                await client.delete(session_id)
+                await client.call(methods.DELETE, s.DeleteParams(session_id=session_id))
                 seqs = [events.last_seq]
                 with pytest.raises(SessionNotFound) as gone:
                     async for item in events:
@@ -167,16 +184,20 @@ async def test_a_subscription_resumes_after_the_daemon_restarts(temp_dir: Path) 
         await trio.to_thread.run_sync(start, first)
         with trio.fail_after(TEST_TIMEOUT_S):
             async with open_client(socket_path, reconnect_deadline_s=TEST_TIMEOUT_S) as client:
-                session_id = (await client.create("mock", "/tmp")).session_id
+                session_id = (await client.call(methods.CREATE, create_params())).session_id
                 seen: list[st.JournalEvent] = []
                 async with client.subscribe(session_id, after_seq=0) as events:
-                    await client.send(session_id, "hello")
+                    await client.call(
+                        methods.SEND, c.SendParams(session_id=session_id, text="hello")
+                    )
                     await _until_kind(events, "turn.completed", seen)
                     await trio.to_thread.run_sync(first.close)  # SIGTERM, exit 0
                     await trio.to_thread.run_sync(start, second)
                     # The closing daemon settled the session; the new one goes on.
                     await _until_kind(events, "lease.released", seen)
-                    await client.send(session_id, "hello again")  # a fresh connection
+                    await client.call(
+                        methods.SEND, c.SendParams(session_id=session_id, text="hello again")
+                    )  # a fresh connection
                     await _until_kind(events, "turn.completed", seen)
         seqs = [e.seq for e in seen]
         assert seqs == list(range(1, len(seqs) + 1)), "no gap and no duplicate"
@@ -188,12 +209,12 @@ async def test_a_subscription_resumes_after_the_daemon_restarts(temp_dir: Path) 
 async def test_a_watch_yields_the_snapshot_then_changes(daemon: DaemonProcess) -> None:
     with trio.fail_after(TEST_TIMEOUT_S):
         async with open_client(daemon.socket) as client:
-            existing = (await client.create("mock", "/tmp", start=False)).session_id
+            existing = (await client.call(methods.CREATE, create_params(start=False))).session_id
             async with client.watch() as watch:
                 async for note in watch:  # the snapshot holds every session
                     if note.session.session_id == existing:
                         break
-                created = (await client.create("mock", "/tmp", start=False)).session_id
+                created = (await client.call(methods.CREATE, create_params(start=False))).session_id
                 async for note in watch:
                     if note.session.session_id == created:
                         assert not note.deleted
@@ -341,7 +362,7 @@ async def test_a_call_in_flight_when_the_connection_drops_raises_disconnected() 
     with trio.fail_after(TEST_TIMEOUT_S):
         async with fake_daemon([script]) as path, open_client(path) as client:
             with pytest.raises(DaemonDisconnected):
-                await client.ping()
+                await client.call(methods.PING)
 
 
 async def test_a_lost_subscription_gives_up_at_the_deadline() -> None:

@@ -21,11 +21,11 @@ from agentsctl.cli import (
     EXIT_OK,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
-    _format_duration,
     build_parser,
     command_word,
     main,
 )
+from agentsctl.commands_daemon import format_duration
 from agentsctl.daemon import process_gone, quick_call, wait_until_answering
 from agentsd_protocol.errors import MethodNotFound
 from tests.daemon_process import STOP_TIMEOUT_S, DaemonProcess
@@ -100,7 +100,7 @@ def test_status_prints_a_human_summary(
     [(0.04, "0.0s"), (59.96, "60.0s"), (61, "1m 1s"), (3 * 3600 + 125, "3h 2m"), (90000, "1d 1h")],
 )
 def test_uptime_reads_like_uptime(seconds: float, text: str) -> None:
-    assert _format_duration(seconds) == text
+    assert format_duration(seconds) == text
 
 
 def test_status_json_is_the_raw_result(

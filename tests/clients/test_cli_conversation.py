@@ -39,12 +39,12 @@ from agentsctl.cli import (
     EXIT_SESSION_GONE,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
-    Target,
     main,
 )
 from agentsctl.daemon import quick_call
 from agentsctl.follow import CaughtUp, Follower, Note, SessionGone
 from agentsctl.render import Transcript
+from agentsctl.target import Target
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
 from agentsd_protocol.errors import SessionNotFound
 from tests.clients.conftest import FakeDaemon, Peer

@@ -24,7 +24,7 @@ from agentsctl.daemon import (
     default_state_dir,
     quick_call,
 )
-from agentsd_protocol import paths
+from agentsd_protocol import methods, paths
 from agentsd_protocol.api import daemon as d
 from agentsd_protocol.api import session as s
 from agentsd_protocol.errors import (
@@ -53,7 +53,7 @@ def test_call_sends_jsonrpc_with_fresh_integer_ids(fake_daemon: FakeDaemon) -> N
 
     fake_daemon.serve(script)
     with Client(fake_daemon.path) as client:
-        assert client.ping() == d.PingResult(pong=True)
+        assert client.call(methods.PING) == d.PingResult(pong=True)
         assert client.call("daemon.ping", {"x": 1}) == {"pong": True}
     assert seen[0] == {"jsonrpc": "2.0", "id": 1, "method": "daemon.ping"}
     assert seen[1] == {"jsonrpc": "2.0", "id": 2, "method": "daemon.ping", "params": {"x": 1}}
@@ -69,7 +69,8 @@ def test_struct_params_go_out_in_wire_names(fake_daemon: FakeDaemon) -> None:
 
     fake_daemon.serve(script)
     with Client(fake_daemon.path) as client:
-        result = client.delete("s-1", client_operation_id="op-1", expected_fence=4)
+        params = s.DeleteParams(session_id="s-1", client_operation_id="op-1", expected_fence=4)
+        result = client.call(methods.DELETE, params)
     assert result == s.DeleteResult(session_id="s-1", deleted=True)
     assert seen[0]["method"] == "agentSession.delete"
     assert seen[0]["params"] == {
@@ -131,7 +132,7 @@ def test_a_result_that_does_not_fit_its_type_is_a_parse_error(fake_daemon: FakeD
 
     fake_daemon.serve(script)
     with Client(fake_daemon.path) as client, pytest.raises(ParseError, match="pong"):
-        client.ping()
+        client.call(methods.PING)
 
 
 # -- notifications ----------------------------------------------------------------
@@ -155,7 +156,7 @@ def test_notifications_interleaved_with_replies_are_kept_in_order(
 
     fake_daemon.serve(script)
     with Client(fake_daemon.path) as client:
-        client.ping()
+        client.call(methods.PING)
         first = client.next_notification(timeout_s=5)
         assert isinstance(first, Notification)
         assert first.method == "agentSession.delta"
@@ -215,13 +216,13 @@ def test_an_error_reply_raises_the_class_the_daemon_raised(fake_daemon: FakeDaem
     fake_daemon.serve(script)
     with Client(fake_daemon.path) as client:
         with pytest.raises(SessionNotFound) as not_found:
-            client.get("s-9")
+            client.call(methods.GET, s.GetParams(session_id="s-9"))
         assert (not_found.value.kind, not_found.value.message) == (
             "session_not_found",
             "no session s-9",
         )
         with pytest.raises(StaleFence) as stale:
-            client.start("s-9", expected_fence=3)
+            client.call(methods.START, s.StartParams(session_id="s-9", expected_fence=3))
         assert stale.value.kind == "stale_fence"
         assert stale.value.details == {"currentFence": 7}
 
@@ -260,12 +261,12 @@ def test_a_daemon_closing_mid_reply_raises_disconnected_for_good(
     fake_daemon.serve(script)
     with Client(fake_daemon.path) as client:
         with pytest.raises(DaemonDisconnected) as caught:
-            client.status()
+            client.call(methods.STATUS)
         assert str(fake_daemon.path) in str(caught.value)
         assert "closed the connection with requests unanswered" in str(caught.value)
         assert client.closed
         with pytest.raises(DaemonDisconnected, match="is closed"):
-            client.ping()
+            client.call(methods.PING)
 
 
 def test_garbage_from_the_daemon_is_a_parse_error_and_closes(fake_daemon: FakeDaemon) -> None:
@@ -277,7 +278,7 @@ def test_garbage_from_the_daemon_is_a_parse_error_and_closes(fake_daemon: FakeDa
     fake_daemon.serve(script)
     with Client(fake_daemon.path) as client:
         with pytest.raises(ParseError):
-            client.ping()
+            client.call(methods.PING)
         assert client.closed
 
 
@@ -370,19 +371,19 @@ def test_stdlib_limits_and_paths_agree_with_the_protocol_package() -> None:
 
 def test_typed_daemon_methods(daemon: DaemonProcess) -> None:
     with Client(daemon.socket) as client:
-        assert client.ping().pong is True
-        status = client.status()
+        assert client.call(methods.PING).pong is True
+        status = client.call(methods.STATUS)
         assert status.pid == daemon.process.pid
         assert Path(status.socket) == daemon.socket
         assert status.connections >= 1
-        document = client.discover()
+        document = client.call(methods.DISCOVER)
         names = {method["name"] for method in document["methods"]}
         assert {"daemon.ping", "daemon.status", "agentSession.create"} <= names
         with pytest.raises(MethodNotFound):
             client.call("no.suchMethod")
         with pytest.raises(InvalidParams):
             client.call("daemon.ping", {"unexpected": 1})
-        assert client.shutdown().stopping is True
+        assert client.call(methods.SHUTDOWN).stopping is True
     assert daemon.wait() == 0
 
 
@@ -392,4 +393,4 @@ def test_default_socket_path_comes_from_the_environment(
     monkeypatch.setenv("AGENTSD_SOCKET", os.fspath(daemon.socket))
     with Client() as client:
         assert client.socket_path == daemon.socket
-        assert client.ping().pong is True
+        assert client.call(methods.PING).pong is True

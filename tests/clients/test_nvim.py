@@ -26,6 +26,7 @@ import msgspec
 import pytest
 
 from agentsctl import Client
+from agentsd_protocol import methods
 from agentsd_protocol.errors import AlreadyResolved
 from tests.daemon_process import make_temp_dir, running_daemon
 
@@ -368,7 +369,7 @@ def test_checkhealth_reports_the_socket_and_the_daemon(nvim: Nvim, base: Path) -
     assert "ERROR" in report and "does not exist" in report, report
 
     with running_daemon() as daemon, Client(daemon.socket) as client:
-        version = client.status().version
+        version = client.call(methods.STATUS).version
         nvim.h("setup", str(daemon.socket))
         report = "\n".join(nvim.h("checkhealth"))
     assert f"socket: {daemon.socket}" in report, report

@@ -63,6 +63,8 @@ def check_openrpc_document(doc: dict[str, Any]) -> None:
         for param in method["params"]:
             assert isinstance(param["schema"], dict)
         assert method["result"]["name"]
+        assert method["x-mutation"] is registered.mutation
+        assert method["x-streaming"] is (registered.stream_key is not None)
         assert isinstance(method["result"]["schema"], dict)
     schemas = doc["components"]["schemas"]
     assert isinstance(schemas, dict)

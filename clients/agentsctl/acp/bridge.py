@@ -53,6 +53,9 @@ from agentsctl.acp.turns import (
 from agentsctl.acp.updates import UpdateTranslator, approval_tool_call
 from agentsctl.async_client import AsyncClient, Subscription
 from agentsctl.daemon import DaemonUnreachable
+from agentsd_protocol import methods
+from agentsd_protocol.api import conversation as c
+from agentsd_protocol.api import session as s
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
 from agentsd_protocol.errors import (
     AlreadyResolved,
@@ -227,11 +230,10 @@ class Binding:
         done = self._waiters[operation_id] = trio.Event()
         try:
             try:
-                await self._client.retrying(
-                    lambda: self._client.send(
-                        self.session_id, text, client_operation_id=operation_id
-                    )
+                params = c.SendParams(
+                    session_id=self.session_id, text=text, client_operation_id=operation_id
                 )
+                await self._client.retrying(lambda: self._client.call(methods.SEND, params))
             except (RpcError, DaemonUnreachable) as exc:
                 self.tracker.discard(operation_id)
                 raise rpc_failure(exc) from None
@@ -259,7 +261,9 @@ class Binding:
 
     async def _interrupt(self) -> None:
         try:
-            await self._client.interrupt(self.session_id)
+            await self._client.call(
+                methods.INTERRUPT, c.InterruptParams(session_id=self.session_id)
+            )
         except (RpcError, DaemonUnreachable) as exc:
             # The prompt still ends ``cancelled`` when its turn ends.
             log.warning("interrupting session %s failed: %s", self.session_id, exc)
@@ -299,14 +303,13 @@ class Binding:
                 return
             operation_id = uuid.uuid4().hex  # the ledger is daemon-wide: ids must be unique
             try:
-                await self._client.retrying(
-                    lambda: self._client.respond(
-                        self.session_id,
-                        approval.approval_id,
-                        decision,
-                        client_operation_id=operation_id,
-                    )
+                answer = c.RespondParams(
+                    session_id=self.session_id,
+                    approval_id=approval.approval_id,
+                    decision=decision,
+                    client_operation_id=operation_id,
                 )
+                await self._client.retrying(lambda: self._client.call(methods.RESPOND, answer))
             except (AlreadyResolved, ApprovalNotFound):
                 pass  # another answer won; the journal says which
             except (RpcError, DaemonUnreachable) as exc:
@@ -423,18 +426,18 @@ class Bridge:
     async def _new(self, params: acp.NewSessionParams) -> Answer:
         config = self.config
         if config.session_id is not None:
-            session_id = (await self.client.get(config.session_id)).session.session_id
+            got = await self.client.call(methods.GET, s.GetParams(session_id=config.session_id))
+            session_id = got.session.session_id
         else:
             operation_id = uuid.uuid4().hex
-            created = await self.client.retrying(
-                lambda: self.client.create(
-                    config.provider,
-                    config.cwd or params.cwd,
-                    title=config.title,
-                    options=config.options,
-                    client_operation_id=operation_id,
-                )
+            create = s.CreateParams(
+                provider=config.provider,
+                cwd=config.cwd or params.cwd,
+                title=config.title,
+                options=config.options,
+                client_operation_id=operation_id,
             )
+            created = await self.client.retrying(lambda: self.client.call(methods.CREATE, create))
             session_id = created.session_id
         binding = await self._bind(session_id, after_seq=None)
         return Answer(acp.NewSessionResult(session_id=session_id), binding.editor_ready)
@@ -449,7 +452,7 @@ class Bridge:
         return Answer(acp.EmptyResult(), binding.editor_ready)
 
     async def _list(self, params: acp.ListSessionsParams) -> acp.ListSessionsResult:
-        listed = await self.client.list()
+        listed = await self.client.call(methods.LIST, s.ListParams())
         return acp.ListSessionsResult(
             sessions=[
                 acp.SessionListing(

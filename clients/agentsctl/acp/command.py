@@ -14,7 +14,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agentsctl.cli import Target
+    from agentsctl.target import Target
 
 PROVIDER_ENV = "AGENTSD_ACP_PROVIDER"  # the provider of new sessions when --provider is absent
 DEFAULT_PROVIDER = "mock"

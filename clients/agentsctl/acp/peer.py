@@ -13,6 +13,10 @@ the editor's end is gone, writes are dropped and ``serve`` returns.
 
 Rule 3: a line that is not JSON-RPC is answered ``-32700`` (a JSON array ``-32600``,
 as ACP does not use batches) and skipped; the connection goes on.
+
+Ids, replies to the bridge's own requests and the parsing of each line are
+``agentsd_protocol.client.core``'s, as in every agentsd client; the editor's errors
+stay ACP's (``AcpError``), never agentsd's classes.
 """
 
 from __future__ import annotations
@@ -25,20 +29,18 @@ from typing import Any
 import attrs
 import msgspec
 import trio
-from msgspec import UNSET
 
 from agentsctl.acp.schema import INTERNAL_ERROR, METHOD_NOT_FOUND, REQUEST_CANCELLED
+from agentsd_protocol.client.core import ClientCore, IncomingRequest, Notification, PendingCall
 from agentsd_protocol.errors import ErrorObject, FrameTooLarge, RpcError
-from agentsd_protocol.framing import FrameDecoder, Framing
+from agentsd_protocol.framing import FrameDecoder, Framing, encode_frame
 from agentsd_protocol.jsonrpc import (
-    ClientIncoming,
     ErrorResponse,
     RequestId,
-    decode_client_frame,
     encode_notification,
-    encode_request,
     encode_success,
 )
+from agentsd_protocol.methods import Method
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ WRITE_TIMEOUT_S = 30.0  # an editor that takes no line for this long is hung or 
 CANCEL_METHOD = "$/cancel_request"
 
 _encoder = msgspec.json.Encoder()
+_NO_PARAMS = msgspec.Raw(b"{}")  # what a handler gets for a message without params
 
 
 class AcpError(Exception):
@@ -64,6 +67,11 @@ class AcpError(Exception):
             self.data if isinstance(self.data, dict) or self.data is None else {"detail": self.data}
         )
         return ErrorObject(code=self.code, message=self.message, data=data)
+
+    @classmethod
+    def from_wire(cls, error: ErrorObject) -> AcpError:
+        """The editor's error as it sent it: ACP codes are not agentsd's."""
+        return cls(error.code, error.message, error.data)
 
 
 @attrs.define(eq=False)
@@ -89,31 +97,27 @@ NotificationHandler = Callable[[Received], Awaitable[None]]
 
 
 class OutgoingRequest:
-    """A request the bridge sent to the editor."""
+    """A request the bridge sent to the editor (its id and reply are the core's)."""
 
-    def __init__(self, peer: Peer, request_id: int) -> None:
-        self.id = request_id
+    def __init__(self, peer: Peer, call: PendingCall[msgspec.Raw]) -> None:
+        self.id = call.id
         self._peer = peer
+        self._call = call
         self._done = trio.Event()
-        self._result: msgspec.Raw | None = None
-        self._error: AcpError | None = None
         self.cancel_sent = False
 
-    def _settle(self, result: msgspec.Raw | None, error: AcpError | None) -> None:
-        self._result, self._error = result, error
-        self._done.set()
-
     async def wait(self) -> msgspec.Raw:
-        """The editor's result; raises ``AcpError`` for its error reply. Cancelling the
-        wait forgets the request (a late reply is dropped)."""
+        """The editor's result; raises ``AcpError`` for its error reply (or a reply
+        that is neither). Cancelling the wait forgets the request (a late reply is
+        dropped)."""
         try:
             await self._done.wait()
         finally:
-            self._peer._outgoing.pop(self.id, None)
-        if self._error is not None:
-            raise self._error
-        assert self._result is not None
-        return self._result
+            self._peer._forget(self)
+        try:
+            return self._call.result()
+        except RpcError as exc:  # the core's: a reply with neither result nor error
+            raise AcpError(exc.code, exc.message) from None
 
     async def cancel(self) -> None:
         """Ask the editor to cancel it (``$/cancel_request``), once; it still answers."""
@@ -138,7 +142,9 @@ class Peer:
         self._on_request = on_request
         self._on_notification = on_notification
         self._write_lock = trio.Lock()
-        self._ids = itertools.count(1)
+        self._core: ClientCore[None] = ClientCore(
+            max_frame_bytes=MAX_LINE_BYTES, rebuild_error=AcpError.from_wire
+        )
         self._arrivals = itertools.count()
         self._outgoing: dict[int, OutgoingRequest] = {}
         self._incoming: dict[RequestId, trio.CancelScope] = {}
@@ -153,14 +159,18 @@ class Peer:
             nursery.cancel_scope.cancel()
 
     async def notify(self, method: str, params: Any) -> None:
-        await self._write(encode_notification(method, params))
+        await self._write(encode_frame(Framing.NDJSON, encode_notification(method, params)))
 
     async def request(self, method: str, params: Any) -> OutgoingRequest:
         """Send a request; ``wait()`` on the returned handle for the answer."""
-        request = OutgoingRequest(self, next(self._ids))
-        self._outgoing[request.id] = request
-        await self._write(encode_request(method, params, request.id))
+        call, frame = self._core.request(Method(method, object, msgspec.Raw), params)
+        request = self._outgoing[call.id] = OutgoingRequest(self, call)
+        await self._write(frame)
         return request
+
+    def _forget(self, request: OutgoingRequest) -> None:
+        self._outgoing.pop(request.id, None)
+        self._core.forget(request._call)
 
     # -- reading ----------------------------------------------------------------------
 
@@ -182,40 +192,39 @@ class Peer:
             await self._reply_error(None, AcpError(-32600, "Invalid request: batches are not used"))
             return
         try:
-            (message,) = decode_client_frame(frame)
+            events = self._core.receive_frame(frame)
+        except AcpError as exc:
+            # An error the editor could not attribute to a request: nothing to settle.
+            log.warning("the editor answered an unknown request: %s", exc.message)
+            return
         except RpcError as exc:
             await self._reply_error(None, AcpError(exc.code, exc.message))
             return
-        if message.method is UNSET:
-            self._response(message)
-            return
-        params = message.params if message.params is not UNSET else msgspec.Raw(b"{}")
-        received = Received(message.method, params, next(self._arrivals))
-        if message.id is UNSET:
-            if message.method == CANCEL_METHOD:
+        for event in events:  # one, or none for a reply nobody waits for any more
+            if isinstance(event, PendingCall):
+                request = self._outgoing.get(event.id)
+                if request is not None:
+                    request._done.set()
+            elif isinstance(event, Notification | IncomingRequest):
+                await self._message(nursery, event)
+
+    async def _message(self, nursery: trio.Nursery, event: Notification | IncomingRequest) -> None:
+        # The core gives absent params as null; handlers take them as an empty object.
+        params = _NO_PARAMS if bytes(event.params) == b"null" else event.params
+        received = Received(event.method, params, next(self._arrivals))
+        if isinstance(event, Notification):
+            if event.method == CANCEL_METHOD:
                 self._cancel_incoming(params)
             else:
                 nursery.start_soon(self._notification, received)
             return
-        request_id = message.id
+        request_id = event.id
         if request_id is None:
             await self._reply_error(None, AcpError(-32600, "Invalid request: id must not be null"))
             return
         scope = trio.CancelScope()
         self._incoming[request_id] = scope
         nursery.start_soon(self._request, scope, request_id, received)
-
-    def _response(self, message: ClientIncoming) -> None:
-        request = self._outgoing.pop(message.id, None) if isinstance(message.id, int) else None
-        if request is None:
-            return  # an answer to a request we forgot (or garbage): nothing waits for it
-        if message.error is not UNSET:
-            error = message.error
-            request._settle(None, AcpError(error.code, error.message, error.data))
-        elif message.result is not UNSET:
-            request._settle(message.result, None)
-        else:
-            request._settle(None, AcpError(-32600, "a response with neither result nor error"))
 
     def _cancel_incoming(self, params: msgspec.Raw) -> None:
         try:
@@ -254,7 +263,7 @@ class Peer:
         then = None
         if isinstance(result, Answer):
             result, then = result.result, result.then
-        await self._write(encode_success(request_id, result))
+        await self._write(encode_frame(Framing.NDJSON, encode_success(request_id, result)))
         if then is not None:
             then()
 
@@ -269,9 +278,10 @@ class Peer:
     # -- writing ------------------------------------------------------------------------
 
     async def _reply_error(self, request_id: RequestId | None, error: AcpError) -> None:
-        await self._write(_encoder.encode(ErrorResponse("2.0", request_id, error.to_wire())))
+        reply = _encoder.encode(ErrorResponse("2.0", request_id, error.to_wire()))
+        await self._write(encode_frame(Framing.NDJSON, reply))
 
-    async def _write(self, body: bytes) -> None:
+    async def _write(self, frame: bytes) -> None:
         if self._gone.is_set():
             return
         async with self._write_lock:
@@ -281,7 +291,7 @@ class Peer:
                 deadline=trio.current_time() + WRITE_TIMEOUT_S, shield=True
             ) as scope:
                 try:
-                    await self._send_stream.send_all(body + b"\n")
+                    await self._send_stream.send_all(frame)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     self._gone.set()
             if scope.cancelled_caught:

@@ -1,5 +1,7 @@
-"""The trio client library: one multiplexed connection to the daemon, typed calls for
-every method, and subscriptions that outlive the connection they started on.
+"""The trio client library: one multiplexed connection to the daemon, calls typed by
+the method they name (``call(methods.SEND, params)``), and subscriptions that outlive
+the connection they started on. Requests, replies and the follow cursor are
+``agentsd_protocol.client``'s; this package is their trio glue.
 
 Rule 1: any number of requests may be in flight on one connection; each carries a
 fresh integer id and the reader task matches its reply by id. A call whose connection
@@ -27,26 +29,25 @@ lagged one does.
 Use::
 
     async with open_client() as client:
-        session_id = (await client.create("mock", "/tmp")).session_id
-        async with client.subscribe(session_id, after_seq=0) as events:
-            await client.send(session_id, "hello")
+        created = await client.call(methods.CREATE, CreateParams(provider="mock", cwd="/tmp"))
+        async with client.subscribe(created.session_id, after_seq=0) as events:
+            await client.call(methods.SEND, SendParams(session_id=..., text="hello"))
             async for item in events:  # JournalEvent or DeltaNotification
                 ...
 
-Modules: ``connection`` (the socket, requests, routing), ``follow`` (subscriptions
-and watches), ``client`` (the typed calls and ``open_client``). Importing this package
+Modules: ``connection`` (the socket, its reader, calls), ``follow`` (subscriptions
+and watches), ``client`` (``AsyncClient`` and ``open_client``). Importing this package
 imports trio; ``agentsctl.cli`` imports it only inside the commands that need it (the
 CLI's start-up stays off trio).
 """
 
 from __future__ import annotations
 
-from agentsctl.async_client.client import TYPED_METHODS, AsyncClient, open_client, sole_exception
+from agentsctl.async_client.client import AsyncClient, open_client, sole_exception
 from agentsctl.async_client.follow import Subscription, SubscriptionItem, Watch
 from agentsctl.daemon import DaemonDisconnected, DaemonUnreachable
 
 __all__ = [
-    "TYPED_METHODS",
     "AsyncClient",
     "DaemonDisconnected",
     "DaemonUnreachable",

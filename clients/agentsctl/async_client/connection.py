@@ -1,5 +1,6 @@
-"""The connection half of the trio client: one socket to the daemon, its reader task,
-requests matched to replies by id, and notifications routed to their followers.
+"""The connection half of the trio client: one socket to the daemon and its reader
+task, around ``agentsd_protocol.client.core`` (which matches replies to requests and
+routes notifications to their followers).
 
 See Rules 1 and 2 of ``agentsctl.async_client``.
 """
@@ -7,24 +8,24 @@ See Rules 1 and 2 of ``agentsctl.async_client``.
 from __future__ import annotations
 
 import abc
-import itertools
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, overload
+from typing import TypeVar
 
-import msgspec
 import trio
-from msgspec import UNSET
 
 from agentsctl.daemon import DaemonDisconnected, DaemonNotRunning, DaemonUnreachable
-from agentsd_protocol.errors import MethodNotFound, ParseError, RpcError, error_from_wire
-from agentsd_protocol.framing import FrameDecoder, Framing, encode_frame
-from agentsd_protocol.jsonrpc import (
-    ClientIncoming,
-    decode_client_frame,
-    encode_error,
-    encode_request,
+from agentsd_protocol.client.core import (
+    ClientCore,
+    IncomingRequest,
+    Notification,
+    PendingCall,
+    Routed,
 )
+from agentsd_protocol.errors import RpcError
+from agentsd_protocol.methods import Method
 
+P = TypeVar("P")
+R = TypeVar("R")
 T = TypeVar("T")
 
 RECEIVE_BYTES = 64 * 1024  # one read; the daemon's large frames arrive over several
@@ -34,36 +35,12 @@ BACKOFF_MAX_S = 1.0  # ... up to this
 SEND_TIMEOUT_S = 30.0  # the daemon reads every connection continuously; this long means hung
 
 
-class _RouteProbe(msgspec.Struct, rename="camel"):
-    """Which subscription or watch a notification belongs to."""
-
-    subscription_id: str | None = None
-    watch_id: str | None = None
-
-
-_probe_decoder = msgspec.json.Decoder(_RouteProbe)
-
-
-OnReply = Callable[["Connection", ClientIncoming], None]
-
-
-class Waiter:
-    """One request in flight. ``on_reply`` runs in the reader, before it reads the next
-    frame, so a subscription is routed before its first notification can arrive."""
-
-    def __init__(self, on_reply: OnReply | None) -> None:
-        self.on_reply = on_reply
-        self.done = trio.Event()
-        self.reply: ClientIncoming | None = None
-        self.failure: DaemonDisconnected | None = None
-
-
 class Route(abc.ABC):
     """What a connection needs from a subscription or a watch. Both methods run in the
     reader task and must not block."""
 
     @abc.abstractmethod
-    def deliver(self, method: str, params: msgspec.Raw) -> None:
+    def deliver(self, notification: Notification) -> None:
         """A notification for this route."""
 
     @abc.abstractmethod
@@ -72,19 +49,19 @@ class Route(abc.ABC):
 
 
 class Connection:
-    """One socket to the daemon, its pending requests and its routes.
+    """One socket to the daemon: its core (pending calls and routes) and the events
+    its callers wait on.
 
-    ``fail`` is synchronous and idempotent: it wakes every waiter with
-    ``DaemonDisconnected``, tells every route, and closes the socket (which ends the
-    reader task).
+    ``fail`` is synchronous and idempotent: it fails every pending call with
+    ``DaemonDisconnected`` and wakes its caller, tells every route, and closes the
+    socket (which ends the reader task).
     """
 
     def __init__(self, stream: trio.SocketStream, socket_path: str) -> None:
         self.stream = stream
         self.socket_path = socket_path
-        self.decoder = FrameDecoder(framing=Framing.NDJSON)
-        self.pending: dict[int, Waiter] = {}
-        self.routes: dict[str, Route] = {}
+        self.core: ClientCore[Route] = ClientCore()
+        self.waiting: dict[int, trio.Event] = {}
         self.send_lock = trio.Lock()
         self.failure: str | None = None
 
@@ -96,11 +73,10 @@ class Connection:
         if self.failure is not None:
             return
         self.failure = reason
-        for waiter in self.pending.values():
-            waiter.failure = DaemonDisconnected(reason, self.socket_path)
-            waiter.done.set()
-        self.pending.clear()
-        routes, self.routes = list(self.routes.values()), {}
+        routes = self.core.fail(DaemonDisconnected(reason, self.socket_path))
+        for done in self.waiting.values():
+            done.set()
+        self.waiting.clear()
         for route in routes:
             route.connection_lost()
         self.stream.socket.close()  # trio wakes a reader blocked on it
@@ -120,8 +96,7 @@ async def open_stream(socket_path: str) -> trio.SocketStream:
 
 class Connector:
     """The connection half of ``AsyncClient`` (Rules 1 and 2): the current connection,
-    requests matched to replies, and the routes of followers. ``AsyncClient``'s
-    docstring says what a call raises.
+    and calls on it. ``AsyncClient``'s docstring says what a call raises.
     """
 
     def __init__(
@@ -132,7 +107,6 @@ class Connector:
         self._nursery = nursery
         self._conn: Connection | None = None
         self._connect_lock = trio.Lock()
-        self._ids = itertools.count(1)
         self._closed = False
 
     # -- connection and requests (Rules 1 and 2) ----------------------------------
@@ -158,17 +132,24 @@ class Connector:
             self._conn.fail(reason)
 
     async def _read(self, conn: Connection) -> None:
-        """The reader task of one connection: dispatch every message until it ends."""
+        """The reader task of one connection: hand every message to the core, wake the
+        callers whose replies came, deliver the routed notifications."""
         reason = f"agentsd at {self.socket_path} closed the connection"
         try:
             while conn.alive:
                 data = await conn.stream.receive_some(RECEIVE_BYTES)
                 if not data:
                     break
-                conn.decoder.feed(data)
-                for frame in conn.decoder.frames():
-                    for message in decode_client_frame(frame):
-                        await self._dispatch(conn, message)
+                for event in conn.core.receive_data(data):
+                    if isinstance(event, PendingCall):
+                        done = conn.waiting.pop(event.id, None)
+                        if done is not None:
+                            done.set()
+                    elif isinstance(event, Routed):
+                        event.route.deliver(event.notification)
+                    elif isinstance(event, IncomingRequest):
+                        # The daemon sends no requests today; answer one as any peer must.
+                        await self._send(conn, conn.core.refuse(event))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             reason = f"the connection to agentsd at {self.socket_path} broke: {exc}"
         except RpcError as exc:  # the daemon sent bytes that are not JSON-RPC
@@ -177,39 +158,7 @@ class Connector:
             reason = exc.message
         conn.fail(reason)
 
-    async def _dispatch(self, conn: Connection, message: ClientIncoming) -> None:
-        if message.method is not UNSET:
-            if message.id is UNSET:
-                params = message.params if message.params is not UNSET else msgspec.Raw(b"null")
-                self._route(conn, message.method, params)
-            else:
-                # The daemon sends no requests today; answer one as any peer must.
-                refusal = MethodNotFound(f"Method not found: {message.method}")
-                await self._send(conn, encode_error(message.id, refusal))
-            return
-        if not isinstance(message.id, int):
-            # id null (or foreign): an error about a frame the daemon could not parse.
-            # Nothing can be matched any more; fail the connection so callers retry.
-            raise ParseError("Parse error: the daemon could not read a request")
-        waiter = conn.pending.pop(message.id, None)
-        if waiter is None:
-            return  # its caller gave up (Rule 1)
-        waiter.reply = message
-        if waiter.on_reply is not None and message.error is UNSET:
-            waiter.on_reply(conn, message)
-        waiter.done.set()
-
-    def _route(self, conn: Connection, method: str, params: msgspec.Raw) -> None:
-        try:
-            probe = _probe_decoder.decode(params)
-        except msgspec.DecodeError:
-            return  # a notification this client does not know
-        key = probe.subscription_id or probe.watch_id
-        route = conn.routes.get(key) if key is not None else None
-        if route is not None:
-            route.deliver(method, params)
-
-    async def _send(self, conn: Connection, body: bytes) -> None:
+    async def _send(self, conn: Connection, frame: bytes) -> None:
         if not conn.alive:
             raise DaemonDisconnected(str(conn.failure), self.socket_path)
         async with conn.send_lock:
@@ -218,7 +167,7 @@ class Connector:
             deadline = trio.current_time() + SEND_TIMEOUT_S
             with trio.CancelScope(deadline=deadline, shield=True) as scope:
                 try:
-                    await conn.stream.send_all(encode_frame(Framing.NDJSON, body))
+                    await conn.stream.send_all(frame)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     conn.fail(f"the connection to agentsd at {self.socket_path} broke: {exc}")
             if scope.cancelled_caught:
@@ -227,55 +176,27 @@ class Connector:
                 raise DaemonDisconnected(str(conn.failure), self.socket_path)
 
     async def request(
-        self,
-        method: str,
-        params: msgspec.Struct | dict[str, Any] | None,
-        *,
-        on_reply: OnReply | None = None,
-    ) -> tuple[Connection, ClientIncoming]:
+        self, method: Method[P, R], params: P | None = None, *, route: Route | None = None
+    ) -> tuple[Connection, R]:
+        """``call``, also saying on which connection it was answered; with ``route``,
+        the notifications its result names go there (a streaming method)."""
         conn = await self.connection()
-        request_id = next(self._ids)
-        waiter = Waiter(on_reply)
-        conn.pending[request_id] = waiter
+        call, frame = conn.core.request(method, params, route=route)
+        done = conn.waiting[call.id] = trio.Event()
         try:
-            await self._send(conn, encode_request(method, params, request_id))
-            await waiter.done.wait()
+            await self._send(conn, frame)
+            await done.wait()
         finally:
-            conn.pending.pop(request_id, None)
-        if waiter.failure is not None:
-            raise waiter.failure
-        assert waiter.reply is not None
-        return conn, waiter.reply
+            if not call.done:  # cancelled: a late reply is dropped
+                conn.core.forget(call)
+                conn.waiting.pop(call.id, None)
+        return conn, call.result()
 
-    @overload
-    async def call(
-        self,
-        method: str,
-        params: msgspec.Struct | dict[str, Any] | None = None,
-        *,
-        result_type: type[T],
-    ) -> T: ...
-
-    @overload
-    async def call(
-        self,
-        method: str,
-        params: msgspec.Struct | dict[str, Any] | None = None,
-        *,
-        result_type: None = None,
-    ) -> Any: ...
-
-    async def call(
-        self,
-        method: str,
-        params: msgspec.Struct | dict[str, Any] | None = None,
-        *,
-        result_type: type[T] | None = None,
-    ) -> T | Any:
-        """Send one request and wait for its reply, decoded as ``result_type`` (plain
-        JSON values without it). Raises as the class docstring says."""
-        _, reply = await self.request(method, params)
-        return decode_result(reply, result_type)
+    async def call(self, method: Method[P, R], params: P | None = None) -> R:
+        """Send one request and wait for its reply, typed by ``method``; params None are
+        left out. Raises as the class docstring says."""
+        _, result = await self.request(method, params)
+        return result
 
     async def retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
         """Run ``attempt`` until it succeeds, backing off while the daemon is unreachable
@@ -307,16 +228,3 @@ class Connector:
     def spawn(self, fn: Callable[[], Awaitable[None]]) -> None:
         """Run ``fn`` in the client's nursery (work that must outlive its caller)."""
         self._nursery.start_soon(fn)
-
-
-def decode_result(reply: ClientIncoming, result_type: type[T] | None) -> T | Any:
-    if reply.error is not UNSET:
-        raise error_from_wire(reply.error)
-    if reply.result is UNSET:
-        raise ParseError("Parse error: a reply with neither result nor error")
-    try:
-        if result_type is None:
-            return msgspec.json.decode(reply.result)
-        return msgspec.json.decode(reply.result, type=result_type)
-    except msgspec.DecodeError as exc:
-        raise ParseError(f"Parse error in a result from the daemon: {exc}") from None

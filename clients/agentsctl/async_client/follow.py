@@ -1,7 +1,9 @@
 """The following half of the trio client: subscriptions and watches, which survive
 lagging, dropped connections and daemon restarts.
 
-See Rules 3 and 4 of ``agentsctl.async_client``.
+See Rules 3 and 4 of ``agentsctl.async_client``. A subscription's position in the
+journal is ``agentsd_protocol.client.cursor.FollowCursor``'s, kept on the consumer's
+side of the buffer, so what is dropped from the buffer is read again from the journal.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from typing import Generic, TypeVar
 import msgspec
 import trio
 
-from agentsctl.async_client.connection import Connection, Connector, Route, decode_result
+from agentsctl.async_client.connection import Connection, Connector, Route
 from agentsctl.daemon import DaemonUnreachable
+from agentsd_protocol import methods
 from agentsd_protocol.api import stream as st
+from agentsd_protocol.client.core import Notification
+from agentsd_protocol.client.cursor import Ended, FollowCursor, Resubscribe
 from agentsd_protocol.errors import RpcError, SessionNotFound
-from agentsd_protocol.jsonrpc import ClientIncoming
 
 ItemT = TypeVar("ItemT")
 
@@ -45,18 +49,17 @@ class Follower(Route, Generic[ItemT]):
     async def _open_remote(self) -> tuple[Connection, str]:
         """Open the route on the daemon; returns the connection and its route key."""
 
+    async def open(self) -> None:
+        self._conn, self._route_key = await self._open_remote()
+
     async def _reopen(self) -> None:
         self._conn, self._route_key = await self._client.retrying(self._open_remote)
         self._lost = False
 
-    def _attach(self, conn: Connection, key: str) -> None:
-        """Route ``key`` to this follower; runs in the reader (see ``Waiter``)."""
-        conn.routes[key] = self
-
     def _detach(self) -> None:
         conn, key = self._conn, self._route_key
-        if conn is not None and key is not None and conn.routes.get(key) is self:
-            del conn.routes[key]
+        if conn is not None and key is not None:
+            conn.core.drop_route(key, self)
 
     def _wake(self) -> None:
         self._wakeup.set()
@@ -97,34 +100,20 @@ class Follower(Route, Generic[ItemT]):
                 continue
             await self._wakeup.wait()
 
-    def _end_remote_later(self, method: str, params: msgspec.Struct) -> None:
-        """End a route the daemon may still feed, without waiting for the answer."""
+    def _unsubscribe_later(self, subscription_id: str) -> None:
+        """End a subscription the daemon may still feed, without waiting for the answer."""
         client = self._client
+        params = st.UnsubscribeParams(subscription_id=subscription_id)
 
         async def end() -> None:
             # Failing means it ended anyway, or its connection did.
             with contextlib.suppress(RpcError, DaemonUnreachable):
-                await client.call(method, params)
+                await client.call(methods.UNSUBSCRIBE, params)
 
         client.spawn(end)
 
-    async def _end_remote(self, method: str, params: msgspec.Struct) -> None:
-        """End the route on the daemon if its connection lives; bounded and shielded so
-        that leaving a cancelled scope still cleans up."""
-        self._detach()
-        conn = self._conn
-        if conn is None or not conn.alive or self._client.closed:
-            return
-        # Failing means it is already gone: lagged, deleted, or its connection failed.
-        deadline = trio.current_time() + UNSUBSCRIBE_TIMEOUT_S
-        with (
-            trio.CancelScope(deadline=deadline, shield=True),
-            contextlib.suppress(RpcError, DaemonUnreachable),
-        ):
-            await self._client.call(method, params)
 
-
-class Subscription(Follower[SubscriptionItem]):
+class Subscription(Follower[Notification]):
     """An async iterator over one session's journal events (``JournalEvent``) and
     streaming text (``DeltaNotification``); see ``AsyncClient.subscribe`` and Rule 3.
 
@@ -143,97 +132,88 @@ class Subscription(Follower[SubscriptionItem]):
     def __init__(self, client: Connector, session_id: str, after_seq: int | None) -> None:
         super().__init__(client)
         self.session_id = session_id
-        self.head_seq = 0
-        self.last_seq: int | None = after_seq
-        self._received_seq: int | None = after_seq  # highest seq buffered
-        self.subscription_id: str | None = None
-        self.ended: st.EndedNotification | None = None
+        self._cursor = FollowCursor(session_id, after_seq)
+        self._ready: deque[SubscriptionItem] = deque()  # taken from the cursor, not yielded
 
-    async def open(self) -> None:
-        self._conn, self._route_key = await self._open_remote()
+    @property
+    def head_seq(self) -> int:
+        return self._cursor.head_seq or 0
+
+    @property
+    def last_seq(self) -> int | None:
+        return self._cursor.last_seq
+
+    @property
+    def subscription_id(self) -> str | None:
+        return self._cursor.subscription_id
+
+    @property
+    def ended(self) -> Ended | None:
+        return self._cursor.ended
 
     async def _open_remote(self) -> tuple[Connection, str]:
-        params = st.SubscribeParams(session_id=self.session_id, after_seq=self._received_seq)
+        # Everything buffered from the last subscription was taken by the cursor.
+        self._cursor.unsubscribed()
+        params = self._cursor.subscribe_params()
+        conn, result = await self._client.request(methods.SUBSCRIBE, params, route=self)
+        self._cursor.subscribed(result)  # events are yielded, not catch-up markers
+        return conn, result.subscription_id
 
-        def on_reply(conn: Connection, reply: ClientIncoming) -> None:
-            # In the reader, before any event of this subscription can be delivered.
-            result = decode_result(reply, st.SubscribeResult)
-            if self._received_seq is None:
-                # Following from the head: the head is where this subscription starts.
-                self._received_seq = self.last_seq = result.head_seq
-            if self.subscription_id is None:
-                self.head_seq = result.head_seq
-            self.subscription_id = result.subscription_id
-            self._attach(conn, result.subscription_id)
-
-        conn, reply = await self._client.request(
-            "agentSession.subscribe", params, on_reply=on_reply
-        )
-        return conn, decode_result(reply, st.SubscribeResult).subscription_id
-
-    def deliver(self, method: str, params: msgspec.Raw) -> None:
-        try:
-            if method == "agentSession.event":
-                event = msgspec.json.decode(params, type=st.EventNotification).event
-                self._received_seq = event.seq
-                self._push(event)
-            elif method == "agentSession.delta":
-                self._push(msgspec.json.decode(params, type=st.DeltaNotification))
-            elif method == "agentSession.lagged":
-                # The daemon ended this subscription; what it sent is all buffered here.
-                self._detach()
-                self.connection_lost()
-            elif method == "agentSession.ended":
-                self.ended = msgspec.json.decode(params, type=st.EndedNotification)
-                self._end_for_good(
-                    SessionNotFound(
-                        f"session {self.session_id} was deleted (reason: {self.ended.reason})",
-                        sessionId=self.session_id,
-                        reason=self.ended.reason,
-                        lastSeq=self.ended.last_seq,
-                    )
-                )
-        except msgspec.ValidationError:
-            self._detach()
-            self.connection_lost()  # a malformed notification: resume from the journal
+    def deliver(self, notification: Notification) -> None:
+        self._push(notification)
 
     def _overflow(self) -> None:
         self._buffer.clear()
-        self._received_seq = self.last_seq
         self._detach()
-        if self.subscription_id is not None and self._conn is not None and self._conn.alive:
-            self._end_remote_later(
-                "agentSession.unsubscribe",
-                st.UnsubscribeParams(subscription_id=self.subscription_id),
-            )
+        stale = self._cursor.subscription_id
+        if stale is not None and self._conn is not None and self._conn.alive:
+            self._unsubscribe_later(stale)
         self.connection_lost()
+
+    def _take(self, notification: Notification) -> None:
+        for item in self._cursor.receive(notification):
+            match item:
+                case st.JournalEvent() | st.DeltaNotification():
+                    self._ready.append(item)
+                case Resubscribe(stale=stale):
+                    self._detach()
+                    if stale is not None:
+                        self._unsubscribe_later(stale)
+                    self.connection_lost()
+                case Ended(reason=reason, last_seq=last_seq):
+                    self._end_for_good(
+                        SessionNotFound(
+                            f"session {self.session_id} was deleted (reason: {reason})",
+                            sessionId=self.session_id,
+                            reason=reason,
+                            lastSeq=last_seq,
+                        )
+                    )
 
     def __aiter__(self) -> Subscription:
         return self
 
     async def __anext__(self) -> SubscriptionItem:
-        """The next item. Events come exactly once, in seq order; on an impossible gap
-        the subscription re-opens from the last seq it yielded."""
-        while True:
-            item = await self._next_item()
-            if isinstance(item, st.DeltaNotification):
-                return item
-            last = self.last_seq if self.last_seq is not None else item.seq - 1
-            if item.seq <= last:
-                continue  # already yielded before a re-subscription
-            if item.seq > last + 1:
-                self._overflow()  # a gap: read it from the journal
-                continue
-            self.last_seq = item.seq
-            return item
+        """The next item. Events come exactly once, in seq order (the cursor's Rule 1)."""
+        while not self._ready:
+            self._take(await self._next_item())
+        return self._ready.popleft()
 
     async def aclose(self) -> None:
-        """Unsubscribe (see ``Follower._end_remote``), unless the daemon ended it."""
-        if self.ended is not None:
+        """Unsubscribe, unless the daemon ended it: only while its connection lives,
+        bounded and shielded so that leaving a cancelled scope still cleans up."""
+        self._detach()
+        subscription_id, conn = self._cursor.subscription_id, self._conn
+        if subscription_id is None or conn is None or not conn.alive or self._client.closed:
             return
-        if self.subscription_id is not None:
-            params = st.UnsubscribeParams(subscription_id=self.subscription_id)
-            await self._end_remote("agentSession.unsubscribe", params)
+        params = st.UnsubscribeParams(subscription_id=subscription_id)
+        deadline = trio.current_time() + UNSUBSCRIBE_TIMEOUT_S
+        # Failing means it is already gone: lagged, deleted, or its connection failed.
+        with (
+            trio.CancelScope(deadline=deadline, shield=True),
+            contextlib.suppress(RpcError, DaemonUnreachable),
+        ):
+            await self._client.call(methods.UNSUBSCRIBE, params)
 
 
 class Watch(Follower[st.StatusNotification]):
@@ -246,45 +226,27 @@ class Watch(Follower[st.StatusNotification]):
     def __init__(self, client: Connector) -> None:
         super().__init__(client)
         self.watch_id: str | None = None
-        self._known: set[str] = set()
-
-    async def open(self) -> None:
-        self._conn, self._route_key = await self._open_remote()
+        self._known: set[str] = set()  # the sessions yielded as present
 
     async def _open_remote(self) -> tuple[Connection, str]:
-        snapshot: list[st.StatusNotification] = []
-
-        def on_reply(conn: Connection, reply: ClientIncoming) -> None:
-            result = decode_result(reply, st.WatchResult)
-            # Buffered before any notification the reader sees next (see ``Waiter``).
-            present = {status.session_id for status in result.sessions}
-            for session_id in sorted(self._known - present):
-                snapshot.append(_deleted_status(result.watch_id, session_id))
-            snapshot.extend(
-                st.StatusNotification(watch_id=result.watch_id, session=status)
-                for status in result.sessions
-            )
-            for note in snapshot:
-                self._push(note)
-            self._attach(conn, result.watch_id)
-
-        conn, reply = await self._client.request("agentSession.watch", None, on_reply=on_reply)
-        result = decode_result(reply, st.WatchResult)
+        conn, result = await self._client.request(methods.WATCH, route=self)
+        # The snapshot goes before every notification buffered since its reply.
+        present = {status.session_id for status in result.sessions}
+        snapshot = [_deleted_status(result.watch_id, sid) for sid in sorted(self._known - present)]
+        snapshot.extend(
+            st.StatusNotification(watch_id=result.watch_id, session=status)
+            for status in result.sessions
+        )
+        self._buffer.extendleft(reversed(snapshot))
+        self._wake()
         self.watch_id = result.watch_id
         return conn, result.watch_id
 
-    def _push(self, item: st.StatusNotification) -> None:
-        if item.deleted:
-            self._known.discard(item.session.session_id)
-        else:
-            self._known.add(item.session.session_id)
-        super()._push(item)
-
-    def deliver(self, method: str, params: msgspec.Raw) -> None:
-        if method != "agentSession.status":
+    def deliver(self, notification: Notification) -> None:
+        if notification.method != "agentSession.status":
             return
         try:
-            self._push(msgspec.json.decode(params, type=st.StatusNotification))
+            self._push(notification.decode(st.StatusNotification))
         except msgspec.ValidationError:
             self._overflow()
 
@@ -298,7 +260,12 @@ class Watch(Follower[st.StatusNotification]):
         return self
 
     async def __anext__(self) -> st.StatusNotification:
-        return await self._next_item()
+        item = await self._next_item()
+        if item.deleted:
+            self._known.discard(item.session.session_id)
+        else:
+            self._known.add(item.session.session_id)
+        return item
 
     async def aclose(self) -> None:
         self._detach()

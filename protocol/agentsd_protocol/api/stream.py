@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentsd_protocol.api.base import Params, Result
+from agentsd_protocol.api.base import Empty, Params, Result
 from agentsd_protocol.api.session import Phase, Status
 
 
@@ -51,7 +51,7 @@ class HistoryResult(Result, frozen=True, kw_only=True):
     head_seq: int
 
 
-class WatchParams(Params, frozen=True, kw_only=True):
+class WatchParams(Empty, frozen=True, kw_only=True):
     pass
 
 

@@ -1,0 +1,143 @@
+"""The commands about the daemon itself: ``status`` and ``daemon start|stop|ping``.
+
+They talk to the daemon through ``Target.link()`` (stdlib JSON, no msgspec: the
+cold start of ``agentsctl status`` is budgeted, see ``agentsctl.cli`` Rule 1);
+``daemon ping`` and ``daemon stop`` never start one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from agentsctl.cli import EXIT_OK, CommandFailed
+from agentsctl.daemon import (
+    DaemonDisconnected,
+    DaemonNotRunning,
+    answers,
+    daemon_argv,
+    wait_until_gone,
+)
+
+# typing costs a few ms of cold start and is needed by the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from agentsctl.target import Target
+
+
+def configure_status(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the raw JSON result")
+
+
+def run_status(args: argparse.Namespace, target: Target) -> int:
+    with target.link(start=True) as link:
+        result = link.call("daemon.status")
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return EXIT_OK
+    print(format_status(result))
+    return EXIT_OK
+
+
+def format_status(result: dict[str, Any]) -> str:
+    sessions = result.get("sessions") or {}
+    recovery = result.get("recovery") or {}
+    counts = ", ".join(
+        f"{sessions.get(key, 0)} {key}" for key in ("running", "working", "attention")
+    )
+    recovered = recovery.get("summary") or (
+        f"{recovery.get('sessionsRecovered', 0)} sessions recovered, "
+        f"{recovery.get('orphansEnded', 0)} orphans ended, "
+        f"{recovery.get('unproven', 0)} unproven"
+    )
+    rows = [
+        ("socket", result.get("socket", "?")),
+        ("state dir", result.get("stateDir", "?")),
+        ("connections", result.get("connections", "?")),
+        ("sessions", f"{sessions.get('total', 0)} ({counts})"),
+        ("recovery", recovered),
+    ]
+    head = (
+        f"agentsd {result.get('version', '?')} (pid {result.get('pid', '?')}), "
+        f"up {format_duration(float(result.get('uptimeS', 0.0)))}"
+    )
+    return "\n".join([head, *(f"  {name + ':':<13}{value}" for name, value in rows)])
+
+
+def format_duration(seconds: float) -> str:
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    if minutes:
+        return f"{minutes}m {secs}s"
+    return f"{seconds:.1f}s"
+
+
+def configure_daemon_start(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--foreground", action="store_true", help="run agentsd in this process (exec) instead"
+    )
+    parser.add_argument("--log-level", help="passed to agentsd: debug, info, warning, error")
+    parser.add_argument("--config", metavar="FILE", help="passed to agentsd: its config file")
+
+
+def run_daemon_start(args: argparse.Namespace, target: Target) -> int:
+    if answers(target.socket_path):
+        print(f"agentsd is already running at {target.socket_path}")
+        return EXIT_OK
+    if args.foreground:
+        argv = daemon_argv(
+            target.socket_path,
+            state_dir=target.explicit_state_dir,
+            log_level=args.log_level,
+            config=args.config,
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(argv[0], argv)
+    pid = target.start_detached(log_level=args.log_level, config=args.config)
+    print(f"agentsd started (pid {pid}) at {target.socket_path}; log: {target.log_path}")
+    return EXIT_OK
+
+
+def run_daemon_stop(args: argparse.Namespace, target: Target) -> int:
+    from agentsd_protocol.errors import ShuttingDown
+
+    try:
+        with target.link(start=False) as link:
+            link.call("daemon.shutdown")
+    except DaemonDisconnected:
+        pass  # it went away before replying: what we asked for
+    except ShuttingDown:
+        pass  # someone else asked first; wait all the same
+    except DaemonNotRunning:
+        print(f"agentsd is not running at {target.socket_path}")
+        return EXIT_OK
+    started = time.monotonic()
+    if not wait_until_gone(target.socket_path):
+        raise CommandFailed(
+            f"agentsd at {target.socket_path} still answers "
+            f"{time.monotonic() - started:.0f} s after daemon.shutdown",
+            "stop_timeout",
+        )
+    print(f"agentsd at {target.socket_path} stopped")
+    return EXIT_OK
+
+
+def run_daemon_ping(args: argparse.Namespace, target: Target) -> int:
+    with target.link(start=False) as link:
+        started = time.perf_counter()
+        link.call("daemon.ping")
+        elapsed = time.perf_counter() - started
+    print(f"pong from agentsd at {target.socket_path}: {elapsed * 1000:.2f} ms")
+    return EXIT_OK
