@@ -18,12 +18,16 @@ import msgspec
 from agentsd import leases
 from agentsd.leases import ClaimState, ExitEvidence, Identity, Lease
 from agentsd.store.journal import StoredEvent, append_events
+from agentsd_protocol.api.events import (
+    ChildSpawned,
+    Event,
+    LeaseAcquired,
+    LeaseReleased,
+    encode_body,
+    kind_of,
+)
 
 _json = msgspec.json.Encoder()
-
-
-def encode_body(body: Any) -> bytes:
-    return _json.encode(body)
 
 
 @attrs.frozen
@@ -79,7 +83,7 @@ def _row_to_session(row: tuple[Any, ...]) -> SessionRow:
     )
 
 
-Events = Sequence[tuple[str, Any]]
+Events = Sequence[Event]
 
 
 def _append(
@@ -87,7 +91,7 @@ def _append(
 ) -> list[StoredEvent]:
     if not events:
         return []
-    items = [(kind, encode_body(body)) for kind, body in events]
+    items = [(kind_of(event), encode_body(event)) for event in events]
     return append_events(conn, session_id, fence, items, now)
 
 
@@ -263,7 +267,7 @@ def acquire_lease(
         conn,
         session_id,
         lease.fence,
-        [("lease.acquired", {"fence": lease.fence, "generation": lease.generation})],
+        [LeaseAcquired(fence=lease.fence, generation=lease.generation)],
         now,
     )
     return lease, events
@@ -279,14 +283,11 @@ def lease_live(
         lease.session_id,
         lease.fence,
         [
-            (
-                "child.spawned",
-                {
-                    "pid": identity.pid,
-                    "pgid": identity.pgid,
-                    "generation": lease.generation,
-                    "fence": lease.fence,
-                },
+            ChildSpawned(
+                pid=identity.pid,
+                pgid=identity.pgid,
+                generation=lease.generation,
+                fence=lease.fence,
             )
         ],
         now,
@@ -306,7 +307,7 @@ def lease_released(
     and whatever the session settles) and session fields, in one savepoint."""
     released = leases.release(lease, evidence, now)
     _write_lease(conn, released)
-    all_events = [*events, ("lease.released", {"fence": lease.fence})]
+    all_events = [*events, LeaseReleased(fence=lease.fence)]
     stored = update_session(conn, lease.session_id, lease.fence, now, all_events, **session_fields)
     return released, stored
 

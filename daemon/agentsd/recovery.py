@@ -22,10 +22,12 @@ from agentsd.runner import settle_events
 from agentsd.session import Session, derive_conversation
 from agentsd.store.writer import Store
 from agentsd_protocol.api.daemon import RecoveryReport
+from agentsd_protocol.api.events import ChildExited, ExitUnproven
+from agentsd_protocol.api.session import ExitCause
 
 log = logging.getLogger(__name__)
 
-CAUSE = "daemon-restart"
+CAUSE: ExitCause = "daemon-restart"
 
 
 def _identity(lease: Lease) -> ChildIdentity:
@@ -66,7 +68,7 @@ async def recover(store: Store, ladder: Ladder) -> RecoveryReport:
 
 async def _keep_held(store: Store, lease: Lease) -> None:
     evidence = ExitEvidence(cause=CAUSE, proven=False, detail="still running after the ladder")
-    events = [("child.exit-unproven", {"cause": CAUSE, "detail": evidence.detail})]
+    events = [ExitUnproven(cause=CAUSE, detail=evidence.detail)]
     now = time.time()
     await store.write(lambda conn: records.lease_unproven(conn, lease, evidence, now, events))
 
@@ -81,8 +83,7 @@ async def _release(store: Store, lease: Lease, outcome: EndOutcome) -> None:
     detail = "ended at start-up" if outcome is EndOutcome.ENDED else "already gone"
     evidence = ExitEvidence(cause=CAUSE, proven=True, detail=detail)
     now = time.time()
-    exited = {"cause": CAUSE, "returncode": None, "signal": None, "detail": detail}
-    events = [*settle_events(probe, CAUSE), ("child.exited", exited)]
+    events = [*settle_events(probe, CAUSE), ChildExited(cause=CAUSE, detail=detail)]
     last_exit = {"cause": CAUSE, "returncode": None, "signal": None, "at": now}
     await store.write(
         lambda conn: records.lease_released(conn, lease, evidence, now, events, last_exit=last_exit)

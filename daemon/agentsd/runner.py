@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 import msgspec
@@ -35,6 +35,17 @@ from agentsd.leases import ExitEvidence, Identity, Lease
 from agentsd.providers.base import Adapter, LineLink, Provider
 from agentsd.session import Session
 from agentsd.sink import Sink
+from agentsd_protocol.api.events import (
+    ApprovalResolved,
+    ChildExited,
+    ChildReady,
+    ErrorInfo,
+    Event,
+    ExitUnproven,
+    SubmissionDispatched,
+    TurnCompleted,
+    TurnOutcome,
+)
 from agentsd_protocol.api.session import ChildInfo, ExitCause, ExitInfo, SessionError
 from agentsd_protocol.errors import (
     AgentExited,
@@ -224,7 +235,7 @@ async def _handshake(
         ) from None
     await supervisor.append(
         session,
-        [("child.ready", {"providerHandle": handle, "generation": lease.generation})],
+        [ChildReady(provider_handle=handle, generation=lease.generation)],
         fence=lease.fence,
         provider_handle=handle,
     )
@@ -318,36 +329,26 @@ def _evidence(child: Child | None, cause: ExitCause) -> ExitEvidence:
     )
 
 
-def settle_events(session: Session, cause: str) -> list[tuple[str, Any]]:
+def settle_events(session: Session, cause: ExitCause) -> list[Event]:
     """What a child's end settles in the conversation: its open turn and its pending
     approvals (absent evidence is ``unknown``/``interrupted``, never success)."""
     convo = session.conversation
-    events: list[tuple[str, Any]] = []
+    events: list[Event] = []
     for approval in convo.approvals.values():
         if approval.approval_id in session.claims:
             continue  # a client's answer is being committed; it wins
         events.append(
-            (
-                "approval.resolved",
-                {"approvalId": approval.approval_id, "decision": "cancelled", "by": "daemon"},
-            )
+            ApprovalResolved(approval_id=approval.approval_id, decision="cancelled", by="daemon")
         )
     if convo.turn_open:
-        outcome = (
+        outcome: TurnOutcome = (
             "interrupted"
             if cause in ("requested", "shutdown", "idle", "daemon-restart")
             else "unknown"
         )
-        events.append(
-            ("turn.completed", {"turnId": convo.turn_id, "outcome": outcome, "reason": cause})
-        )
+        events.append(TurnCompleted(turn_id=convo.turn_id, outcome=outcome, reason=cause))
     for cmid in sorted(convo.undispatched):
-        events.append(
-            (
-                "submission.dispatched",
-                {"clientMessageId": cmid, "outcome": "unknown", "reason": cause},
-            )
-        )
+        events.append(SubmissionDispatched(client_message_id=cmid, outcome="unknown", reason=cause))
     return events
 
 
@@ -361,19 +362,19 @@ async def _settle(
 ) -> None:
     now = time.time()
     evidence = _evidence(child, cause)
-    exited: dict[str, Any] = {
-        "cause": cause,
-        "returncode": evidence.returncode,
-        "signal": evidence.signal,
-    }
     error = None
     if failure is not None:
         error = SessionError(kind=failure.kind, message=failure.message, at=now)
-        exited["error"] = {"kind": failure.kind, "message": failure.message}
+    exited = ChildExited(
+        cause=cause,
+        returncode=evidence.returncode,
+        signal=evidence.signal,
+        error=None if failure is None else ErrorInfo(kind=failure.kind, message=failure.message),
+    )
     session.error = error
     current = session.lease or lease
     if evidence.proven:
-        events = [*settle_events(session, cause), ("child.exited", exited)]
+        events: list[Event] = [*settle_events(session, cause), exited]
         last_exit = ExitInfo(
             cause=cause, returncode=evidence.returncode, signal=evidence.signal, at=now
         )
@@ -397,7 +398,7 @@ async def _settle(
         log.error(
             "session %s: exit of its agent could not be proven: %s", session.id, evidence.detail
         )
-        events = [("child.exit-unproven", {"cause": cause, "detail": evidence.detail})]
+        events = [ExitUnproven(cause=cause, detail=evidence.detail)]
         held, _ = await supervisor.write_events(
             session, lambda conn: records.lease_unproven(conn, current, evidence, now, events)
         )

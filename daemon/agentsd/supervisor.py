@@ -45,6 +45,7 @@ from agentsd.session import Session, derive_conversation
 from agentsd.store.journal import StoredEvent
 from agentsd.store.writer import Store
 from agentsd_protocol.api.daemon import SessionCounts
+from agentsd_protocol.api.events import ChildExited, Event, SessionCreated, decode_event
 from agentsd_protocol.api.session import ExitCause, ExitInfo, SessionError, SessionInfo
 from agentsd_protocol.api.stream import SessionStatus, StatusNotification
 from agentsd_protocol.errors import (
@@ -178,7 +179,7 @@ class Supervisor:
     async def append(
         self,
         session: Session,
-        events: Sequence[tuple[str, Any]],
+        events: Sequence[Event],
         *,
         fence: int | None = None,
         **fields: Any,
@@ -201,7 +202,7 @@ class Supervisor:
         for event in stored:
             if event.seq > session.head_seq:
                 session.head_seq = event.seq
-            session.conversation.apply(event.seq, event.kind, msgspec.json.decode(event.body))
+            session.conversation.apply(event.seq, decode_event(event.kind, event.body))
         session.row = attrs.evolve(session.row, updated_at=stored[-1].ts)
         self.feed.publish(session.id, stored)
         self.status_maybe_changed(session)
@@ -285,11 +286,11 @@ class Supervisor:
             created_at=now,
             updated_at=now,
         )
-        created = {"provider": provider, "cwd": cwd, "title": title}
+        created = SessionCreated(provider=provider, cwd=cwd, title=title)
         session = Session(row=row, head_seq=0)
 
         def insert(conn: sqlite3.Connection) -> list[StoredEvent]:
-            stored = records.insert_session(conn, row, [("session.created", created)])
+            stored = records.insert_session(conn, row, [created])
             if operation is not None and provisional is not None:
                 info = attrs.evolve(session, head_seq=stored[-1].seq).info()
                 record_provisional(conn, operation, provisional(info))
@@ -379,7 +380,7 @@ class Supervisor:
             raise ExitUnproven(f"the agent of session {session.id} still cannot be proven gone")
         evidence = ExitEvidence(cause="requested", proven=True, detail="ended on retry")
         now = time.time()
-        events = [*settle_events(session, "requested"), ("child.exited", {"cause": "requested"})]
+        events = [*settle_events(session, "requested"), ChildExited(cause="requested")]
         released, _ = await self.write_events(
             session, lambda conn: records.lease_released(conn, lease, evidence, now, events)
         )

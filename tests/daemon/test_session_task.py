@@ -28,6 +28,7 @@ from agentsd.sink import Sink
 from agentsd.store.journal import read_events
 from agentsd.store.writer import Store, open_store
 from agentsd.supervisor import Supervisor, open_supervisor
+from agentsd_protocol.api.events import AgentError
 from agentsd_protocol.errors import AgentExited, HandshakeTimeout, StorageUnavailable
 from tests.polling import eventually
 
@@ -403,12 +404,12 @@ async def test_fencing_events_from_a_previous_child_are_not_journaled(
             await sup.start(session)
             assert session.fence == first.fence + 1
             head = session.head_seq
-            await stale.emit("agent.error", {"message": "from the old child"})
+            await stale.emit(AgentError(message="from the old child"))
             stale.delta("item-x", "old text")
             await stale.flush_snapshots()
             assert session.lease is not None
             current = Sink(sup, session, session.lease, SessionTask())
-            await current.emit("agent.error", {"message": "from the current child"})
+            await current.emit(AgentError(message="from the current child"))
             events = await journal(store, session.id)
             assert [b["message"] for _, k, b in events if k == "agent.error"] == [
                 "from the current child"
