@@ -407,7 +407,12 @@ class ClaudeAdapter(Adapter):
             f"{frame.get('error_status')}); check the API key or log in again",
         )
         await self._sink.emit(
-            AgentError(error_kind=failure.kind, message=failure.message, turn_id=self._turn_id)
+            AgentError(
+                error_kind=failure.kind,
+                message=failure.message,
+                turn_id=self._turn_id,
+                will_retry=False,
+            )
         )
         # A child that is gone cannot be interrupted; its exit settles the turn.
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):

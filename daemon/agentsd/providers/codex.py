@@ -320,7 +320,10 @@ class CodexAdapter(Adapter):
                     # A failure Codex did not announce with `error`: journal it once.
                     await sink.emit(
                         AgentError(
-                            error_kind=done.error.kind, message=done.error.message, turn_id=turn_id
+                            error_kind=done.error.kind,
+                            message=done.error.message,
+                            turn_id=turn_id,
+                            will_retry=False,
                         )
                     )
                 self._errors_reported.discard(turn_id)

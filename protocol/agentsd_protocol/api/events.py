@@ -293,7 +293,7 @@ class AgentError(EventStruct, tag="agent.error", frozen=True, kw_only=True):
     message: str
     error_kind: str | None = None
     turn_id: str | None = None
-    will_retry: bool = False
+    will_retry: bool | None = None  # None: the agent did not say
     details: str | None = None
     attempt: int | None = None
     max_retries: int | None = None
