@@ -43,7 +43,8 @@ RENAMED_FIELDS = {
 
 @pytest.fixture(scope="module")
 def conn() -> Iterator[sqlite3.Connection]:
-    connection = sqlite3.connect(f"file:{DB}?mode=ro", uri=True)
+    # immutable: read in place, without the -shm/-wal files a WAL database would get.
+    connection = sqlite3.connect(f"file:{DB}?immutable=1", uri=True)
     yield connection
     connection.close()
 
