@@ -6,11 +6,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from agentsd_protocol.api.events import Event, body_fields, kind_of
 from agentsd_protocol.errors import StorageUnavailable
 
 
 class RecordingSink:
-    """Keeps events, deltas, approvals (one dict each, by their wire names),
+    """Keeps events (kind and body, by their wire names), deltas, approvals (one dict
+    each, by their wire names),
     withdrawn approvals and option changes; ``refuse_approvals`` makes recording an
     approval fail with ``StorageUnavailable``."""
 
@@ -22,8 +24,8 @@ class RecordingSink:
         self.option_changes: list[dict[str, Any]] = []
         self.refuse_approvals = refuse_approvals
 
-    async def emit(self, kind: str, body: Mapping[str, Any]) -> int:
-        self.events.append((kind, dict(body)))
+    async def emit(self, event: Event) -> int:
+        self.events.append((kind_of(event), body_fields(event)))
         return len(self.events)
 
     def delta(self, item_id: str, text: str) -> None:

@@ -34,6 +34,7 @@ from agentsctl.daemon import DaemonUnreachable
 from agentsctl.follow import CaughtUp, Follower, Note, SessionGone
 from agentsctl.render import Transcript, delta_line, print_jsonl
 from agentsd_protocol.api import stream as st
+from agentsd_protocol.api.events import ApprovalRequested, ApprovalResolved, ChildExited
 from agentsd_protocol.errors import RpcError
 
 if TYPE_CHECKING:
@@ -194,7 +195,7 @@ class AttachView:
         self.transcript = Transcript(sys.stdout)
         interactive = not args.jsonl and not args.no_input and sys.stdin.isatty()
         self.question = KeyQuestion(sys.stdin.fileno(), self.transcript) if interactive else None
-        self.pending: OrderedDict[str, dict[str, Any]] = OrderedDict()  # id -> request body
+        self.pending: OrderedDict[str, ApprovalRequested] = OrderedDict()  # by approval id
         self.answered: set[str] = set()  # answered from here; its resolution is awaited
         self.hinted: set[str] = set()
         self.caught_up = False
@@ -220,16 +221,17 @@ class AttachView:
             print_jsonl(event)
         else:
             self.transcript.event(event)
-        body: dict[str, Any] = event.body if isinstance(event.body, dict) else {}
-        approval_id = str(body.get("approvalId"))
-        if event.kind == "approval.requested":
-            self.pending[approval_id] = body
-        elif event.kind == "approval.resolved":
-            self.pending.pop(approval_id, None)
-            self.answered.discard(approval_id)
-        elif event.kind == "child.exited":
-            self.pending.clear()  # the daemon settles them as its child ends
-            self.answered.clear()
+        match event.event():
+            case ApprovalRequested() as asked:
+                self.pending[asked.approval_id] = asked
+            case ApprovalResolved(approval_id=approval_id):
+                self.pending.pop(approval_id, None)
+                self.answered.discard(approval_id)
+            case ChildExited():
+                self.pending.clear()  # the daemon settles them as its child ends
+                self.answered.clear()
+            case _:
+                pass
 
     def after_items(self) -> None:
         """Ask, withdraw or hint, once caught up (Rule 2)."""
@@ -237,25 +239,23 @@ class AttachView:
             return
         question = self.question
         if question is None:
-            for approval_id, body in self.pending.items():
+            for approval_id, asked in self.pending.items():
                 if approval_id not in self.hinted:
                     self.hinted.add(approval_id)
-                    self._hint(approval_id, body)
+                    self._hint(approval_id, asked)
             return
         if question.approval_id is not None and question.approval_id not in self.pending:
             question.close()  # answered elsewhere: its resolution was just shown
         if question.approval_id is None:
-            for approval_id, body in self.pending.items():
+            for approval_id, asked in self.pending.items():
                 if approval_id not in self.answered:
-                    options = [str(o) for o in body.get("options") or ["accept", "decline"]]
-                    question.ask(approval_id, f"approval {approval_id}:", options)
+                    question.ask(approval_id, f"approval {approval_id}:", _options(asked))
                     break
         else:
             question.show()
 
-    def _hint(self, approval_id: str, body: dict[str, Any]) -> None:
-        options = [str(o) for o in body.get("options") or ["accept", "decline"]]
-        for option in options:
+    def _hint(self, approval_id: str, asked: ApprovalRequested) -> None:
+        for option in _options(asked):
             command = approve_command(self.target, self.session_id, approval_id, option)
             self.transcript.line(f"  to {option}: {command}")
 
@@ -323,3 +323,7 @@ def run_attach(args: argparse.Namespace, target: Target) -> int:
             return EXIT_SESSION_GONE
         finally:
             view.close()
+
+
+def _options(asked: ApprovalRequested) -> list[str]:
+    return asked.options or ["accept", "decline"]

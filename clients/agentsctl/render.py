@@ -24,6 +24,26 @@ from typing import Any, TextIO
 
 import msgspec
 
+from agentsd_protocol.api.events import (
+    AgentError,
+    ApprovalRequested,
+    ApprovalResolved,
+    ChildExited,
+    ChildReady,
+    ChildSpawned,
+    ExitUnproven,
+    InterruptRequested,
+    ItemCompleted,
+    ItemStarted,
+    ItemUpdated,
+    LeaseAcquired,
+    LeaseReleased,
+    SessionCreated,
+    Submission,
+    SubmissionDispatched,
+    TurnCompleted,
+    TurnStarted,
+)
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
 
 MAX_REMEMBERED_ITEMS = 512  # finished items kept to drop their late deltas; older ones are gone
@@ -161,97 +181,91 @@ class Transcript:
         """A line about the session rather than from it (``-- ...``)."""
         self.line(self.style.dim(f"-- {text}"))
 
-    def event(self, event: JournalEvent) -> None:
+    def event(self, journal_event: JournalEvent) -> None:
         """Write one journal event; kinds this client does not know show as notes."""
-        body: dict[str, Any] = event.body if isinstance(event.body, dict) else {}
-        kind = event.kind
-        if kind == "item.updated":
-            self._snapshot(str(body.get("itemId")), str(body.get("text") or ""))
-        elif kind == "item.completed":
-            self._item_completed(body)
-        elif kind == "item.started":
-            pass  # its text (or its completion) shows it
-        elif kind == "submission":
-            self.line(self.style.bold("> " + str(body.get("text", "")).replace("\n", "\n  ")))
-        elif kind == "submission.dispatched":
-            if body.get("outcome") != "accepted":
-                reason = f": {body['reason']}" if body.get("reason") else ""
-                self.line(self.style.warn(f"! prompt {body.get('outcome')}{reason}"))
-        elif kind == "turn.started":
-            pass  # the prompt line above shows it
-        elif kind == "turn.completed":
-            outcome = body.get("outcome")
-            if outcome == "completed":
-                self.end_line()
-            else:
-                reason = f" ({body['reason']})" if body.get("reason") else ""
-                self.note(f"turn {body.get('turnId')} {outcome}{reason}")
-        elif kind == "turn.interruptRequested":
-            self.note("interrupt requested")
-        elif kind == "approval.requested":
-            self._approval_requested(body)
-        elif kind == "approval.resolved":
-            self.note(
-                f"approval {body.get('approvalId')}: {body.get('decision')} (by {body.get('by')})"
-            )
-        elif kind == "agent.error":
-            self.line(self.style.warn(f"! agent error: {body.get('message')}"))
-        elif kind == "session.created":
-            self.note(f"session created ({body.get('provider')} in {body.get('cwd')})")
-        elif kind == "child.ready":
-            self.note("agent ready")
-        elif kind == "child.exited":
-            self.note(f"agent exited: {_exit_text(body)}")
-        elif kind == "child.exit-unproven":
-            self.line(self.style.warn("! the agent's exit could not be proven; it may still run"))
-        elif kind in ("lease.acquired", "lease.released", "child.spawned"):
-            pass  # supervision detail; `log --jsonl` has it
-        else:
-            self.note(kind)
+        match journal_event.event():
+            case ItemUpdated(item_id=item_id, text=text):
+                self._snapshot(item_id, text)
+            case ItemCompleted() as item:
+                self._item_completed(item)
+            case ItemStarted() | TurnStarted():
+                pass  # its text (or its completion), or the prompt line above, shows it
+            case Submission(text=text):
+                self.line(self.style.bold("> " + text.replace("\n", "\n  ")))
+            case SubmissionDispatched(outcome=outcome, reason=reason):
+                if outcome != "accepted":
+                    why = f": {reason}" if reason else ""
+                    self.line(self.style.warn(f"! prompt {outcome}{why}"))
+            case TurnCompleted(turn_id=turn_id, outcome=outcome, reason=reason):
+                if outcome == "completed":
+                    self.end_line()
+                else:
+                    why = f" ({reason})" if reason else ""
+                    self.note(f"turn {turn_id} {outcome}{why}")
+            case InterruptRequested():
+                self.note("interrupt requested")
+            case ApprovalRequested() as asked:
+                self._approval_requested(asked)
+            case ApprovalResolved(approval_id=approval_id, decision=decision, by=by):
+                self.note(f"approval {approval_id}: {decision} (by {by})")
+            case AgentError(message=message):
+                self.line(self.style.warn(f"! agent error: {message}"))
+            case SessionCreated(provider=provider, cwd=cwd):
+                self.note(f"session created ({provider} in {cwd})")
+            case ChildReady():
+                self.note("agent ready")
+            case ChildExited() as exited:
+                self.note(f"agent exited: {_exit_text(exited)}")
+            case ExitUnproven():
+                self.line(
+                    self.style.warn("! the agent's exit could not be proven; it may still run")
+                )
+            case LeaseAcquired() | LeaseReleased() | ChildSpawned():
+                pass  # supervision detail; `log --jsonl` has it
+            case _:
+                self.note(journal_event.kind)
 
-    def _item_completed(self, body: dict[str, Any]) -> None:
-        item_id = str(body.get("itemId"))
-        kind = body.get("type")
+    def _item_completed(self, item: ItemCompleted) -> None:
+        kind = item.type
         if kind == "agentMessage":
-            self._snapshot(item_id, str(body.get("text") or ""))
+            self._snapshot(item.item_id, item.text or "")
         elif kind in ("toolCall", "commandExecution", "fileChange"):
-            what = body.get("name") or {"commandExecution": "command", "fileChange": "edit"}.get(
-                str(kind), "tool"
+            what = item.name or {"commandExecution": "command", "fileChange": "edit"}.get(
+                kind, "tool"
             )
-            parts = ["*", str(what)]
-            if shown := _compact(body.get("input") or body.get("text")):
+            parts = ["*", what]
+            if shown := _compact(item.input or item.text):
                 parts.append(shown)
-            if body.get("status"):
-                parts.append(f"[{body['status']}]")
+            if item.status:
+                parts.append(f"[{item.status}]")
             self.line(" ".join(parts))
         elif kind == "reasoning":
-            if body.get("text"):
-                self.line(self.style.dim("(thinking) " + _clip(str(body["text"]))))
+            if item.text:
+                self.line(self.style.dim("(thinking) " + _clip(item.text)))
         else:
-            self.note(f"{kind} item {item_id}")
-        self._finish(item_id)
+            self.note(f"{kind} item {item.item_id}")
+        self._finish(item.item_id)
 
-    def _approval_requested(self, body: dict[str, Any]) -> None:
-        options = ", ".join(str(o) for o in body.get("options") or [])
+    def _approval_requested(self, asked: ApprovalRequested) -> None:
         self.line(
-            self.style.bold(f"? approval {body.get('approvalId')} ({body.get('kind')}): ")
-            + str(body.get("title", ""))
+            self.style.bold(f"? approval {asked.approval_id} ({asked.approval_kind}): ")
+            + asked.title
         )
-        detail = [line for line in str(body.get("detail") or "").splitlines() if line.strip()]
+        detail = [line for line in asked.detail.splitlines() if line.strip()]
         for text in detail[:MAX_DETAIL_LINES]:
             self.line(f"  {text}")
         if len(detail) > MAX_DETAIL_LINES:
             self.line(f"  ({len(detail) - MAX_DETAIL_LINES} more lines)")
-        if options:
-            self.line(f"  options: {options}")
+        if asked.options:
+            self.line(f"  options: {', '.join(asked.options)}")
 
 
-def _exit_text(body: dict[str, Any]) -> str:
-    parts = [str(body.get("cause", "unknown"))]
-    if body.get("returncode") is not None:
-        parts.append(f"code {body['returncode']}")
-    if body.get("signal") is not None:
-        parts.append(f"signal {body['signal']}")
-    if body.get("error"):
-        parts.append(str(body["error"]))
+def _exit_text(exited: ChildExited) -> str:
+    parts: list[str] = [exited.cause]
+    if exited.returncode is not None:
+        parts.append(f"code {exited.returncode}")
+    if exited.signal is not None:
+        parts.append(f"signal {exited.signal}")
+    if exited.error is not None:
+        parts.append(f"{exited.error.kind}: {exited.error.message}")
     return ", ".join(parts)

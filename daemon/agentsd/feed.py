@@ -30,6 +30,7 @@ import msgspec
 import trio
 
 from agentsd.store.journal import StoredEvent, read_events
+from agentsd_protocol.api.events import upgrade_row
 from agentsd_protocol.api.stream import (
     DeltaNotification,
     EndedNotification,
@@ -64,12 +65,12 @@ Item = StoredEvent | Delta
 
 
 def journal_event(event: StoredEvent) -> JournalEvent:
+    """The wire form of a stored event. A row written before a kind or field was
+    renamed goes out as the current code writes it, so clients see only the kinds of
+    ``agentsd_protocol.api.events``; any other row's body is forwarded as stored."""
+    kind, body = upgrade_row(event.kind, event.body)
     return JournalEvent(
-        seq=event.seq,
-        ts=event.ts,
-        fence=event.fence,
-        kind=event.kind,
-        body=msgspec.Raw(event.body),
+        seq=event.seq, ts=event.ts, fence=event.fence, kind=kind, body=msgspec.Raw(body)
     )
 
 

@@ -11,11 +11,11 @@ Rule 1 (reap before release): `settle` releases a lease only with proof: our chi
 was reaped (``wait()`` returned) and nothing of it remains (its group is empty and
 no process carries its token), or a previous child's leftovers were found and ended
 or were already gone, or no process was spawned under the lease at all. Without
-proof it keeps the lease held, journals ``child.exit-unproven``, and the session is
+proof it keeps the lease held, journals ``exit.unproven``, and the session is
 ``exit-unproven``; a later close or start retries, through `settle` again.
 
 Rule 2 (one story): `settle` is the only writer of ``child.exited`` (one shape,
-`exited_body`) and of ``child.exit-unproven``, for the session task, the retry of an
+`exited_event`) and of ``exit.unproven``, for the session task, the retry of an
 unproven exit (``Supervisor``) and recovery at start-up; `_evidence` is the only
 place that puts a proof into words.
 
@@ -30,7 +30,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, assert_never
+from typing import assert_never
 
 import attrs
 import msgspec
@@ -43,6 +43,16 @@ from agentsd.session import Session
 from agentsd.store import leases as lease_rows
 from agentsd.store.database import StoreConnection
 from agentsd.store.journal import StoredEvent
+from agentsd_protocol.api import events as events_api
+from agentsd_protocol.api.events import (
+    ApprovalResolved,
+    ChildExited,
+    ErrorInfo,
+    Event,
+    SubmissionDispatched,
+    TurnCompleted,
+    TurnOutcome,
+)
 from agentsd_protocol.api.session import ChildInfo, ExitCause, ExitInfo, SessionError
 from agentsd_protocol.errors import RpcError, StorageUnavailable
 
@@ -161,7 +171,7 @@ async def settle(
 
     With proof, one commit settles the conversation (`settle_events`), journals
     ``child.exited`` and releases the lease; the session goes ``stopped``. Without,
-    ``child.exit-unproven`` is journaled and the lease stays held; the session goes
+    ``exit.unproven`` is journaled and the lease stays held; the session goes
     ``exit-unproven``. Raises what ``write`` raises (``StorageUnavailable``), and then
     nothing changed, in memory or durably. Callers shield and bound it.
     """
@@ -173,7 +183,10 @@ async def settle(
     if failure is not None:
         error = SessionError(kind=failure.kind, message=failure.message, at=now)
     if evidence.proven:
-        events = [*settle_events(session, cause), ("child.exited", exited_body(evidence, failure))]
+        events: list[Event] = [
+            *settle_events(session, cause),
+            exited_event(cause, evidence, failure),
+        ]
         last_exit = ExitInfo(
             cause=cause, returncode=evidence.returncode, signal=evidence.signal, at=now
         )
@@ -197,26 +210,26 @@ async def settle(
         log.error(
             "session %s: exit of its agent could not be proven: %s", session.id, evidence.detail
         )
-        events = [("child.exit-unproven", {"cause": cause, "detail": evidence.detail})]
+        unproven: list[Event] = [events_api.ExitUnproven(cause=cause, detail=evidence.detail)]
         held, _ = await write(
-            lambda conn: lease_rows.lease_unproven(conn, lease, evidence, now, events)
+            lambda conn: lease_rows.lease_unproven(conn, lease, evidence, now, unproven)
         )
         session.lease = held
         session.error = error
         session.transition("exit-unproven")
 
 
-def exited_body(evidence: ExitEvidence, failure: RpcError | None) -> dict[str, Any]:
-    """The one shape of ``child.exited``, whoever settles: how the child ended
-    (``returncode`` or ``signal`` when it was our own and reaped), the evidence in
-    words, and the failure that ended it, if any."""
-    return {
-        "cause": evidence.cause,
-        "returncode": evidence.returncode,
-        "signal": evidence.signal,
-        "detail": evidence.detail,
-        "error": None if failure is None else {"kind": failure.kind, "message": failure.message},
-    }
+def exited_event(cause: ExitCause, evidence: ExitEvidence, failure: RpcError | None) -> ChildExited:
+    """The one ``child.exited``, whoever settles: how the child ended (``returncode``
+    or ``signal`` when it was our own and reaped), the evidence in words, and the
+    failure that ended it, if any."""
+    return ChildExited(
+        cause=cause,
+        returncode=evidence.returncode,
+        signal=evidence.signal,
+        detail=evidence.detail,
+        error=None if failure is None else ErrorInfo(kind=failure.kind, message=failure.message),
+    )
 
 
 def _evidence(proof: Proof, cause: ExitCause) -> ExitEvidence:
@@ -251,34 +264,24 @@ def recorded_identity(lease: Lease) -> ChildIdentity:
     )
 
 
-def settle_events(session: Session, cause: str) -> list[tuple[str, Any]]:
+def settle_events(session: Session, cause: ExitCause) -> list[Event]:
     """What a child's end settles in the conversation: its open turn and its pending
     approvals (absent evidence is ``unknown``/``interrupted``, never success)."""
     convo = session.conversation
-    events: list[tuple[str, Any]] = []
+    events: list[Event] = []
     for approval in convo.approvals.values():
         if approval.approval_id in session.claims:
             continue  # a client's answer is being committed; it wins
         events.append(
-            (
-                "approval.resolved",
-                {"approvalId": approval.approval_id, "decision": "cancelled", "by": "daemon"},
-            )
+            ApprovalResolved(approval_id=approval.approval_id, decision="cancelled", by="daemon")
         )
     if convo.turn_open:
-        outcome = (
+        outcome: TurnOutcome = (
             "interrupted"
             if cause in ("requested", "shutdown", "idle", "daemon-restart")
             else "unknown"
         )
-        events.append(
-            ("turn.completed", {"turnId": convo.turn_id, "outcome": outcome, "reason": cause})
-        )
+        events.append(TurnCompleted(turn_id=convo.turn_id, outcome=outcome, reason=cause))
     for cmid in sorted(convo.undispatched):
-        events.append(
-            (
-                "submission.dispatched",
-                {"clientMessageId": cmid, "outcome": "unknown", "reason": cause},
-            )
-        )
+        events.append(SubmissionDispatched(client_message_id=cmid, outcome="unknown", reason=cause))
     return events

@@ -36,6 +36,7 @@ from agentsd.leases import Lease
 from agentsd.providers.base import Adapter, LineLink, Provider
 from agentsd.session import Session
 from agentsd.sink import Sink
+from agentsd_protocol.api.events import ChildReady
 from agentsd_protocol.api.session import ExitCause
 from agentsd_protocol.errors import (
     AgentExited,
@@ -180,7 +181,7 @@ async def _handshake(
         ) from None
     await supervisor.append(
         session,
-        [("child.ready", {"providerHandle": handle, "generation": lease.generation})],
+        [ChildReady(provider_handle=handle, generation=lease.generation)],
         fence=lease.fence,
         provider_handle=handle,
     )

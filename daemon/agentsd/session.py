@@ -14,16 +14,28 @@ Replaying the journal tail after a restart gives the same answer.
 from __future__ import annotations
 
 import sqlite3
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
-import msgspec
 import trio
 
 from agentsd.leases import Lease
 from agentsd.phase import advance, initial_phase
 from agentsd.store.journal import last_seq_of_kind, read_events
 from agentsd.store.sessions import SessionRow
+from agentsd_protocol.api.events import (
+    ApprovalRequested,
+    ApprovalResolved,
+    ChildExited,
+    Event,
+    Submission,
+    SubmissionDispatched,
+    TurnCompleted,
+    TurnStarted,
+    UnknownEvent,
+    decode_event,
+    kind_of,
+)
 from agentsd_protocol.api.session import (
     ChildInfo,
     ExitInfo,
@@ -61,9 +73,9 @@ class Conversation:
     # and every session would otherwise hold an empty set (216 bytes).
     undispatched: frozenset[str] = _NO_IDS
     approvals: dict[str, PendingApproval] = attrs.field(factory=dict)
-    # Recent resolutions (approvalId -> body), for ``already_resolved`` answers; older
-    # ones are looked up in the journal.
-    resolved: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    # Recent resolutions by approval id, for ``already_resolved`` answers; older ones
+    # are looked up in the journal.
+    resolved: dict[str, ApprovalResolved] = attrs.field(factory=dict)
 
     @property
     def status(self) -> Status:
@@ -73,37 +85,33 @@ class Conversation:
             return "working"
         return "idle"
 
-    def apply(self, seq: int, kind: str, body: dict[str, Any]) -> None:
-        match kind:
-            case "submission":
-                self.undispatched |= {str(body.get("clientMessageId"))}
-            case "submission.dispatched":
-                self.undispatched = (
-                    self.undispatched - {str(body.get("clientMessageId"))} or _NO_IDS
-                )
-            case "turn.started":
+    def apply(self, seq: int, event: Event | UnknownEvent) -> None:
+        match event:
+            case Submission(client_message_id=cmid):
+                self.undispatched |= {cmid}
+            case SubmissionDispatched(client_message_id=cmid):
+                self.undispatched = self.undispatched - {cmid} or _NO_IDS
+            case TurnStarted(turn_id=turn_id):
                 self.turn_open = True
-                self.turn_id = body.get("turnId")
-            case "turn.completed":
+                self.turn_id = turn_id
+            case TurnCompleted():
                 self.turn_open = False
                 self.turn_id = None
-            case "approval.requested":
-                approval_id = str(body.get("approvalId"))
-                self.approvals[approval_id] = PendingApproval(
-                    approval_id=approval_id,
-                    native_id=str(body.get("nativeId")),
+            case ApprovalRequested():
+                self.approvals[event.approval_id] = PendingApproval(
+                    approval_id=event.approval_id,
+                    native_id=event.native_id,
                     seq=seq,
-                    kind=str(body.get("kind")),
-                    options=list(body.get("options") or []),
+                    kind=event.approval_kind,
+                    options=event.options,
                     turn_id=self.turn_id,
                 )
-            case "approval.resolved":
-                approval_id = str(body.get("approvalId"))
+            case ApprovalResolved(approval_id=approval_id):
                 self.approvals.pop(approval_id, None)
-                self.resolved[approval_id] = body
+                self.resolved[approval_id] = event
                 if len(self.resolved) > MAX_RECENT_RESOLUTIONS:
                     del self.resolved[next(iter(self.resolved))]
-            case "child.exited":
+            case ChildExited():
                 # A child's end settles its turn and approvals (journaled just before).
                 self.turn_open = False
                 self.turn_id = None
@@ -127,7 +135,7 @@ class Session:
     task: SessionTask | None = None
     # Approvals answered but not yet committed: the first answer's claim (Rule 2 of
     # ``handlers.conversation``).
-    claims: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    claims: dict[str, ApprovalResolved] = attrs.field(factory=dict)
     deleting: bool = False
     lock: trio.Lock = attrs.field(factory=trio.Lock)
 
@@ -178,11 +186,11 @@ def derive_conversation(conn: sqlite3.Connection, session_id: str) -> Conversati
     """The conversation state since the session's last child exit, replayed from the
     journal (everything before that exit was settled by it)."""
     convo = Conversation()
-    after = last_seq_of_kind(conn, session_id, "child.exited")
+    after = last_seq_of_kind(conn, session_id, kind_of(ChildExited))
     while True:
         page, more = read_events(conn, session_id, after_seq=after, limit=1000, max_bytes=4 << 20)
         for event in page:
-            convo.apply(event.seq, event.kind, msgspec.json.decode(event.body))
+            convo.apply(event.seq, decode_event(event.kind, event.body))
             after = event.seq
         if not more or not page:
             return convo

@@ -25,6 +25,16 @@ import trio
 from agentsd.feed import Delta
 from agentsd.leases import Lease, is_current
 from agentsd.session import Session
+from agentsd_protocol.api.events import (
+    ApprovalRequested,
+    ApprovalResolved,
+    Event,
+    ItemCompleted,
+    ItemUpdated,
+    SessionUpdated,
+    TurnCompleted,
+    kind_of,
+)
 
 if TYPE_CHECKING:
     from agentsd.runner import SessionTask
@@ -109,31 +119,39 @@ class Sink:
     def _current(self) -> bool:
         return is_current(self._session.lease, self._lease.fence, self._lease.generation)
 
-    def _snapshots(self) -> list[tuple[str, Any]]:
-        out: list[tuple[str, Any]] = []
+    def _snapshots(self) -> list[Event]:
+        out: list[Event] = []
         for item_id in sorted(self._dirty):
             item = self._items.get(item_id)
             if item is not None and item.length != item.journaled_length:
-                body: dict[str, Any] = {"itemId": item_id, "text": item.text}
-                if item.truncated:
-                    body.update(truncated=True, length=item.length)
-                out.append(("item.updated", body))
+                truncated = item.truncated
+                out.append(
+                    ItemUpdated(
+                        item_id=item_id,
+                        text=item.text,
+                        truncated=truncated,
+                        length=item.length if truncated else None,
+                    )
+                )
                 item.journaled_length = item.length
         self._dirty.clear()
         self.snapshot_due = math.inf
         return out
 
-    async def emit(self, kind: str, body: Mapping[str, Any]) -> int:
+    async def emit(self, event: Event) -> int:
         if not self._current():
-            log.warning("dropped %s from a stale child of %s", kind, self._session.id)
+            log.warning("dropped %s from a stale child of %s", kind_of(event), self._session.id)
             return self._session.head_seq
         self._task.touch()
         events = self._snapshots()
-        if kind == "turn.completed":
-            events.extend(_orphaned_approvals(self._session, body.get("turnId")))
-        if kind == "item.completed":
-            self._items.pop(str(body.get("itemId")), None)
-        events.append((kind, dict(body)))
+        match event:
+            case TurnCompleted(turn_id=turn_id):
+                events.extend(_orphaned_approvals(self._session, turn_id))
+            case ItemCompleted(item_id=item_id):
+                self._items.pop(item_id, None)
+            case _:
+                pass
+        events.append(event)
         stored = await self._supervisor.append(self._session, events, fence=self._lease.fence)
         return stored[-1].seq
 
@@ -169,25 +187,26 @@ class Sink:
         item_id: str | None = None,
     ) -> str:
         approval_id = f"ap-{self._lease.fence}-{native_id}"
-        body: dict[str, Any] = {
-            "approvalId": approval_id,
-            "nativeId": native_id,
-            "kind": kind,
-            "title": title,
-            "detail": detail,
-            "options": options,
-        }
-        if item_id is not None:
-            body["itemId"] = item_id
-        await self.emit("approval.requested", body)
+        await self.emit(
+            ApprovalRequested(
+                approval_id=approval_id,
+                native_id=native_id,
+                approval_kind=kind,
+                title=title,
+                detail=detail,
+                options=options,
+                item_id=item_id,
+            )
+        )
         return approval_id
 
     async def approval_cancelled(self, native_id: str) -> None:
         for approval in list(self._session.conversation.approvals.values()):
             if approval.native_id == native_id and approval.approval_id not in self._session.claims:
                 await self.emit(
-                    "approval.resolved",
-                    {"approvalId": approval.approval_id, "decision": "cancelled", "by": "agent"},
+                    ApprovalResolved(
+                        approval_id=approval.approval_id, decision="cancelled", by="agent"
+                    )
                 )
 
     async def options_changed(self, changes: Mapping[str, Any]) -> None:
@@ -201,24 +220,18 @@ class Sink:
             return
         await self._supervisor.append(
             self._session,
-            [("session.updated", {"options": options, "by": "agent"})],
+            [SessionUpdated(options=options, by="agent")],
             fence=self._lease.fence,
             options=options,
         )
 
 
-def _orphaned_approvals(session: Session, turn_id: Any) -> list[tuple[str, Any]]:
+def _orphaned_approvals(session: Session, turn_id: str | None) -> list[Event]:
     """Approvals still pending when their turn ends (an interrupt, a failure): the
     agent will never read an answer, so they are settled as cancelled first."""
     return [
-        (
-            "approval.resolved",
-            {
-                "approvalId": a.approval_id,
-                "decision": "cancelled",
-                "by": "daemon",
-                "reason": "turn ended",
-            },
+        ApprovalResolved(
+            approval_id=a.approval_id, decision="cancelled", by="daemon", reason="turn ended"
         )
         for a in session.conversation.approvals.values()
         if a.turn_id is not None and a.turn_id == turn_id and a.approval_id not in session.claims

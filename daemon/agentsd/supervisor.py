@@ -46,6 +46,7 @@ from agentsd.store.database import StoreConnection
 from agentsd.store.journal import StoredEvent
 from agentsd.store.writer import Store
 from agentsd_protocol.api.daemon import SessionCounts
+from agentsd_protocol.api.events import Event, SessionCreated, decode_event
 from agentsd_protocol.api.session import ExitCause, ExitInfo, SessionError, SessionInfo
 from agentsd_protocol.api.stream import SessionStatus, StatusNotification
 from agentsd_protocol.errors import (
@@ -171,7 +172,7 @@ class Supervisor:
     async def append(
         self,
         session: Session,
-        events: Sequence[tuple[str, Any]],
+        events: Sequence[Event],
         *,
         fence: int | None = None,
         **fields: Any,
@@ -201,7 +202,7 @@ class Supervisor:
         for event in stored:
             if event.seq > session.head_seq:
                 session.head_seq = event.seq
-            session.conversation.apply(event.seq, event.kind, msgspec.json.decode(event.body))
+            session.conversation.apply(event.seq, decode_event(event.kind, event.body))
         session.row = attrs.evolve(session.row, updated_at=stored[-1].ts)
         self.feed.publish(session.id, stored)
         self.status_maybe_changed(session)
@@ -284,11 +285,11 @@ class Supervisor:
             created_at=now,
             updated_at=now,
         )
-        created = {"provider": provider, "cwd": cwd, "title": title}
+        created = SessionCreated(provider=provider, cwd=cwd, title=title)
         session = Session(row=row, head_seq=0)
 
         def insert(conn: StoreConnection) -> list[StoredEvent]:
-            stored = session_rows.insert_session(conn, row, [("session.created", created)])
+            stored = session_rows.insert_session(conn, row, [created])
             if operation is not None and provisional is not None:
                 info = attrs.evolve(session, head_seq=stored[-1].seq).info()
                 record_provisional(conn, operation, provisional(info))

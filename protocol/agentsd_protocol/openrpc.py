@@ -6,6 +6,7 @@ from typing import Any
 
 import msgspec
 
+from agentsd_protocol.api.events import Event
 from agentsd_protocol.methods import METHODS, NOTIFICATIONS
 
 OPENRPC_VERSION = "1.3.2"
@@ -14,14 +15,20 @@ _REF_TEMPLATE = "#/components/schemas/{name}"
 
 def build_openrpc(version: str) -> dict[str, Any]:
     """The whole API as an OpenRPC document; params are by name, one content
-    descriptor per field of the method's params Struct."""
+    descriptor per field of the method's params Struct. ``components.schemas.Event``
+    is the journal's event union (tagged by ``kind``): a ``JournalEvent``'s body is
+    the schema its ``kind`` names, without the tag."""
     methods = list(METHODS.values())
     types: list[Any] = []
     for m in methods:
         types.extend([m.params, m.result])
     notifications = list(NOTIFICATIONS.values())
     types.extend(n.params for n in notifications)
-    schemas, components = msgspec.json.schema_components(types, ref_template=_REF_TEMPLATE)
+    schemas, components = msgspec.json.schema_components(
+        [*types, Event], ref_template=_REF_TEMPLATE
+    )
+    components["Event"] = schemas[-1]
+    schemas = schemas[:-1]
     out_methods = []
     for m, params_schema, result_schema in zip(
         methods,

@@ -42,6 +42,7 @@ from agentsctl.async_client import open_client
 from agentsctl.client import Client
 from agentsd_protocol import methods
 from agentsd_protocol.api.conversation import RespondParams
+from agentsd_protocol.api.events import ApprovalRequested
 from agentsd_protocol.api.session import GetParams
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
 from tests.daemon_process import DaemonProcess, running_daemon
@@ -66,7 +67,29 @@ _seqs = iter(range(1, 1_000_000))
 
 
 def ev(event_kind: str, **body: Any) -> JournalEvent:
-    return JournalEvent(seq=next(_seqs), ts=0.0, fence=1, kind=event_kind, body=body)
+    """A journal event as the daemon sends it: ``body`` by its wire names."""
+    return JournalEvent(
+        seq=next(_seqs),
+        ts=0.0,
+        fence=1,
+        kind=event_kind,
+        body=msgspec.Raw(msgspec.json.encode(body)),
+    )
+
+
+def asked(**fields: Any) -> JournalEvent:
+    """An ``approval.requested``; what a test leaves out is a command with no words."""
+    return ev(
+        "approval.requested",
+        **{
+            "nativeId": "n",
+            "approvalKind": "command",
+            "title": "",
+            "detail": "",
+            "options": ["accept", "decline"],
+            **fields,
+        },
+    )
 
 
 def delta(item_id: str, offset: int, text: str) -> DeltaNotification:
@@ -209,11 +232,10 @@ def test_an_unfinished_tool_call_fails_when_its_turn_is_interrupted() -> None:
 
 def test_an_approval_is_a_tool_call_resolved_by_its_decision() -> None:
     translator = UpdateTranslator()
-    requested = ev(
-        "approval.requested",
+    requested = asked(
         approvalId="ap-1",
         nativeId="r1",
-        kind="command",
+        approvalKind="command",
         title="Run `ls`",
         detail="wants to list",
         options=["accept", "decline"],
@@ -256,11 +278,10 @@ def test_an_approval_naming_its_item_is_that_items_tool_call() -> None:
     """Rule 4, the approval first (the mock, Codex): one tool call, pending while it
     is asked about, then what the agent reports; the permission request names it."""
     translator = UpdateTranslator()
-    requested = ev(
-        "approval.requested",
+    requested = asked(
         approvalId="ap-1-r1",
         itemId="t1-tool",
-        kind="command",
+        approvalKind="command",
         title="Run `ls -la`",
         options=["accept", "decline"],
     )
@@ -283,7 +304,9 @@ def test_an_approval_naming_its_item_is_that_items_tool_call() -> None:
     assert tool_calls(updates) == {"t1-tool": ["pending", "in_progress", "completed"]}
     assert updates[0]["title"] == "Run `ls -la`"
     assert (updates[-1]["kind"], updates[-1]["rawInput"]) == ("execute", {"command": "ls -la"})
-    assert approval_tool_call(requested.body).tool_call_id == "t1-tool"
+    event = requested.event()
+    assert isinstance(event, ApprovalRequested)
+    assert approval_tool_call(event).tool_call_id == "t1-tool"
 
 
 def test_a_tool_announced_before_its_approval_waits_pending_then_runs() -> None:
@@ -292,7 +315,7 @@ def test_a_tool_announced_before_its_approval_waits_pending_then_runs() -> None:
     tool = {"itemId": "toolu_1", "turnId": "t1", "type": "toolCall", "name": "Bash"}
     stream = [
         ev("item.started", **tool, input={"command": "echo hi > hi.txt"}),
-        ev("approval.requested", approvalId="ap-1-3", itemId="toolu_1", kind="tool", title="B"),
+        asked(approvalId="ap-1-3", itemId="toolu_1", approvalKind="tool", title="B"),
         ev("approval.resolved", approvalId="ap-1-3", decision="allow", by="client"),
         ev("item.completed", **tool, status="completed", text="done"),
     ]
@@ -309,7 +332,7 @@ def test_a_refused_tool_call_ends_failed_and_stays_failed(reported: bool) -> Non
     translator = UpdateTranslator()
     stream = [
         ev("turn.started", turnId="t1"),
-        ev("approval.requested", approvalId="ap-1-0", itemId="c1", kind="command"),
+        asked(approvalId="ap-1-0", itemId="c1", approvalKind="command"),
         ev("approval.resolved", approvalId="ap-1-0", decision="cancelled", by="daemon"),
     ]
     if reported:
@@ -450,7 +473,7 @@ def test_the_agent_exiting_fails_prompts_and_closes_approvals() -> None:
     tracker = TurnTracker()
     prompt = tracker.add("op")
     tracker.event(ev("submission", clientMessageId="m", text="hi", operationId="op"))
-    opened = tracker.event(ev("approval.requested", approvalId="ap", options=["accept"]))
+    opened = tracker.event(asked(approvalId="ap", options=["accept"]))
     assert [type(a) for a in opened] == [ApprovalOpened]
     actions = tracker.event(ev("child.exited", cause="unexpected"))
     assert ApprovalClosed("ap", "cancelled", "daemon") in actions
@@ -929,7 +952,7 @@ def test_killing_the_bridge_mid_turn_leaves_the_session_running(
     kinds = [e["kind"] for e in events]
     outcomes = [e["body"]["outcome"] for e in events if e["kind"] == "turn.completed"]
     assert outcomes == ["completed", "completed"], "the orphaned turn ran to its end"
-    assert "turn.interruptRequested" not in kinds
+    assert "interrupt.requested" not in kinds
     assert "child.exited" not in kinds
 
 

@@ -733,7 +733,10 @@ def test_attach_jsonl_prints_events_and_deltas(daemon: DaemonProcess, clis: list
 
 
 def _event(seq: int, kind: str, **body: Any) -> JournalEvent:
-    return JournalEvent(seq=seq, ts=0.0, fence=1, kind=kind, body=body)
+    """A journal event as the daemon sends it: ``body`` by its wire names."""
+    return JournalEvent(
+        seq=seq, ts=0.0, fence=1, kind=kind, body=msgspec.Raw(msgspec.json.encode(body))
+    )
 
 
 def _delta(offset: int, text: str, item_id: str = "m1") -> DeltaNotification:

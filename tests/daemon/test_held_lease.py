@@ -20,10 +20,9 @@ from agentsd.store import leases as lease_rows
 from agentsd.store import sessions as session_rows
 from agentsd.store.journal import read_events
 from agentsd.store.writer import Store, open_store
+from agentsd_protocol.api.events import ChildExited, ErrorInfo, decode_event
 from agentsd_protocol.errors import AgentExited
 from tests.daemon.test_phase import a_session
-
-EXITED_FIELDS = {"cause", "returncode", "signal", "detail", "error"}
 
 
 @pytest.fixture
@@ -70,9 +69,10 @@ async def test_every_proven_settle_journals_the_one_child_exited_shape_and_relea
     kinds = [k for k, _ in await journal(store, "s1")]
     assert kinds[-2:] == ["child.exited", "lease.released"]
     [exited] = [b for k, b in await journal(store, "s1") if k == "child.exited"]
-    assert set(exited) == EXITED_FIELDS
-    assert (exited["returncode"], exited["signal"]) == (returncode, signal)
-    assert exited["cause"] == "requested" and exited["error"] is None
+    event = decode_event("child.exited", msgspec.json.encode(exited))
+    assert isinstance(event, ChildExited)
+    assert (event.returncode, event.signal) == (returncode, signal)
+    assert event.cause == "requested" and event.error is None
     durable = await store.read(lambda conn: lease_rows.latest_lease(conn, "s1"))
     assert durable is not None and not durable.held
 
@@ -82,7 +82,9 @@ async def test_a_failure_is_journaled_in_child_exited_and_on_the_session(store: 
     proof = ExitProof(returncode=1, signal=None, stragglers_killed=0)
     await settle(session, store.write, "failed", proof, AgentExited("it crashed"))
     [exited] = [b for k, b in await journal(store, "s1") if k == "child.exited"]
-    assert exited["error"] == {"kind": "agent_exited", "message": "it crashed"}
+    event = decode_event("child.exited", msgspec.json.encode(exited))
+    assert isinstance(event, ChildExited)
+    assert event.error == ErrorInfo(kind="agent_exited", message="it crashed")
     assert session.error is not None and session.error.kind == "agent_exited"
     row = await store.read(lambda conn: session_rows.load_session(conn, "s1"))
     assert row is not None and row.error is not None and row.error["kind"] == "agent_exited"
@@ -97,7 +99,7 @@ async def test_reap_before_release_no_proof_keeps_the_lease_held(
     assert session.phase == "exit-unproven"
     assert session.lease is not None and session.lease.held
     events = await journal(store, "s1")
-    assert [k for k, _ in events][-1] == "child.exit-unproven"
+    assert [k for k, _ in events][-1] == "exit.unproven"
     assert "child.exited" not in [k for k, _ in events]
     durable = await store.read(lambda conn: lease_rows.latest_lease(conn, "s1"))
     assert durable is not None and durable.held

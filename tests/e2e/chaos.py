@@ -398,7 +398,7 @@ def _check_ack(
         if kind != "approval.resolved" or body.get("decision") != ack.detail["decision"]:
             return f"acknowledged answer {ack.detail} on {sid} is not in the journal"
     elif ack.kind == "interrupt":
-        if not any(kind == "turn.interruptRequested" for _, kind, _ in events):
+        if not any(kind == "interrupt.requested" for _, kind, _ in events):
             return f"acknowledged interrupt on {sid} is not in the journal"
     elif ack.kind == "close" and not any(kind == "child.exited" for _, kind, _ in events):
         return f"acknowledged close on {sid} has no child.exited"

@@ -360,11 +360,11 @@ async def test_interrupt_says_when_nothing_runs_and_a_replay_never_interrupts_tw
             assert await rpc.call("agentSession.interrupt", interrupt) == first
             assert (await get(rpc, sid))["status"] == "working"
             events = await history(rpc, sid)
-            assert kinds(events).count("turn.interruptRequested") == 1
+            assert kinds(events).count("interrupt.requested") == 1
             assert kinds(events).count("turn.completed") == 1
             await rpc.call("agentSession.close", {"sessionId": sid})
             events = await history(rpc, sid)
-            assert kinds(events).count("turn.interruptRequested") == 1
+            assert kinds(events).count("interrupt.requested") == 1
             completed = [e["body"] for e in events if e["kind"] == "turn.completed"]
             assert completed[-1] == {
                 "turnId": second_turn,

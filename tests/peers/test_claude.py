@@ -34,9 +34,10 @@ from agentsctl.client import Client
 from agentsd.procfs import read_proc_info
 from agentsd.providers.base import LineLink
 from agentsd.providers.claude import KNOWN_OPTIONS, option_flags
-from agentsd.providers.claude_events import error_kind, turn_completed_body
+from agentsd.providers.claude_events import error_kind, turn_completed
 from agentsd.providers.claude_permissions import Permissions
 from agentsd.providers.programs import CLAUDE, find_program
+from agentsd_protocol.api.events import ErrorInfo
 from agentsd_protocol.errors import RpcError
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
 from tests.peers.fake_anthropic import (
@@ -318,21 +319,20 @@ def test_error_kinds(status: Any, error: Any, api_error: Any, kind: str) -> None
 
 def test_result_outcomes() -> None:
     success = {"type": "result", "subtype": "success", "is_error": False}
-    assert turn_completed_body(success, "t", interrupt_requested=False, failure=None)[
-        "outcome"
-    ] == ("completed")
+    done = turn_completed(success, "t", interrupt_requested=False, failure=None)
+    assert done.outcome == "completed"
     aborted = {"type": "result", "subtype": "error_during_execution", "is_error": True}
-    body = turn_completed_body(aborted, "t", interrupt_requested=True, failure=None)
-    assert body["outcome"] == "interrupted"
-    body = turn_completed_body(aborted, "t", interrupt_requested=False, failure=None)
-    assert body["outcome"] == "failed"
-    assert body["error"]["kind"] == "agent_error"
+    done = turn_completed(aborted, "t", interrupt_requested=True, failure=None)
+    assert done.outcome == "interrupted"
+    done = turn_completed(aborted, "t", interrupt_requested=False, failure=None)
+    assert done.outcome == "failed"
+    assert done.error is not None and done.error.kind == "agent_error"
     api = {**success, "is_error": True, "api_error_status": 500, "result": "API Error: 500"}
-    body = turn_completed_body(api, "t", interrupt_requested=False, failure=None)
-    assert body["error"] == {"kind": "model_http_error", "message": "API Error: 500"}
+    done = turn_completed(api, "t", interrupt_requested=False, failure=None)
+    assert done.error == ErrorInfo(kind="model_http_error", message="API Error: 500")
     # A result without is_error is never taken for a success.
-    body = turn_completed_body({"subtype": "success"}, "t", interrupt_requested=False, failure=None)
-    assert body["outcome"] == "failed"
+    done = turn_completed({"subtype": "success"}, "t", interrupt_requested=False, failure=None)
+    assert done.outcome == "failed"
 
 
 # ---- the real CLI ------------------------------------------------------------------------
@@ -382,7 +382,7 @@ def test_bash_tool_call_waits_for_a_clients_decision(
         assert sent["dispatch"] == "accepted", sent
         asked = convo.wait_for("approval.requested")
         body = asked["body"]
-        assert body["kind"] == "tool"
+        assert body["approvalKind"] == "tool"
         assert body["options"] == ["allow", "deny"]
         assert body["detail"] == command
         assert "Bash" in body["title"]
@@ -464,7 +464,7 @@ def test_ask_user_question_is_answered_with_a_label(
     with conversation(daemon, fake.claude_env(home), home / "work") as convo:
         assert convo.send("Make me a button")["dispatch"] == "accepted"
         asked = convo.wait_for("approval.requested")["body"]
-        assert asked["kind"] == "question"
+        assert asked["approvalKind"] == "question"
         assert asked["title"] == "Colour: Which colour should the button be?"
         assert asked["options"] == ["Red", "Blue", "decline"]
         assert "Red: warm and loud" in asked["detail"]
@@ -543,7 +543,7 @@ def test_exit_plan_mode_asks_to_approve_the_plan(
     with conversation(daemon, fake.claude_env(home), home / "work", options=options) as convo:
         assert convo.send("Plan a button")["dispatch"] == "accepted"
         asked = convo.wait_for("approval.requested")["body"]
-        assert asked["kind"] == "plan"
+        assert asked["approvalKind"] == "plan"
         assert asked["detail"] == plan
         assert asked["options"] == ["approve", "decline"]
         convo.call("agentSession.respond", approvalId=asked["approvalId"], decision=decision)
@@ -714,7 +714,7 @@ def test_auth_refused_fails_the_turn_clearly(
         # Without the adapter giving up, the CLI would retry for minutes.
         assert time.monotonic() - started < 30.0
         errors = convo.of_kind("agent.error")
-        assert errors and all(e["kind"] == "auth_refused" for e in errors)
+        assert errors and all(e["errorKind"] == "auth_refused" for e in errors)
         assert convo.info()["status"] == "idle"
 
 
@@ -734,7 +734,7 @@ def test_model_server_unreachable_fails_the_turn_clearly(
         assert done["body"]["error"]["kind"] == "model_unreachable"
         assert "ECONNREFUSED" in done["body"]["error"]["message"]
         retries = convo.of_kind("agent.error")
-        assert retries and retries[0]["kind"] == "model_unreachable"
+        assert retries and retries[0]["errorKind"] == "model_unreachable"
         assert retries[0]["willRetry"] is True
 
 
@@ -854,6 +854,6 @@ def test_malformed_output_mid_session_is_journaled_and_skipped(
         done = convo.wait_for("turn.completed")
         assert done["body"]["outcome"] == "completed"
         bad = convo.wait_for("agent.error")
-        assert bad["body"]["kind"] == "agent_protocol_error"
+        assert bad["body"]["errorKind"] == "agent_protocol_error"
         assert "not json" in bad["body"]["message"]
         assert last_assistant_text(convo) == "still here"

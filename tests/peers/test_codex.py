@@ -26,7 +26,7 @@ from trio.testing import wait_all_tasks_blocked
 from agentsctl.client import Client
 from agentsd.providers.base import Dispatch, LineLink, Submission
 from agentsd.providers.codex import CodexAdapter
-from agentsd.providers.codex_events import MAX_OUTPUT_BYTES, error_kind, item_body
+from agentsd.providers.codex_events import MAX_OUTPUT_BYTES, error_kind, item_completed
 from agentsd.providers.codex_options import CodexOptions, parse_options, parse_version
 from agentsd.providers.programs import CODEX, find_program
 from agentsd.store.sessions import SessionRow
@@ -182,7 +182,7 @@ def test_an_accepted_shell_command_runs(
     with Follower(peer_daemon, sid, deadline) as follower:
         send(client, sid, "Run echo hi")
         asked = follower.wait_for("approval.requested")["body"]
-        assert asked["kind"] == "command"
+        assert asked["approvalKind"] == "command"
         assert "echo hi" in asked["detail"]
         # Codex 0.163 offers accept (and an exec-policy amendment) or cancel for an
         # escalation; only the decisions it offers are offered.
@@ -255,7 +255,7 @@ def test_a_declined_file_change_is_not_applied_and_the_turn_goes_on(
     with Follower(peer_daemon, sid, deadline) as follower:
         send(client, sid, "Create new.txt")
         asked = follower.wait_for("approval.requested")["body"]
-        assert asked["kind"] == "fileChange"
+        assert asked["approvalKind"] == "fileChange"
         assert asked["options"] == ["accept", "acceptForSession", "decline", "cancel"]
         assert "new.txt" in asked["detail"] and "hello" in asked["detail"]
         client.call(
@@ -294,7 +294,7 @@ def test_an_interrupt_mid_stream_ends_the_turn_interrupted(
         done = follower.wait_for("turn.completed")
         assert done["body"] == {"turnId": turn_id, "outcome": "interrupted"}
         kinds = follower.kinds()
-        assert kinds.index("turn.interruptRequested") < kinds.index("turn.completed")
+        assert kinds.index("interrupt.requested") < kinds.index("turn.completed")
     streamed = "".join(d["text"] for d in follower.deltas)
     assert 0 < len(streamed) < len("word " * 200)
 
@@ -460,7 +460,7 @@ def test_a_refused_key_fails_the_turn_as_auth_refused(
         assert done["outcome"] == "failed"
         assert done["error"]["kind"] == "auth_refused"
         error = follower.wait_for("agent.error")["body"]
-        assert error["kind"] == "auth_refused"
+        assert error["errorKind"] == "auth_refused"
         assert "invalid api key" in error["message"]
     # The agent is still there for the next try.
     assert client.call("agentSession.get", {"sessionId": sid})["session"]["phase"] == "running"
@@ -486,7 +486,7 @@ def test_an_unreachable_model_server_fails_the_turn(
         ]
         assert done["outcome"] == "failed"
         error = follower.wait_for("agent.error")["body"]
-        assert error["kind"] == "model_unreachable"
+        assert error["errorKind"] == "model_unreachable"
         assert error["willRetry"] is False
 
 
@@ -848,7 +848,7 @@ async def test_a_bad_line_is_journaled_and_skipped() -> None:
         await codex.notify("turn/started", {"threadId": THREAD, "turn": {"id": TURN}})
         await codex.eof()
     assert sink.kinds() == ["agent.error", "agent.error", "agent.error", "turn.started"]
-    assert all(body["kind"] == "agent_protocol_error" for _, body in sink.events[:3])
+    assert all(body["errorKind"] == "agent_protocol_error" for _, body in sink.events[:3])
 
 
 @within_timeout
@@ -959,7 +959,7 @@ def test_error_kinds(error: Any, kind: str) -> None:
 
 
 def test_big_tool_output_is_bounded_in_the_journal() -> None:
-    body = item_body(
+    item = item_completed(
         {
             "turnId": TURN,
             "item": {
@@ -972,9 +972,10 @@ def test_big_tool_output_is_bounded_in_the_journal() -> None:
             },
         }
     )
-    assert body["output"]["truncated"] is True
-    assert body["output"]["byteLength"] == 200_000
-    assert len(body["output"]["text"]) == MAX_OUTPUT_BYTES
+    assert item.output is not None
+    assert item.output.truncated is True
+    assert item.output.byte_length == 200_000
+    assert len(item.output.text) == MAX_OUTPUT_BYTES
 
 
 def test_options_are_checked() -> None:

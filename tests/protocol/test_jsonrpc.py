@@ -385,6 +385,10 @@ def strategy_for(t: mi.Type) -> st.SearchStrategy[Any]:
         return st.lists(strategy_for(t.item_type), max_size=3)
     if isinstance(t, mi.DictType):
         return st.dictionaries(strategy_for(t.key_type), strategy_for(t.value_type), max_size=3)
+    if isinstance(t, mi.Metadata):
+        return strategy_for(t.type)
+    if isinstance(t, mi.RawType):
+        return json_values.map(lambda v: msgspec.Raw(msgspec.json.encode(v)))
     simple: dict[type[mi.Type], st.SearchStrategy[Any]] = {
         mi.NoneType: st.none(),
         mi.BoolType: st.booleans(),

@@ -9,7 +9,8 @@ import msgspec
 import pytest
 from msgspec import inspect as mi
 
-from agentsd_protocol.methods import METHODS
+from agentsd_protocol.api.events import KINDS
+from agentsd_protocol.methods import METHODS, NOTIFICATIONS
 from agentsd_protocol.openrpc import build_openrpc
 
 
@@ -101,3 +102,30 @@ def test_unknown_params_are_refused_in_the_schema_too(doc: dict[str, Any]) -> No
     for method in METHODS.values():
         name = method.params.__name__
         assert schemas[name].get("additionalProperties") is False, name
+
+
+def test_every_journal_kind_is_in_the_document(doc: dict[str, Any]) -> None:
+    """A client in another language generates the journal's types from the
+    document: every kind the daemon can write is a schema, tagged by ``kind``."""
+    schemas = doc["components"]["schemas"]
+    union = schemas["Event"]
+    assert union["discriminator"]["propertyName"] == "kind"
+    mapping = union["discriminator"]["mapping"]
+    assert set(mapping) == set(KINDS)
+    for kind, event_type in KINDS.items():
+        schema = resolve(doc, mapping[kind])
+        assert schema is schemas[event_type.__name__]
+        assert schema["properties"]["kind"] == {"enum": [kind]}
+        info = mi.type_info(event_type)
+        assert isinstance(info, mi.StructType)
+        assert set(schema["properties"]) == {"kind"} | {f.encode_name for f in info.fields}
+
+
+def test_every_notification_payload_is_in_the_document(doc: dict[str, Any]) -> None:
+    schemas = doc["components"]["schemas"]
+    listed = {n["name"]: n for n in doc["x-notifications"]}
+    assert set(listed) == set(NOTIFICATIONS)
+    for name, notification in NOTIFICATIONS.items():
+        assert resolve(doc, listed[name]["params"]["$ref"]) is schemas[notification.params.__name__]
+    journal_event = schemas["JournalEvent"]
+    assert "Event" in journal_event["properties"]["body"]["description"]

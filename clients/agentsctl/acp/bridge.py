@@ -285,7 +285,7 @@ class Binding:
         approval = permission.approval
         params = acp.RequestPermissionParams(
             session_id=self.session_id,
-            tool_call=approval_tool_call(approval.body),
+            tool_call=approval_tool_call(approval.asked),
             options=[acp.permission_option(option, approval.kind) for option in approval.options],
             # The daemon's id of the question (the tool call's id is its item's).
             meta={"agentsd": {"approvalId": approval.approval_id}},

@@ -20,11 +20,18 @@ Pure: no I/O, no trio. The bridge turns the returned actions into calls.
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 
 from agentsctl.acp.schema import StopReason
+from agentsd_protocol.api.events import (
+    ApprovalRequested,
+    ApprovalResolved,
+    ChildExited,
+    Submission,
+    SubmissionDispatched,
+    TurnCompleted,
+    TurnStarted,
+)
 from agentsd_protocol.api.stream import JournalEvent
 
 
@@ -57,19 +64,20 @@ class Prompt:
 
 @attrs.frozen
 class Approval:
-    approval_id: str
-    body: dict[str, Any]  # the ``approval.requested`` body
+    asked: ApprovalRequested
+
+    @property
+    def approval_id(self) -> str:
+        return self.asked.approval_id
 
     @property
     def options(self) -> list[str]:
-        options = self.body.get("options")
-        return [str(o) for o in options] if isinstance(options, list) else []
+        return self.asked.options
 
     @property
-    def kind(self) -> str | None:
+    def kind(self) -> str:
         """What it asks about (``command``, ``tool``, ``question``, ``plan``, ...)."""
-        kind = self.body.get("kind")
-        return kind if isinstance(kind, str) else None
+        return self.asked.approval_kind
 
 
 @attrs.frozen
@@ -136,41 +144,39 @@ class TurnTracker:
             return [Interrupt(self.open_turn)]
         return []
 
-    def event(self, event: JournalEvent) -> list[Action]:
-        body: dict[str, Any] = event.body if isinstance(event.body, dict) else {}
-        match event.kind:
-            case "submission":
-                prompt = self.prompts.get(str(body.get("operationId")))
+    def event(self, journal_event: JournalEvent) -> list[Action]:
+        match event := journal_event.event():
+            case Submission(operation_id=operation_id, client_message_id=cmid):
+                prompt = self.prompts.get(str(operation_id))
                 if prompt is not None and not prompt.finished:
-                    prompt.client_message_id = str(body.get("clientMessageId"))
-                    self._by_message[prompt.client_message_id] = prompt
+                    prompt.client_message_id = cmid
+                    self._by_message[cmid] = prompt
                 return []
-            case "submission.dispatched":
-                return self._dispatched(body)
-            case "turn.started":
-                return self._turn_started(_opt_str(body.get("turnId")))
-            case "turn.completed":
-                return self._turn_completed(_opt_str(body.get("turnId")), body)
-            case "approval.requested":
-                approval = Approval(approval_id=str(body.get("approvalId")), body=body)
+            case SubmissionDispatched():
+                return self._dispatched(event)
+            case TurnStarted(turn_id=turn_id):
+                return self._turn_started(turn_id)
+            case TurnCompleted():
+                return self._turn_completed(event)
+            case ApprovalRequested():
+                approval = Approval(event)
                 self.approvals[approval.approval_id] = approval
                 return [ApprovalOpened(approval)]
-            case "approval.resolved":
-                approval_id = str(body.get("approvalId"))
+            case ApprovalResolved(approval_id=approval_id, decision=decision, by=by):
                 if self.approvals.pop(approval_id, None) is None:
                     return []
-                return [ApprovalClosed(approval_id, str(body.get("decision")), str(body.get("by")))]
-            case "child.exited":
-                return self._exited(body)
+                return [ApprovalClosed(approval_id, decision, by)]
+            case ChildExited(cause=cause):
+                return self._exited(cause)
             case _:
                 return []
 
-    def _dispatched(self, body: dict[str, Any]) -> list[Action]:
-        prompt = self._by_message.get(str(body.get("clientMessageId")))
+    def _dispatched(self, dispatched: SubmissionDispatched) -> list[Action]:
+        prompt = self._by_message.get(dispatched.client_message_id)
         if prompt is None or prompt.finished:
             return []
-        outcome = body.get("outcome")
-        reason = _opt_str(body.get("reason"))
+        outcome = dispatched.outcome
+        reason = dispatched.reason
         if outcome == "rejected":
             prompt.reason = reason
             return self._finish(prompt, "refusal")
@@ -181,12 +187,12 @@ class TurnTracker:
                 "dispatch_unknown",
             )
             return self._finish(prompt, failure)
-        turn_id = _opt_str(body.get("turnId")) or self.open_turn
+        turn_id = dispatched.turn_id or self.open_turn
         if turn_id is None:
             prompt.awaiting_turn = True
             return []
         if turn_id in prompt.completed:
-            return self._finish(prompt, _turn_outcome(prompt.completed[turn_id], body))
+            return self._finish(prompt, _turn_outcome(prompt.completed[turn_id], reason))
         prompt.turn_id = turn_id
         return []
 
@@ -201,26 +207,25 @@ class TurnTracker:
                     actions.append(Interrupt(turn_id))
         return actions
 
-    def _turn_completed(self, turn_id: str | None, body: dict[str, Any]) -> list[Action]:
+    def _turn_completed(self, done: TurnCompleted) -> list[Action]:
         self.open_turn = None
-        outcome = str(body.get("outcome"))
+        turn_id = done.turn_id
         actions: list[Action] = []
         for prompt in list(self.prompts.values()):
             if prompt.finished or prompt.client_message_id is None:
                 continue
             if turn_id is not None and prompt.turn_id == turn_id:
-                actions += self._finish(prompt, _turn_outcome(outcome, body))
+                actions += self._finish(prompt, _turn_outcome(done.outcome, done.reason))
             elif turn_id is not None:
-                prompt.completed[turn_id] = outcome
+                prompt.completed[turn_id] = done.outcome
         return actions
 
-    def _exited(self, body: dict[str, Any]) -> list[Action]:
+    def _exited(self, cause: str) -> list[Action]:
         self.open_turn = None
         actions: list[Action] = [
             ApprovalClosed(approval_id, "cancelled", "daemon") for approval_id in self.approvals
         ]
         self.approvals.clear()
-        cause = str(body.get("cause") or "unknown")
         for prompt in list(self.prompts.values()):
             if not prompt.finished and prompt.client_message_id is not None:
                 failure = PromptFailed(
@@ -240,7 +245,7 @@ class TurnTracker:
         return [Finished(prompt)]
 
 
-def _turn_outcome(outcome: str, body: dict[str, Any]) -> StopReason | PromptFailed:
+def _turn_outcome(outcome: str, reason: str | None) -> StopReason | PromptFailed:
     match outcome:
         case "completed":
             return "end_turn"
@@ -249,10 +254,5 @@ def _turn_outcome(outcome: str, body: dict[str, Any]) -> StopReason | PromptFail
         case "failed":
             return PromptFailed("the agent's turn failed", "turn_failed")
         case _:
-            reason = _opt_str(body.get("reason"))
             why = f" ({reason})" if reason else ""
             return PromptFailed(f"the turn ended without a known outcome{why}", "turn_unknown")
-
-
-def _opt_str(value: object) -> str | None:
-    return value if isinstance(value, str) else None

@@ -31,6 +31,18 @@ from typing import Any
 import attrs
 
 from agentsctl.acp import schema as acp
+from agentsd_protocol.api.events import (
+    ApprovalRequested,
+    ApprovalResolved,
+    ChildExited,
+    ItemCompleted,
+    ItemFields,
+    ItemStarted,
+    ItemUpdated,
+    Submission,
+    TurnCompleted,
+    TurnStarted,
+)
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
 
 _MESSAGE_TYPES: dict[str, type[acp.AgentMessageChunk | acp.AgentThoughtChunk]] = {
@@ -67,29 +79,27 @@ class UpdateTranslator:
         self._approvals: dict[str, str | None] = {}
         self._turn_id: str | None = None  # the turn running, as far as this stream shows
 
-    def event(self, event: JournalEvent) -> list[acp.SessionUpdate]:
-        body: dict[str, Any] = event.body if isinstance(event.body, dict) else {}
-        match event.kind:
-            case "submission":
-                return self._submission(body)
-            case "item.started":
-                return self._item_started(body)
-            case "item.updated":
-                item = self._item(body)
-                return self._text(str(body.get("itemId")), item, _str(body.get("text")))
-            case "item.completed":
-                return self._item_completed(body)
-            case "approval.requested":
-                return self._approval_requested(body)
-            case "approval.resolved":
-                return self._approval_resolved(body)
-            case "turn.started":
-                self._turn_id = _opt_str(body.get("turnId"))
+    def event(self, journal_event: JournalEvent) -> list[acp.SessionUpdate]:
+        match event := journal_event.event():
+            case Submission():
+                return self._submission(event)
+            case ItemStarted():
+                return self._item_started(event)
+            case ItemUpdated(item_id=item_id, text=text):
+                return self._text(item_id, self._item(item_id), text)
+            case ItemCompleted():
+                return self._item_completed(event)
+            case ApprovalRequested():
+                return self._approval_requested(event)
+            case ApprovalResolved():
+                return self._approval_resolved(event)
+            case TurnStarted(turn_id=turn_id):
+                self._turn_id = turn_id
                 return []
-            case "turn.completed":
+            case TurnCompleted(turn_id=turn_id, outcome=outcome):
                 self._turn_id = None
-                return self._settle(body.get("turnId"), str(body.get("outcome")))
-            case "child.exited":
+                return self._settle(turn_id, outcome)
+            case ChildExited():
                 self._turn_id = None
                 return self._settle(None, "exited")
             case _:
@@ -107,27 +117,24 @@ class UpdateTranslator:
 
     # -- messages ----------------------------------------------------------------------
 
-    def _submission(self, body: dict[str, Any]) -> list[acp.SessionUpdate]:
-        if body.get("operationId") in self.own_operations:
+    def _submission(self, submission: Submission) -> list[acp.SessionUpdate]:
+        if submission.operation_id in self.own_operations:
             return []  # the editor shows what it sent itself (Rule 2)
-        text = _str(body.get("text"))
-        if not text:
+        if not submission.text:
             return []
-        message_id = body.get("clientMessageId")
         return [
             acp.UserMessageChunk(
-                content=acp.TextContent(text=text),
-                message_id=message_id if isinstance(message_id, str) else None,
+                content=acp.TextContent(text=submission.text),
+                message_id=submission.client_message_id,
             )
         ]
 
-    def _item(self, body: dict[str, Any]) -> _Item:
-        item_id = str(body.get("itemId"))
+    def _item(
+        self, item_id: str, item_type: str = "agentMessage", turn_id: str | None = None
+    ) -> _Item:
         item = self._items.get(item_id)
         if item is None:
-            item = self._items[item_id] = _Item(
-                type=str(body.get("type") or "agentMessage"), turn_id=_opt_str(body.get("turnId"))
-            )
+            item = self._items[item_id] = _Item(type=item_type or "agentMessage", turn_id=turn_id)
         return item
 
     def _text(self, item_id: str, item: _Item, text: str) -> list[acp.SessionUpdate]:
@@ -142,37 +149,37 @@ class UpdateTranslator:
 
     # -- items and tool calls --------------------------------------------------------
 
-    def _item_started(self, body: dict[str, Any]) -> list[acp.SessionUpdate]:
-        item = self._item(body)
+    def _item_started(self, started: ItemStarted) -> list[acp.SessionUpdate]:
+        item = self._item(started.item_id, started.type, started.turn_id)
         if item.type in _MESSAGE_TYPES:
             return []
         status: acp.ToolCallStatus = "pending" if item.asking else "in_progress"
         if item.refused:
             status = "failed"
         if item.announced:
-            return [self._described(body, item, status=status)]
+            return [self._described(started, item, status=status)]
         item.announced = item.described = True
         return [
             acp.ToolCall(
-                tool_call_id=str(body.get("itemId")),
-                title=_tool_title(body),
-                kind=acp.tool_kind(_tool_kind_hint(body)),
+                tool_call_id=started.item_id,
+                title=_tool_title(started),
+                kind=acp.tool_kind(_tool_kind_hint(started)),
                 status=status,
-                raw_input=body.get("input"),
+                raw_input=started.input,
             )
         ]
 
-    def _item_completed(self, body: dict[str, Any]) -> list[acp.SessionUpdate]:
-        item_id = str(body.get("itemId"))
-        item = self._item(body)
+    def _item_completed(self, done: ItemCompleted) -> list[acp.SessionUpdate]:
+        item_id = done.item_id
+        item = self._item(item_id, done.type, done.turn_id)
         del self._items[item_id]
         if item.type in _MESSAGE_TYPES:
-            return self._text(item_id, item, _str(body.get("text")))
-        failed = item.refused or str(body.get("status")).lower() in _FAILED_STATUSES
+            return self._text(item_id, item, done.text or "")
+        failed = item.refused or str(done.status).lower() in _FAILED_STATUSES
         status: acp.ToolCallStatus = "failed" if failed else "completed"
-        text = _str(body.get("text"))
-        content = acp.text_content(text) if text else None
-        output = {k: body[k] for k in ("status", "text") if body.get(k) is not None} or None
+        content = acp.text_content(done.text) if done.text else None
+        reported = (("status", done.status), ("text", done.text))
+        output = {name: value for name, value in reported if value is not None} or None
         if item.announced and item.described:
             return [
                 acp.ToolCallUpdate(
@@ -180,22 +187,22 @@ class UpdateTranslator:
                 )
             ]
         if item.announced:
-            return [self._described(body, item, status=status, content=content, raw_output=output)]
+            return [self._described(done, item, status=status, content=content, raw_output=output)]
         return [
             acp.ToolCall(
                 tool_call_id=item_id,
-                title=_tool_title(body),
-                kind=acp.tool_kind(_tool_kind_hint(body)),
+                title=_tool_title(done),
+                kind=acp.tool_kind(_tool_kind_hint(done)),
                 status=status,
                 content=content or [],
-                raw_input=body.get("input"),
+                raw_input=done.input,
                 raw_output=output,
             )
         ]
 
     def _described(
         self,
-        body: dict[str, Any],
+        reported: ItemFields,
         item: _Item,
         *,
         status: acp.ToolCallStatus,
@@ -205,17 +212,17 @@ class UpdateTranslator:
         """The update of a tool call its approval announced (Rule 4), once the agent
         says what the tool is: its input and kind; the title stays the question's."""
         item.described = True
-        kind = acp.tool_kind(_tool_kind_hint(body))
+        kind = acp.tool_kind(_tool_kind_hint(reported))
         return acp.ToolCallUpdate(
-            tool_call_id=str(body.get("itemId")),
+            tool_call_id=reported.item_id,
             kind=None if kind == "other" else kind,
             status=status,
             content=content,
-            raw_input=body.get("input"),
+            raw_input=reported.input,
             raw_output=raw_output,
         )
 
-    def _settle(self, turn_id: object, outcome: str) -> list[acp.SessionUpdate]:
+    def _settle(self, turn_id: str | None, outcome: str) -> list[acp.SessionUpdate]:
         """A turn ended (or the agent did): forget its items; a tool call still open
         ends ``failed`` unless the turn completed."""
         updates: list[acp.SessionUpdate] = []
@@ -230,17 +237,17 @@ class UpdateTranslator:
 
     # -- approvals (Rule 4) --------------------------------------------------------------
 
-    def _approval_requested(self, body: dict[str, Any]) -> list[acp.SessionUpdate]:
-        approval_id = str(body.get("approvalId"))
-        item_id = _opt_str(body.get("itemId"))
+    def _approval_requested(self, asked: ApprovalRequested) -> list[acp.SessionUpdate]:
+        approval_id = asked.approval_id
+        item_id = asked.item_id
         self._approvals[approval_id] = item_id
         tool_call_id = item_id or approval_id
-        detail = _str(body.get("detail"))
+        detail = asked.detail
         if item_id is not None:
             item = self._items.get(item_id)
             if item is None:
                 item = self._items[item_id] = _Item(
-                    type=_str(body.get("kind")) or "tool", turn_id=self._turn_id
+                    type=asked.approval_kind or "tool", turn_id=self._turn_id
                 )
             item.asking.add(approval_id)
             if item.announced:
@@ -250,22 +257,22 @@ class UpdateTranslator:
         return [
             acp.ToolCall(
                 tool_call_id=tool_call_id,
-                title=_str(body.get("title")) or "Permission requested",
-                kind=acp.tool_kind(_opt_str(body.get("kind"))),
+                title=asked.title or "Permission requested",
+                kind=acp.tool_kind(asked.approval_kind),
                 status="pending",
                 content=acp.text_content(detail) if detail else [],
-                raw_input={"kind": body.get("kind"), "options": body.get("options")},
+                raw_input={"kind": asked.approval_kind, "options": asked.options},
             )
         ]
 
-    def _approval_resolved(self, body: dict[str, Any]) -> list[acp.SessionUpdate]:
-        approval_id = str(body.get("approvalId"))
+    def _approval_resolved(self, resolved: ApprovalResolved) -> list[acp.SessionUpdate]:
+        approval_id = resolved.approval_id
         if approval_id not in self._approvals:
             return []  # requested before this stream began: nothing to update
         item_id = self._approvals.pop(approval_id)
-        decision = str(body.get("decision"))
+        decision = resolved.decision
         allowed = decision.lower().startswith(_ALLOWING)
-        outcome = {"decision": decision, "by": body.get("by")}
+        outcome = {"decision": decision, "by": resolved.by}
         if item_id is None:
             return [
                 acp.ToolCallUpdate(
@@ -286,33 +293,30 @@ class UpdateTranslator:
         return [acp.ToolCallUpdate(tool_call_id=item_id, status="in_progress")]
 
 
-def approval_tool_call(body: dict[str, Any]) -> acp.PermissionToolCall:
-    """The ``toolCall`` of the permission request for an ``approval.requested`` body:
-    the tool call ``UpdateTranslator`` announced for it (its item's, Rule 4), by id,
-    with the question's fields again for an editor that missed the announcement."""
-    detail = _str(body.get("detail"))
+def approval_tool_call(asked: ApprovalRequested) -> acp.PermissionToolCall:
+    """The ``toolCall`` of the permission request for an ``approval.requested``: the
+    tool call ``UpdateTranslator`` announced for it (its item's, Rule 4), by id, with
+    the question's fields again for an editor that missed the announcement."""
     return acp.PermissionToolCall(
-        tool_call_id=_opt_str(body.get("itemId")) or str(body.get("approvalId")),
-        title=_str(body.get("title")) or "Permission requested",
-        kind=acp.tool_kind(_opt_str(body.get("kind"))),
+        tool_call_id=asked.item_id or asked.approval_id,
+        title=asked.title or "Permission requested",
+        kind=acp.tool_kind(asked.approval_kind),
         status="pending",
-        content=acp.text_content(detail) if detail else None,
+        content=acp.text_content(asked.detail) if asked.detail else None,
     )
 
 
-def _tool_title(body: dict[str, Any]) -> str:
-    command = _command(body.get("input"))
-    name = _opt_str(body.get("name"))
-    if command and name:
-        return f"{name}: {command}"
-    return command or name or str(body.get("type") or "tool")
+def _tool_title(item: ItemFields) -> str:
+    command = _command(item.input)
+    if command and item.name:
+        return f"{item.name}: {command}"
+    return command or item.name or item.type or "tool"
 
 
-def _tool_kind_hint(body: dict[str, Any]) -> str | None:
-    kind = str(body.get("type") or "")
-    if kind == "toolCall":
-        return _opt_str(body.get("name"))
-    return kind
+def _tool_kind_hint(item: ItemFields) -> str | None:
+    if item.type == "toolCall":
+        return item.name
+    return item.type
 
 
 def _command(raw: object) -> str | None:
@@ -322,11 +326,3 @@ def _command(raw: object) -> str | None:
     if isinstance(command, list):
         return " ".join(str(part) for part in command)
     return command if isinstance(command, str) else None
-
-
-def _str(value: object) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _opt_str(value: object) -> str | None:
-    return value if isinstance(value, str) else None

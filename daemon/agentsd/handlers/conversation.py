@@ -28,6 +28,15 @@ from agentsd.store import sessions as session_rows
 from agentsd.store.database import StoreConnection
 from agentsd.store.journal import StoredEvent, bodies_of_kind
 from agentsd_protocol.api import conversation as api
+from agentsd_protocol.api.conversation import DispatchOutcome
+from agentsd_protocol.api.events import (
+    ApprovalResolved,
+    InterruptRequested,
+    SubmissionDispatched,
+    body_fields,
+    kind_of,
+)
+from agentsd_protocol.api.events import Submission as SubmissionEvent
 from agentsd_protocol.errors import (
     AlreadyResolved,
     ApprovalNotFound,
@@ -44,6 +53,9 @@ log = logging.getLogger(__name__)
 
 MAX_PROMPT_BYTES = 1024 * 1024  # a prompt is typed or pasted; files go through the agent's tools
 
+_dispatched_decoder = msgspec.json.Decoder(SubmissionDispatched)
+_resolved_decoder = msgspec.json.Decoder(ApprovalResolved)
+
 
 async def _deliver(supervisor: Supervisor, session: Session, cmid: str, text: str) -> Dispatch:
     """Start the agent if needed (resuming natively), hand it the submission, and
@@ -58,13 +70,14 @@ async def _deliver(supervisor: Supervisor, session: Session, cmid: str, text: st
             dispatch = await adapter.send(Submission(client_message_id=cmid, text=text))
     except RpcError as exc:
         dispatch = Dispatch(outcome="rejected", reason=f"{exc.kind}: {exc.message}")
-    body: dict[str, Any] = {"clientMessageId": cmid, "outcome": dispatch.outcome}
-    if dispatch.reason is not None:
-        body["reason"] = dispatch.reason
-    if dispatch.turn_id is not None:
-        body["turnId"] = dispatch.turn_id
+    dispatched = SubmissionDispatched(
+        client_message_id=cmid,
+        outcome=dispatch.outcome,
+        reason=dispatch.reason,
+        turn_id=dispatch.turn_id,
+    )
     try:
-        await supervisor.append(session, [("submission.dispatched", body)])
+        await supervisor.append(session, [dispatched])
     except StorageUnavailable as exc:
         # The submission is durable and the agent may have it: an error reply now
         # would invite a retry that sends it twice. Its outcome stays unjournaled, so
@@ -83,7 +96,7 @@ def _result(cmid: str, seq: int, dispatch: Dispatch) -> api.SendResult:
     return api.SendResult(
         client_message_id=cmid,
         seq=seq,
-        dispatch=dispatch.outcome,  # type: ignore[arg-type]
+        dispatch=dispatch.outcome,
         reason=dispatch.reason,
         turn_id=dispatch.turn_id,
     )
@@ -98,13 +111,15 @@ async def handle_send(call: Call, params: api.SendParams) -> api.SendResult:
         return await _retry_unknown(call, session, params)
     cmid = uuid.uuid4().hex
     operation = call.operation
-    body = {"clientMessageId": cmid, "text": params.text}
-    if operation is not None:
-        body["operationId"] = operation.op_id
+    submission = SubmissionEvent(
+        client_message_id=cmid,
+        text=params.text,
+        operation_id=None if operation is None else operation.op_id,
+    )
 
     def write(conn: StoreConnection) -> tuple[None, list[StoredEvent]]:
         stored = session_rows.update_session(
-            conn, session.id, session.fence, time.time(), [("submission", body)]
+            conn, session.id, session.fence, time.time(), [submission]
         )
         if operation is not None:
             pending = Dispatch(outcome="unknown", reason="delivery not confirmed yet")
@@ -135,20 +150,20 @@ async def _retry_unknown(call: Call, session: Session, params: api.SendParams) -
         return api.SendResult(
             client_message_id=previous.client_message_id,
             seq=previous.seq,
-            dispatch=outcome,  # type: ignore[arg-type]
+            dispatch=outcome,
             reason="not re-sent: the outcome is known",
         )
     dispatch = await _deliver(supervisor, session, previous.client_message_id, params.text)
     return _result(previous.client_message_id, previous.seq, dispatch)
 
 
-def _dispatch_outcome(conn: sqlite3.Connection, session_id: str, cmid: str) -> str:
+def _dispatch_outcome(conn: sqlite3.Connection, session_id: str, cmid: str) -> DispatchOutcome:
     """The durable outcome of a submission: the last ``submission.dispatched`` for it;
     ``unknown`` when none was journaled (the daemon died before it could be)."""
-    for raw in bodies_of_kind(conn, session_id, "submission.dispatched"):
-        body = msgspec.json.decode(raw)
-        if body.get("clientMessageId") == cmid:
-            return str(body.get("outcome", "unknown"))
+    for raw in bodies_of_kind(conn, session_id, kind_of(SubmissionDispatched)):
+        dispatched = _dispatched_decoder.decode(raw)
+        if dispatched.client_message_id == cmid:
+            return dispatched.outcome
     return "unknown"
 
 
@@ -167,7 +182,7 @@ async def handle_interrupt(call: Call, params: api.InterruptParams) -> api.Inter
             interrupted=False, reason=f"turn {params.turn_id} is not the running turn"
         )
     turn_id = convo.turn_id
-    await supervisor.append(session, [("turn.interruptRequested", {"turnId": turn_id})])
+    await supervisor.append(session, [InterruptRequested(turn_id=turn_id)])
     interrupted = await adapter.interrupt(turn_id)
     return api.InterruptResult(
         interrupted=interrupted, reason=None if interrupted else "the turn had already ended"
@@ -182,9 +197,9 @@ async def handle_respond(call: Call, params: api.RespondParams) -> api.RespondRe
     winner = session.claims.get(approval_id) or convo.resolved.get(approval_id)
     if winner is not None:
         raise AlreadyResolved(
-            f"approval {approval_id} was already answered: {winner.get('decision')}",
+            f"approval {approval_id} was already answered: {winner.decision}",
             approvalId=approval_id,
-            winner=winner,
+            winner=body_fields(winner),
         )
     approval = convo.approvals.get(approval_id)
     if approval is None:
@@ -193,9 +208,9 @@ async def handle_respond(call: Call, params: api.RespondParams) -> api.RespondRe
         )
         if older is not None:
             raise AlreadyResolved(
-                f"approval {approval_id} was already answered: {older.get('decision')}",
+                f"approval {approval_id} was already answered: {older.decision}",
                 approvalId=approval_id,
-                winner=older,
+                winner=body_fields(older),
             )
         raise ApprovalNotFound(f"no pending approval {approval_id!r}", approvalId=approval_id)
     allowed = [*approval.options, *(["cancel"] if "cancel" not in approval.options else [])]
@@ -203,10 +218,10 @@ async def handle_respond(call: Call, params: api.RespondParams) -> api.RespondRe
         raise InvalidParams(
             f"Invalid params: decision must be one of {', '.join(allowed)}", options=allowed
         )
-    resolution = {"approvalId": approval_id, "decision": params.decision, "by": "client"}
+    resolution = ApprovalResolved(approval_id=approval_id, decision=params.decision, by="client")
     session.claims[approval_id] = resolution  # the claim: first answer wins from here
     try:
-        stored = await supervisor.append(session, [("approval.resolved", resolution)])
+        stored = await supervisor.append(session, [resolution])
     finally:
         # Committed (now in the conversation's resolutions) or failed (nobody won).
         session.claims.pop(approval_id, None)
@@ -220,11 +235,11 @@ async def handle_respond(call: Call, params: api.RespondParams) -> api.RespondRe
 
 def _find_resolution(
     conn: sqlite3.Connection, session_id: str, approval_id: str
-) -> dict[str, Any] | None:
-    for raw in bodies_of_kind(conn, session_id, "approval.resolved"):
-        body: dict[str, Any] = msgspec.json.decode(raw)
-        if body.get("approvalId") == approval_id:
-            return body
+) -> ApprovalResolved | None:
+    for raw in bodies_of_kind(conn, session_id, kind_of(ApprovalResolved)):
+        resolved = _resolved_decoder.decode(raw)
+        if resolved.approval_id == approval_id:
+            return resolved
     return None
 
 

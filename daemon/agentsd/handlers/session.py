@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentsd_protocol.api import conversation as capi
 from agentsd_protocol.api import session as api
+from agentsd_protocol.api.events import SessionUpdated
 from agentsd_protocol.errors import InvalidParams
 
 if TYPE_CHECKING:
@@ -111,7 +112,8 @@ async def handle_set_options(call: Call, params: capi.SetOptionsParams) -> capi.
     if params.options is not None:
         fields["options"] = params.options
     if fields:
-        await supervisor.append(session, [("session.updated", fields)], **fields)
+        updated = SessionUpdated(title=params.title, options=params.options)
+        await supervisor.append(session, [updated], **fields)
     return capi.SetOptionsResult(session=session.info())
 
 

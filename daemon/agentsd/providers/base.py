@@ -26,7 +26,10 @@ import attrs
 import msgspec
 import trio
 
+from agentsd.store.journal import bounded_payload
 from agentsd.store.sessions import SessionRow
+from agentsd_protocol.api.conversation import DispatchOutcome
+from agentsd_protocol.api.events import BoundedPayload, Event
 from agentsd_protocol.errors import AgentProtocolError
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a tool result can be big; a line past this is broken
@@ -58,7 +61,7 @@ class Dispatch:
     """What became of a submission: ``accepted`` (the agent confirmed it), ``rejected``
     (the agent refused it, with a reason) or ``unknown`` (no confirmation)."""
 
-    outcome: str
+    outcome: DispatchOutcome
     reason: str | None = None
     turn_id: str | None = None
 
@@ -66,7 +69,7 @@ class Dispatch:
 class SessionSink(Protocol):
     """How an adapter reports what its agent does."""
 
-    async def emit(self, kind: str, body: Mapping[str, Any]) -> int:
+    async def emit(self, event: Event) -> int:
         """Journal one event (durable when this returns) and return its seq."""
         ...
 
@@ -209,3 +212,9 @@ class Provider(abc.ABC):
 
     @abc.abstractmethod
     def adapter(self, link: LineLink, sink: SessionSink, session: SessionRow) -> Adapter: ...
+
+
+def journal_payload(data: str | bytes, max_bytes: int) -> BoundedPayload:
+    """``bounded_payload`` of ``data`` as the journal's type: what an adapter journals
+    of a payload that can grow without bound (tool output, a diff)."""
+    return msgspec.convert(bounded_payload(data, max_bytes), BoundedPayload)

@@ -55,12 +55,13 @@ from agentsd.providers.base import Adapter, Dispatch, LineLink, SessionSink, Sub
 from agentsd.providers.claude_events import (
     is_auth_retry,
     result_error_text,
-    retry_body,
-    turn_completed_body,
+    retry_error,
+    turn_completed,
 )
 from agentsd.providers.claude_items import Items
 from agentsd.providers.claude_permissions import Permissions
 from agentsd.providers.programs import CLAUDE
+from agentsd_protocol.api.events import AgentError, ErrorInfo, TurnCompleted, TurnStarted
 from agentsd_protocol.errors import (
     AgentExited,
     AgentProtocolError,
@@ -136,7 +137,7 @@ class ClaudeAdapter(Adapter):
         # The running turn.
         self._turn_id: str | None = None
         self._interrupt_requested = False
-        self._failure: dict[str, Any] | None = None  # diagnosed before the result
+        self._failure: ErrorInfo | None = None  # diagnosed before the result
         self._turn_journaled = trio.Event()  # Rule 2: the reader's gate
         self._turn_journaled.set()
         self._items = Items(sink)
@@ -217,9 +218,7 @@ class ClaudeAdapter(Adapter):
             self._bad_lines += 1
             if strict or self._bad_lines > MAX_BAD_LINES:
                 raise AgentProtocolError(problem)
-            await self._sink.emit(
-                "agent.error", {"kind": AgentProtocolError.kind, "message": problem}
-            )
+            await self._sink.emit(AgentError(error_kind=AgentProtocolError.kind, message=problem))
 
     async def run(self) -> None:
         try:
@@ -289,11 +288,11 @@ class ClaudeAdapter(Adapter):
         self._failure = None
         return self._turn_id
 
-    async def _end_turn(self, body: dict[str, Any]) -> None:
+    async def _end_turn(self, done: TurnCompleted) -> None:
         self._turn_id = None
         self._interrupt_requested = False
         self._failure = None
-        await self._sink.emit("turn.completed", body)
+        await self._sink.emit(done)
 
     async def send(self, submission: Submission) -> Dispatch:
         if self._closed:
@@ -327,7 +326,7 @@ class ClaudeAdapter(Adapter):
                 return Dispatch(outcome="rejected", reason="the agent is not running")
             if gate is not None:
                 try:
-                    await self._sink.emit("turn.started", {"turnId": turn_id})
+                    await self._sink.emit(TurnStarted(turn_id=turn_id))
                 except RpcError as exc:
                     # The prompt is written: its dispatch outcome must say so, whatever
                     # became of the journal.
@@ -364,18 +363,18 @@ class ClaudeAdapter(Adapter):
             # Not a turn of ours (the CLI ran something on its own): report failures.
             if frame.get("is_error") is not False:
                 await self._sink.emit(
-                    "agent.error", {"kind": "agent_error", "message": result_error_text(frame)}
+                    AgentError(error_kind="agent_error", message=result_error_text(frame))
                 )
             return
-        body = turn_completed_body(
+        done = turn_completed(
             frame,
             turn_id,
             interrupt_requested=self._interrupt_requested,
             failure=self._failure,
         )
-        await self._end_turn(body)
+        await self._end_turn(done)
         if self._waiting:
-            await self._sink.emit("turn.started", {"turnId": self._open_turn()})
+            await self._sink.emit(TurnStarted(turn_id=self._open_turn()))
 
     async def _on_system(self, frame: dict[str, Any]) -> None:
         match frame.get("subtype"):
@@ -386,7 +385,7 @@ class ClaudeAdapter(Adapter):
                         f"claude reports session {reported!r} but was started for {self.session_id}"
                     )
             case "api_retry":
-                await self._sink.emit("agent.error", retry_body(frame, self._turn_id))
+                await self._sink.emit(retry_error(frame, self._turn_id))
                 attempt = frame.get("attempt")
                 if (
                     is_auth_retry(frame)
@@ -402,13 +401,18 @@ class ClaudeAdapter(Adapter):
     async def _give_up_auth(self, frame: dict[str, Any]) -> None:
         """Refused credentials do not heal with time: end the turn now instead of
         after the CLI's remaining retries (minutes of backoff)."""
-        self._failure = {
-            "kind": "auth_refused",
-            "message": f"the model server refused the credentials (HTTP "
+        self._failure = failure = ErrorInfo(
+            kind="auth_refused",
+            message=f"the model server refused the credentials (HTTP "
             f"{frame.get('error_status')}); check the API key or log in again",
-        }
+        )
         await self._sink.emit(
-            "agent.error", {**self._failure, "turnId": self._turn_id, "willRetry": False}
+            AgentError(
+                error_kind=failure.kind,
+                message=failure.message,
+                turn_id=self._turn_id,
+                will_retry=False,
+            )
         )
         # A child that is gone cannot be interrupted; its exit settles the turn.
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):

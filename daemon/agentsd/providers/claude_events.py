@@ -1,8 +1,9 @@
-"""Claude Code stream-json frames as journal event bodies (pure: no I/O).
+"""Claude Code stream-json frames as journal events (pure: no I/O).
 
 The adapter in ``claude_adapter`` reads frames and keeps the turn's state; this
 module decides what a frame means for the journal. Every function takes decoded
-JSON and returns plain JSON values, so it is tested without a child process.
+JSON and returns events of ``agentsd_protocol.api.events`` (or their parts), so it is
+tested without a child process.
 
 Rule 1: what a client needs to render the conversation is kept (message text, tool
 name, input and output, outcome); payloads that can grow without bound (tool input
@@ -23,7 +24,8 @@ from typing import Any
 
 import msgspec
 
-from agentsd.store.journal import bounded_payload
+from agentsd.providers.base import journal_payload
+from agentsd_protocol.api.events import AgentError, BoundedPayload, ErrorInfo, TurnCompleted
 
 MAX_OUTPUT_BYTES = 64 * 1024  # per tool output: the head a reader needs, not a log file
 MAX_INPUT_BYTES = 16 * 1024  # per tool input: a Write of a whole file is cut here
@@ -68,13 +70,13 @@ def text_of(content: Any) -> str:
 # -- tools -----------------------------------------------------------------------------
 
 
-def tool_input(value: Any) -> dict[str, Any]:
-    """The ``input`` member of a tool item: the input as the model wrote it, or when
-    its JSON is over ``MAX_INPUT_BYTES`` the bounded JSON text, marked truncated."""
+def tool_input(value: Any) -> tuple[Any, bool]:
+    """The ``input`` of a tool item and whether it was cut: the input as the model
+    wrote it, or when its JSON is over ``MAX_INPUT_BYTES`` the bounded JSON text."""
     data = _encoder.encode(value)
     if len(data) <= MAX_INPUT_BYTES:
-        return {"input": value}
-    return {"input": bounded_payload(data, MAX_INPUT_BYTES), "inputTruncated": True}
+        return value, False
+    return journal_payload(data, MAX_INPUT_BYTES), True
 
 
 def tool_status(block: dict[str, Any], meta: Any) -> str:
@@ -88,10 +90,9 @@ def tool_status(block: dict[str, Any], meta: Any) -> str:
     return "failed" if block.get("is_error") else "completed"
 
 
-def tool_output(block: dict[str, Any]) -> dict[str, Any]:
-    """A tool result's output as a bounded payload (``text``, ``byteLength``,
-    ``truncated``)."""
-    return bounded_payload(text_of(block.get("content")), MAX_OUTPUT_BYTES)
+def tool_output(block: dict[str, Any]) -> BoundedPayload:
+    """A tool result's output, bounded."""
+    return journal_payload(text_of(block.get("content")), MAX_OUTPUT_BYTES)
 
 
 def tool_results(frame: dict[str, Any]) -> list[dict[str, Any]]:
@@ -126,24 +127,23 @@ def error_kind(
     return "agent_error"
 
 
-def retry_body(frame: dict[str, Any], turn_id: str | None) -> dict[str, Any]:
+def retry_error(frame: dict[str, Any], turn_id: str | None) -> AgentError:
     """``agent.error`` of a ``system/api_retry`` frame: the model call failed and the
     CLI will try again after a delay."""
-    kind = error_kind(frame.get("error_status"), frame.get("error"))
     status = _int(frame.get("error_status"))
     what = f"HTTP {status}" if status is not None else "no answer"
     attempt = _int(frame.get("attempt"))
     most = _int(frame.get("max_retries"))
-    return {
-        "kind": kind,
-        "message": f"the model call failed ({what}, {frame.get('error')}); "
+    return AgentError(
+        error_kind=error_kind(frame.get("error_status"), frame.get("error")),
+        message=f"the model call failed ({what}, {frame.get('error')}); "
         f"retry {attempt} of {most} in {_int(frame.get('retry_delay_ms'))} ms",
-        "turnId": turn_id,
-        "willRetry": True,
-        "attempt": attempt,
-        "maxRetries": most,
-        "status": status,
-    }
+        turn_id=turn_id,
+        will_retry=True,
+        attempt=attempt,
+        max_retries=most,
+        status=status,
+    )
 
 
 def is_auth_retry(frame: dict[str, Any]) -> bool:
@@ -165,13 +165,13 @@ def result_error_text(result: dict[str, Any]) -> str:
     return _str(result.get("subtype")) or "the agent reported an error"
 
 
-def turn_completed_body(
+def turn_completed(
     result: dict[str, Any],
     turn_id: str | None,
     *,
     interrupt_requested: bool,
-    failure: dict[str, Any] | None,
-) -> dict[str, Any]:
+    failure: ErrorInfo | None,
+) -> TurnCompleted:
     """``turn.completed {turnId, outcome}`` of a ``result`` frame.
 
     ``success`` without ``is_error`` is ``completed``. An error after a client's
@@ -179,34 +179,35 @@ def turn_completed_body(
     before the result, such as refused credentials) wins over both readings. Any
     other error is ``failed`` with ``error {kind, message}``; an API failure arrives
     as ``subtype: success`` with ``is_error: true``, so ``is_error`` decides."""
-    body: dict[str, Any] = {"turnId": turn_id}
     is_error = result.get("is_error") is not False or result.get("subtype") != "success"
-    if failure is not None:
-        body.update(outcome="failed", error=failure)
-    elif not is_error:
-        body["outcome"] = "completed"
-    elif interrupt_requested:
-        body["outcome"] = "interrupted"
-    else:
-        has_api_error = (
-            result.get("api_error_status") is not None or result.get("api_error") is not None
-        )
-        kind = (
-            error_kind(
-                result.get("api_error_status"),
-                None,
-                result.get("api_error"),
-                result.get("api_error_type"),
-            )
-            if has_api_error
-            else "agent_error"
-        )
-        body.update(outcome="failed", error={"kind": kind, "message": result_error_text(result)})
-    for key, name in (("duration_ms", "durationMs"), ("num_turns", "numTurns")):
-        value = _int(result.get(key))
-        if value is not None:
-            body[name] = value
     cost = result.get("total_cost_usd")
-    if isinstance(cost, int | float) and not isinstance(cost, bool):
-        body["costUsd"] = cost
-    return body
+    done = TurnCompleted(
+        turn_id=turn_id,
+        outcome="completed",
+        duration_ms=_int(result.get("duration_ms")),
+        num_turns=_int(result.get("num_turns")),
+        cost_usd=cost if isinstance(cost, int | float) and not isinstance(cost, bool) else None,
+    )
+    replace = msgspec.structs.replace
+    if failure is not None:
+        return replace(done, outcome="failed", error=failure)
+    if not is_error:
+        return done
+    if interrupt_requested:
+        return replace(done, outcome="interrupted")
+    has_api_error = (
+        result.get("api_error_status") is not None or result.get("api_error") is not None
+    )
+    kind = (
+        error_kind(
+            result.get("api_error_status"),
+            None,
+            result.get("api_error"),
+            result.get("api_error_type"),
+        )
+        if has_api_error
+        else "agent_error"
+    )
+    return replace(
+        done, outcome="failed", error=ErrorInfo(kind=kind, message=result_error_text(result))
+    )

@@ -32,6 +32,7 @@ from agentsd.providers.claude_events import (
     tool_results,
     tool_status,
 )
+from agentsd_protocol.api.events import BoundedPayload, ItemCompleted, ItemStarted
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -47,21 +48,12 @@ class _Text:
     parts: list[str] = attrs.field(factory=list)
 
 
-@attrs.define(eq=False)
-class _Tool:
-    """A tool call announced and not yet reported back."""
-
-    name: str | None
-    input: dict[str, Any]  # the ``tool_input`` members of its item
-    parent: dict[str, Any]  # ``parentToolUseId`` when a sub-agent called it
-
-
 class Items:
     def __init__(self, sink: SessionSink) -> None:
         self._sink = sink
         self._message_id: str | None = None  # of the message being streamed
         self._texts: dict[str, list[_Text]] = {}  # open text blocks by message id
-        self._tools: dict[str, _Tool] = {}  # by tool_use id
+        self._tools: dict[str, ItemStarted] = {}  # announced, not yet reported back; by id
         self._unstreamed = itertools.count(1)
 
     async def on_stream_event(self, frame: dict[str, Any], turn_id: str | None) -> None:
@@ -81,7 +73,7 @@ class Items:
             text = _Text(item_id=f"{message_id}:{index}", index=index)
             self._texts.setdefault(message_id, []).append(text)
             await self._sink.emit(
-                "item.started", {"itemId": text.item_id, "turnId": turn_id, "type": "agentMessage"}
+                ItemStarted(item_id=text.item_id, turn_id=turn_id, type="agentMessage")
             )
         elif kind == "content_block_delta":
             delta = _dict(event.get("delta"))
@@ -99,41 +91,35 @@ class Items:
         if not isinstance(message_id, str):
             message_id = f"m-{uuid.uuid4().hex[:12]}"
         parent = frame.get("parent_tool_use_id")
-        extra = {"parentToolUseId": parent} if isinstance(parent, str) else {}
+        parent_id = parent if isinstance(parent, str) else None
         content = message.get("content")
         for block in content if isinstance(content, list) else []:
             block = _dict(block)
             kind = block.get("type")
             if kind == "text":
                 await self._sink.emit(
-                    "item.completed",
-                    {
-                        "itemId": self._complete_text(message_id),
-                        "turnId": turn_id,
-                        "type": "agentMessage",
-                        "text": text_of([block]),
-                        **extra,
-                    },
+                    ItemCompleted(
+                        item_id=self._complete_text(message_id),
+                        turn_id=turn_id,
+                        type="agentMessage",
+                        text=text_of([block]),
+                        parent_tool_use_id=parent_id,
+                    )
                 )
             elif kind == "tool_use" and isinstance(block.get("id"), str):
                 name = block.get("name")
-                tool = _Tool(
+                tool_in, truncated = tool_input(block.get("input"))
+                started = ItemStarted(
+                    item_id=block["id"],
+                    turn_id=turn_id,
+                    type="toolCall",
                     name=name if isinstance(name, str) else None,
-                    input=tool_input(block.get("input")),
-                    parent=extra,
+                    input=tool_in,
+                    input_truncated=truncated,
+                    parent_tool_use_id=parent_id,
                 )
-                self._tools[block["id"]] = tool
-                await self._sink.emit(
-                    "item.started",
-                    {
-                        "itemId": block["id"],
-                        "turnId": turn_id,
-                        "type": "toolCall",
-                        "name": tool.name,
-                        **tool.input,
-                        **extra,
-                    },
-                )
+                self._tools[block["id"]] = started
+                await self._sink.emit(started)
             # Thinking blocks are not journaled.
 
     def _complete_text(self, message_id: str) -> str:
@@ -153,17 +139,12 @@ class Items:
             if tool is None:
                 continue
             await self._sink.emit(
-                "item.completed",
-                {
-                    "itemId": tool_use_id,
-                    "turnId": turn_id,
-                    "type": "toolCall",
-                    "name": tool.name,
-                    **tool.input,
-                    "output": tool_output(block),
-                    "status": tool_status(block, frame.get("tool_result_meta")),
-                    **tool.parent,
-                },
+                _completed(
+                    tool,
+                    turn_id,
+                    output=tool_output(block),
+                    status=tool_status(block, frame.get("tool_result_meta")),
+                )
             )
 
     async def close_open(self, turn_id: str | None, *, interrupted: bool) -> None:
@@ -172,26 +153,33 @@ class Items:
         for open_texts in texts.values():
             for text in open_texts:
                 await self._sink.emit(
-                    "item.completed",
-                    {
-                        "itemId": text.item_id,
-                        "turnId": turn_id,
-                        "type": "agentMessage",
-                        "text": "".join(text.parts),
-                        "incomplete": True,
-                    },
+                    ItemCompleted(
+                        item_id=text.item_id,
+                        turn_id=turn_id,
+                        type="agentMessage",
+                        text="".join(text.parts),
+                        incomplete=True,
+                    )
                 )
         tools, self._tools = self._tools, {}
-        for tool_use_id, tool in tools.items():
+        for tool in tools.values():
             await self._sink.emit(
-                "item.completed",
-                {
-                    "itemId": tool_use_id,
-                    "turnId": turn_id,
-                    "type": "toolCall",
-                    "name": tool.name,
-                    **tool.input,
-                    "status": "interrupted" if interrupted else "incomplete",
-                    **tool.parent,
-                },
+                _completed(tool, turn_id, status="interrupted" if interrupted else "incomplete")
             )
+
+
+def _completed(
+    started: ItemStarted, turn_id: str | None, *, status: str, output: BoundedPayload | None = None
+) -> ItemCompleted:
+    """The ``item.completed`` of a tool call: what its start said, and how it ended."""
+    return ItemCompleted(
+        item_id=started.item_id,
+        turn_id=turn_id,
+        type=started.type,
+        name=started.name,
+        input=started.input,
+        input_truncated=started.input_truncated,
+        output=output,
+        status=status,
+        parent_tool_use_id=started.parent_tool_use_id,
+    )

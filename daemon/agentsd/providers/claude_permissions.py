@@ -46,6 +46,7 @@ from agentsd.providers.claude_questions import (
     plan_approval,
     plan_response,
 )
+from agentsd_protocol.api.events import AgentError, AgentWarning
 from agentsd_protocol.errors import AgentProtocolError, RpcError
 
 log = logging.getLogger(__name__)
@@ -132,11 +133,10 @@ class Permissions:
         if not isinstance(request_id, str):
             clipped = _clip_encoder.encode(frame)[:300].decode(errors="replace")
             await self._sink.emit(
-                "agent.error",
-                {
-                    "kind": AgentProtocolError.kind,
-                    "message": f"claude sent a control request without an id: {clipped}",
-                },
+                AgentError(
+                    error_kind=AgentProtocolError.kind,
+                    message=f"claude sent a control request without an id: {clipped}",
+                )
             )
             return
         if subtype != "can_use_tool":
@@ -148,8 +148,7 @@ class Permissions:
                 },
             )
             await self._sink.emit(
-                "agent.warning",
-                {"source": str(subtype), "message": f"refused claude's {subtype!r} request"},
+                AgentWarning(source=str(subtype), message=f"refused claude's {subtype!r} request")
             )
             return
         tool_name = request.get("tool_name")

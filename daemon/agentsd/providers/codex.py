@@ -50,20 +50,28 @@ from agentsd.providers.codex_approvals import (
     response,
 )
 from agentsd.providers.codex_events import (
+    agent_error,
+    agent_warning,
     bounded,
-    error_body,
-    item_body,
-    item_started_body,
-    thread_status_body,
-    turn_completed_body,
+    item_completed,
+    item_started,
+    thread_status,
+    turn_completed,
     turn_id_of,
-    usage_body,
-    warning_body,
+    turn_plan,
+    usage_updated,
 )
 from agentsd.providers.codex_options import MIN_VERSION, parse_options, parse_version
 from agentsd.providers.codex_rpc import Call, Garbage, RpcPeer, clip, error_message
 from agentsd.providers.programs import CODEX, find_program
 from agentsd.store.sessions import SessionRow
+from agentsd_protocol.api.events import (
+    AgentError,
+    AgentWarning,
+    ThreadStatus,
+    TurnDiff,
+    TurnStarted,
+)
 from agentsd_protocol.errors import (
     AgentExited,
     AgentNotFound,
@@ -128,7 +136,7 @@ class CodexAdapter(Adapter):
         self._requests: dict[str, ServerRequest] = {}  # approvals not yet answered
         self._file_changes: dict[str, dict[str, Any]] = {}  # announced, by itemId
         self._errors_reported: set[str | None] = set()  # turns whose failure was journaled
-        self._thread_status: dict[str, Any] | None = None
+        self._thread_status: ThreadStatus | None = None
 
     async def _handshake_call(self, method: str, params: dict[str, Any]) -> Call:
         """A request during the handshake: read (and translate what comes first)
@@ -223,7 +231,7 @@ class CodexAdapter(Adapter):
             self._rpc.close()
 
     async def _protocol_error(self, message: str) -> None:
-        await self._sink.emit("agent.error", {"kind": AgentProtocolError.kind, "message": message})
+        await self._sink.emit(AgentError(error_kind=AgentProtocolError.kind, message=message))
 
     async def _handle(self, frame: dict[str, Any]) -> None:
         method = frame.get("method")
@@ -258,8 +266,9 @@ class CodexAdapter(Adapter):
         if method not in APPROVAL_METHODS:
             await self._rpc.refuse(request_id, -32601, f"agentsd does not handle {method}")
             await self._sink.emit(
-                "agent.warning",
-                {"source": method, "message": f"refused codex's {method} request: not supported"},
+                AgentWarning(
+                    source=method, message=f"refused codex's {method} request: not supported"
+                )
             )
             return
         request = ServerRequest(request_id=request_id, method=method, params=params)
@@ -303,64 +312,64 @@ class CodexAdapter(Adapter):
         match method:
             case "turn/started":
                 self._turn_id = turn_id_of(params)
-                await sink.emit("turn.started", {"turnId": self._turn_id})
+                await sink.emit(TurnStarted(turn_id=self._turn_id))
             case "turn/completed":
-                body = turn_completed_body(params)
-                turn_id = body["turnId"]
-                if "error" in body and turn_id not in self._errors_reported:
+                done = turn_completed(params)
+                turn_id = done.turn_id
+                if done.error is not None and turn_id not in self._errors_reported:
                     # A failure Codex did not announce with `error`: journal it once.
                     await sink.emit(
-                        "agent.error",
-                        {**body["error"], "turnId": turn_id, "willRetry": False},
+                        AgentError(
+                            error_kind=done.error.kind,
+                            message=done.error.message,
+                            turn_id=turn_id,
+                            will_retry=False,
+                        )
                     )
                 self._errors_reported.discard(turn_id)
                 if self._turn_id == turn_id:
                     self._turn_id = None
                 self._file_changes.clear()
-                await sink.emit("turn.completed", body)
+                await sink.emit(done)
             case "item/started":
                 item = params.get("item")
                 if isinstance(item, dict) and item.get("type") == "fileChange":
                     self._file_changes[str(item.get("id"))] = item
-                await sink.emit("item.started", item_started_body(params))
+                await sink.emit(item_started(params))
             case "item/completed":
-                body = item_body(params)
-                self._file_changes.pop(str(body["itemId"]), None)
-                await sink.emit("item.completed", body)
+                completed = item_completed(params)
+                self._file_changes.pop(completed.item_id, None)
+                await sink.emit(completed)
             case "error":
                 will_retry = params.get("willRetry") is True
                 turn_id = params.get("turnId") if isinstance(params.get("turnId"), str) else None
                 if not will_retry:
                     self._errors_reported.add(turn_id)
-                await sink.emit("agent.error", error_body(params.get("error"), turn_id, will_retry))
+                await sink.emit(agent_error(params.get("error"), turn_id, will_retry))
             case "serverRequest/resolved":
                 request_id = params.get("requestId")
                 if self._requests.pop(str(request_id), None) is not None:
                     # Codex withdrew a question nobody answered (its turn ended).
                     await sink.approval_cancelled(str(request_id))
             case "thread/status/changed":
-                status = thread_status_body(params)
+                status = thread_status(params)
                 if status != self._thread_status:
                     self._thread_status = status
-                    await sink.emit("thread.status", status)
+                    await sink.emit(status)
             case "thread/tokenUsage/updated":
-                await sink.emit("usage.updated", usage_body(params))
+                await sink.emit(usage_updated(params))
             case "turn/diff/updated":
+                turn_id = params.get("turnId")
                 await sink.emit(
-                    "turn.diff",
-                    {"turnId": params.get("turnId"), "diff": bounded(params.get("diff"))},
+                    TurnDiff(
+                        turn_id=turn_id if isinstance(turn_id, str) else None,
+                        diff=bounded(params.get("diff")),
+                    )
                 )
             case "turn/plan/updated":
-                await sink.emit(
-                    "turn.plan",
-                    {
-                        "turnId": params.get("turnId"),
-                        "explanation": params.get("explanation"),
-                        "plan": params.get("plan"),
-                    },
-                )
+                await sink.emit(turn_plan(params))
             case _ if method in WARNING_METHODS:
-                await sink.emit("agent.warning", warning_body(method, params))
+                await sink.emit(agent_warning(method, params))
             case _:
                 pass  # informational (rate limits, MCP status, ...): not the conversation's
 

@@ -1,8 +1,9 @@
-"""Codex app-server notifications as journal event bodies (pure: no I/O).
+"""Codex app-server notifications as journal events (pure: no I/O).
 
 The adapter in ``codex`` reads frames; this module decides what each one means for
 the journal. Every function takes the notification's ``params`` (decoded JSON) and
-returns plain JSON values, so it is tested without a child process.
+returns an event of ``agentsd_protocol.api.events``, so it is tested without a child
+process.
 
 Rule 1: what a client needs to render the conversation is kept (item text, command,
 exit code, outcome); payloads that can grow without bound (command output, diffs,
@@ -19,12 +20,31 @@ from typing import Any
 
 import msgspec
 
-from agentsd.store.journal import bounded_payload
+from agentsd.providers.base import journal_payload
+from agentsd_protocol.api.events import (
+    AgentError,
+    AgentWarning,
+    BoundedPayload,
+    ErrorInfo,
+    FileChange,
+    ItemCompleted,
+    ItemStarted,
+    PlanStep,
+    ThreadStatus,
+    TurnCompleted,
+    TurnOutcome,
+    TurnPlan,
+    UsageUpdated,
+)
 
 MAX_OUTPUT_BYTES = 64 * 1024  # per tool output or diff: the head a reader needs, not a log file
 MAX_DETAIL_BYTES = 16 * 1024  # an item type this adapter does not know, kept as JSON
 
-TURN_OUTCOMES = frozenset({"completed", "interrupted", "failed"})
+_OUTCOMES: dict[str, TurnOutcome] = {
+    "completed": "completed",
+    "interrupted": "interrupted",
+    "failed": "failed",
+}
 _AUTH_STATUSES = frozenset({401, 403})
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
 _encoder = msgspec.json.Encoder()
@@ -42,12 +62,16 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def bounded(value: Any, max_bytes: int = MAX_OUTPUT_BYTES) -> dict[str, Any] | None:
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def bounded(value: Any, max_bytes: int = MAX_OUTPUT_BYTES) -> BoundedPayload | None:
     """``bounded_payload`` of a string, or of anything else as JSON; None stays None."""
     if value is None:
         return None
     data = value if isinstance(value, str) else _encoder.encode(value)
-    return bounded_payload(data, max_bytes)
+    return journal_payload(data, max_bytes)
 
 
 def user_text(content: Any) -> str:
@@ -59,62 +83,75 @@ def user_text(content: Any) -> str:
     )
 
 
-def item_body(params: dict[str, Any]) -> dict[str, Any]:
-    """``item.started`` / ``item.completed`` body of an ``item/*`` notification."""
+def item_completed(params: dict[str, Any]) -> ItemCompleted:
+    """``item.completed`` of an ``item/completed`` notification."""
     item = _dict(params.get("item"))
-    kind = _str(item.get("type")) or "unknown"
-    body: dict[str, Any] = {
-        "itemId": _str(item.get("id")),
-        "turnId": _str(params.get("turnId")),
-        "type": kind,
-    }
-    match kind:
+    started = item_started(params)
+    done = ItemCompleted(item_id=started.item_id, turn_id=started.turn_id, type=started.type)
+    replace = msgspec.structs.replace
+    match started.type:
         case "agentMessage" | "plan":
-            body["text"] = str(item.get("text") or "")
+            return replace(done, text=str(item.get("text") or ""))
         case "userMessage":
-            body["text"] = user_text(item.get("content"))
+            return replace(done, text=user_text(item.get("content")))
         case "reasoning":
-            body["text"] = "\n\n".join(str(s) for s in _list(item.get("summary")))
+            return replace(done, text="\n\n".join(str(s) for s in _list(item.get("summary"))))
         case "commandExecution":
-            body["command"] = _str(item.get("command"))
-            body["cwd"] = _str(item.get("cwd"))
-            body["status"] = _str(item.get("status"))
-            body["exitCode"] = item.get("exitCode")
-            body["durationMs"] = item.get("durationMs")
-            body["output"] = bounded(item.get("aggregatedOutput"))
+            return replace(
+                done,
+                command=_str(item.get("command")),
+                cwd=_str(item.get("cwd")),
+                status=_str(item.get("status")),
+                exit_code=_int(item.get("exitCode")),
+                duration_ms=_int(item.get("durationMs")),
+                output=bounded(item.get("aggregatedOutput")),
+            )
         case "fileChange":
             changes = [_dict(c) for c in _list(item.get("changes"))]
-            body["status"] = _str(item.get("status"))
-            body["changes"] = [
-                {"path": _str(c.get("path")), "kind": _dict(c.get("kind")).get("type")}
-                for c in changes
-            ]
             diff = "".join(str(c.get("diff") or "") for c in changes)
-            body["diff"] = bounded(diff) if diff else None
+            return replace(
+                done,
+                status=_str(item.get("status")),
+                changes=[
+                    FileChange(
+                        path=_str(c.get("path")), kind=_str(_dict(c.get("kind")).get("type"))
+                    )
+                    for c in changes
+                ],
+                diff=bounded(diff) if diff else None,
+            )
         case "mcpToolCall":
-            body["server"] = _str(item.get("server"))
-            body["tool"] = _str(item.get("tool"))
-            body["status"] = _str(item.get("status"))
-            body["arguments"] = bounded(item.get("arguments"))
-            body["result"] = bounded(item.get("result"))
-            body["error"] = bounded(item.get("error"))
+            return replace(
+                done,
+                server=_str(item.get("server")),
+                tool=_str(item.get("tool")),
+                status=_str(item.get("status")),
+                arguments=bounded(item.get("arguments")),
+                result=bounded(item.get("result")),
+                error=bounded(item.get("error")),
+            )
         case "dynamicToolCall":
-            body["tool"] = _str(item.get("tool"))
-            body["status"] = _str(item.get("status"))
-            body["arguments"] = bounded(item.get("arguments"))
-            body["result"] = bounded(item.get("contentItems"))
+            return replace(
+                done,
+                tool=_str(item.get("tool")),
+                status=_str(item.get("status")),
+                arguments=bounded(item.get("arguments")),
+                result=bounded(item.get("contentItems")),
+            )
         case _:
             rest = {k: v for k, v in item.items() if k not in ("id", "type")}
-            if rest:
-                body["detail"] = bounded(rest, MAX_DETAIL_BYTES)
-    return body
+            return replace(done, detail=bounded(rest, MAX_DETAIL_BYTES) if rest else None)
 
 
-def item_started_body(params: dict[str, Any]) -> dict[str, Any]:
+def item_started(params: dict[str, Any]) -> ItemStarted:
     """``item.started``: the identity of the item only; its content comes with
     ``item.completed`` (and streamed text with deltas)."""
-    body = item_body(params)
-    return {"itemId": body["itemId"], "turnId": body["turnId"], "type": body["type"]}
+    item = _dict(params.get("item"))
+    return ItemStarted(
+        item_id=_str(item.get("id")) or "",
+        turn_id=_str(params.get("turnId")),
+        type=_str(item.get("type")) or "unknown",
+    )
 
 
 def turn_id_of(params: dict[str, Any]) -> str | None:
@@ -146,59 +183,64 @@ def error_kind(error: Any) -> str:
     return "agent_error"
 
 
-def error_body(error: Any, turn_id: str | None, will_retry: bool) -> dict[str, Any]:
-    """``agent.error`` body of a Codex ``TurnError``."""
+def agent_error(error: Any, turn_id: str | None, will_retry: bool) -> AgentError:
+    """``agent.error`` of a Codex ``TurnError``."""
     err = _dict(error)
-    body: dict[str, Any] = {
-        "kind": error_kind(err),
-        "message": str(err.get("message") or "the agent reported an error"),
-        "turnId": turn_id,
-        "willRetry": will_retry,
-    }
-    details = _str(err.get("additionalDetails"))
-    if details:
-        body["details"] = details
-    return body
+    return AgentError(
+        error_kind=error_kind(err),
+        message=str(err.get("message") or "the agent reported an error"),
+        turn_id=turn_id,
+        will_retry=will_retry,
+        details=_str(err.get("additionalDetails")) or None,
+    )
 
 
-def turn_completed_body(params: dict[str, Any]) -> dict[str, Any]:
+def turn_completed(params: dict[str, Any]) -> TurnCompleted:
     """``turn.completed {turnId, outcome}``; a failed turn carries its error."""
     turn = _dict(params.get("turn"))
     status = turn.get("status")
-    outcome = status if status in TURN_OUTCOMES else "unknown"
-    body: dict[str, Any] = {"turnId": _str(turn.get("id")), "outcome": outcome}
+    error = None
     if turn.get("error"):
         err = _dict(turn.get("error"))
-        body["error"] = {
-            "kind": error_kind(err),
-            "message": str(err.get("message") or ""),
-        }
-    return body
+        error = ErrorInfo(kind=error_kind(err), message=str(err.get("message") or ""))
+    return TurnCompleted(
+        turn_id=_str(turn.get("id")),
+        outcome=_OUTCOMES.get(status, "unknown") if isinstance(status, str) else "unknown",
+        error=error,
+    )
 
 
-def thread_status_body(params: dict[str, Any]) -> dict[str, Any]:
+def turn_plan(params: dict[str, Any]) -> TurnPlan:
+    steps = [_dict(step) for step in _list(params.get("plan"))]
+    return TurnPlan(
+        turn_id=_str(params.get("turnId")),
+        explanation=_str(params.get("explanation")),
+        plan=[PlanStep(step=_str(s.get("step")), status=_str(s.get("status"))) for s in steps],
+    )
+
+
+def thread_status(params: dict[str, Any]) -> ThreadStatus:
     status = _dict(params.get("status"))
-    return {
-        "status": _str(status.get("type")) or "unknown",
-        "activeFlags": [str(f) for f in _list(status.get("activeFlags"))],
-    }
+    return ThreadStatus(
+        status=_str(status.get("type")) or "unknown",
+        active_flags=[str(f) for f in _list(status.get("activeFlags"))],
+    )
 
 
-def usage_body(params: dict[str, Any]) -> dict[str, Any]:
+def usage_updated(params: dict[str, Any]) -> UsageUpdated:
     usage = _dict(params.get("tokenUsage"))
-    return {
-        "turnId": _str(params.get("turnId")),
-        "total": _dict(usage.get("total")),
-        "last": _dict(usage.get("last")),
-        "modelContextWindow": usage.get("modelContextWindow"),
-    }
+    return UsageUpdated(
+        turn_id=_str(params.get("turnId")),
+        total=_dict(usage.get("total")),
+        last=_dict(usage.get("last")),
+        model_context_window=_int(usage.get("modelContextWindow")),
+    )
 
 
-def warning_body(method: str, params: dict[str, Any]) -> dict[str, Any]:
+def agent_warning(method: str, params: dict[str, Any]) -> AgentWarning:
     """``agent.warning`` of ``warning``, ``configWarning``, ``deprecationNotice``."""
-    message = _str(params.get("message")) or _str(params.get("summary")) or ""
-    body: dict[str, Any] = {"source": method, "message": message}
-    details = _str(params.get("details"))
-    if details:
-        body["details"] = details
-    return body
+    return AgentWarning(
+        source=method,
+        message=_str(params.get("message")) or _str(params.get("summary")) or "",
+        details=_str(params.get("details")) or None,
+    )

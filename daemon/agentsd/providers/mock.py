@@ -21,9 +21,26 @@ from agentsd.providers.base import (
     Submission,
 )
 from agentsd.store.sessions import SessionRow
+from agentsd_protocol.api.events import (
+    AgentError,
+    ItemCompleted,
+    ItemStarted,
+    TurnCompleted,
+    TurnOutcome,
+    TurnStarted,
+)
 from agentsd_protocol.errors import AgentExited, AgentProtocolError
 
 ACK_TIMEOUT_S = 10.0  # the mock acks at once; past this the dispatch is unknown
+_OUTCOMES: dict[str | None, TurnOutcome] = {
+    "completed": "completed",
+    "interrupted": "interrupted",
+    "failed": "failed",
+}
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 class MockProvider(Provider):
@@ -75,7 +92,7 @@ class MockAdapter(Adapter):
                     frame = await self._link.receive()
                 except AgentProtocolError as exc:
                     # One bad line is reported and skipped; the agent may still be healthy.
-                    await self._sink.emit("agent.error", {"message": exc.message})
+                    await self._sink.emit(AgentError(message=exc.message))
                     continue
                 if frame is None:
                     return
@@ -105,7 +122,7 @@ class MockAdapter(Adapter):
                 self._starting.setdefault(turn_id, []).append(event)
             case "turn_started":
                 self._turn_id = str(frame.get("turnId"))
-                await sink.emit("turn.started", {"turnId": self._turn_id})
+                await sink.emit(TurnStarted(turn_id=self._turn_id))
                 for waiter in self._starting.pop(self._turn_id, []):
                     waiter.set()
             case "delta":
@@ -113,40 +130,40 @@ class MockAdapter(Adapter):
                 if item_id not in self._open_items:
                     self._open_items[item_id] = None
                     await sink.emit(
-                        "item.started",
-                        {"itemId": item_id, "turnId": frame.get("turnId"), "type": "agentMessage"},
+                        ItemStarted(
+                            item_id=item_id, turn_id=_str(frame.get("turnId")), type="agentMessage"
+                        )
                     )
                 sink.delta(item_id, str(frame.get("text", "")))
             case "message":
                 item_id = str(frame.get("itemId"))
                 self._open_items.pop(item_id, None)
                 await sink.emit(
-                    "item.completed",
-                    {
-                        "itemId": item_id,
-                        "turnId": frame.get("turnId"),
-                        "type": "agentMessage",
-                        "text": str(frame.get("text", "")),
-                    },
+                    ItemCompleted(
+                        item_id=item_id,
+                        turn_id=_str(frame.get("turnId")),
+                        type="agentMessage",
+                        text=str(frame.get("text", "")),
+                    )
                 )
             case "tool_call":
                 await sink.emit(
-                    "item.completed",
-                    {
-                        "itemId": str(frame.get("itemId")),
-                        "turnId": frame.get("turnId"),
-                        "type": "toolCall",
-                        "name": frame.get("name"),
-                        "input": frame.get("input"),
-                        "status": frame.get("status"),
-                    },
+                    ItemCompleted(
+                        item_id=str(frame.get("itemId")),
+                        turn_id=_str(frame.get("turnId")),
+                        type="toolCall",
+                        name=_str(frame.get("name")),
+                        input=frame.get("input"),
+                        status=_str(frame.get("status")),
+                    )
                 )
             case "turn_completed":
-                outcome = frame.get("outcome")
-                if outcome not in ("completed", "interrupted", "failed"):
-                    outcome = "unknown"
+                outcome = _str(frame.get("outcome"))
                 await sink.emit(
-                    "turn.completed", {"turnId": frame.get("turnId"), "outcome": outcome}
+                    TurnCompleted(
+                        turn_id=_str(frame.get("turnId")),
+                        outcome=_OUTCOMES.get(outcome, "unknown"),
+                    )
                 )
                 self._turn_id = None
             case "approval_request":
@@ -165,10 +182,10 @@ class MockAdapter(Adapter):
             case "interrupt_result":
                 pass  # the mock's answer to an interrupt with no turn running: nothing to do
             case "error":
-                await sink.emit("agent.error", {"message": str(frame.get("message", ""))})
+                await sink.emit(AgentError(message=str(frame.get("message", ""))))
             case other:
                 await sink.emit(
-                    "agent.error", {"message": f"unknown frame type {other!r} from the mock agent"}
+                    AgentError(message=f"unknown frame type {other!r} from the mock agent")
                 )
 
     async def send(self, submission: Submission) -> Dispatch:

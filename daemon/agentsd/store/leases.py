@@ -18,6 +18,7 @@ from agentsd.leases import ClaimState, ExitEvidence, Identity, Lease
 from agentsd.store.database import StoreConnection
 from agentsd.store.journal import StoredEvent
 from agentsd.store.sessions import Events, append, load_json, update_session
+from agentsd_protocol.api.events import ChildSpawned, LeaseAcquired, LeaseReleased
 
 _json = msgspec.json.Encoder()
 
@@ -122,7 +123,7 @@ def acquire_lease(
         conn,
         session_id,
         lease.fence,
-        [("lease.acquired", {"fence": lease.fence, "generation": lease.generation})],
+        [LeaseAcquired(fence=lease.fence, generation=lease.generation)],
         now,
     )
     return lease, events
@@ -138,14 +139,11 @@ def lease_live(
         lease.session_id,
         lease.fence,
         [
-            (
-                "child.spawned",
-                {
-                    "pid": identity.pid,
-                    "pgid": identity.pgid,
-                    "generation": lease.generation,
-                    "fence": lease.fence,
-                },
+            ChildSpawned(
+                pid=identity.pid,
+                pgid=identity.pgid,
+                generation=lease.generation,
+                fence=lease.fence,
             )
         ],
         now,
@@ -165,7 +163,7 @@ def lease_released(
     and whatever the session settles) and session fields, in one savepoint."""
     released = leases.release(lease, evidence, now)
     _write_lease(conn, released)
-    all_events = [*events, ("lease.released", {"fence": lease.fence})]
+    all_events = [*events, LeaseReleased(fence=lease.fence)]
     stored = update_session(conn, lease.session_id, lease.fence, now, all_events, **session_fields)
     return released, stored
 

@@ -20,12 +20,9 @@ import msgspec
 
 from agentsd.store.database import StoreConnection
 from agentsd.store.journal import StoredEvent, append_events
+from agentsd_protocol.api.events import Event, encode_body, kind_of
 
 _json = msgspec.json.Encoder()
-
-
-def encode_body(body: Any) -> bytes:
-    return _json.encode(body)
 
 
 @attrs.frozen
@@ -93,12 +90,12 @@ def _row_to_session(row: tuple[Any, ...]) -> SessionRow:
     )
 
 
-Events = Sequence[tuple[str, Any]]
+Events = Sequence[Event]
 
 
 def encode_events(events: Events) -> list[tuple[str, bytes]]:
     """``events`` as ``Store.append`` and ``append_events`` take them."""
-    return [(kind, encode_body(body)) for kind, body in events]
+    return [(kind_of(event), encode_body(event)) for event in events]
 
 
 def append(

@@ -3,20 +3,45 @@ notifications they produce."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated
+
+import msgspec
 
 from agentsd_protocol.api.base import Empty, Params, Result
+from agentsd_protocol.api.events import Event, UnknownEvent, decode_event, encode_body, kind_of
 from agentsd_protocol.api.session import Phase, Status
 
 
 class JournalEvent(Result, frozen=True, kw_only=True):
-    """One journal entry. ``seq`` is contiguous per session; order is by seq."""
+    """One journal entry. ``seq`` is contiguous per session; order is by seq.
+
+    ``kind`` names one Struct of ``agentsd_protocol.api.events`` and ``body`` holds
+    its fields (without the ``kind`` tag); ``event()`` decodes them. The body stays
+    raw JSON so the daemon forwards stored rows without re-encoding them.
+    """
 
     seq: int
     ts: float
     fence: int
     kind: str
-    body: Any
+    body: Annotated[
+        msgspec.Raw,
+        msgspec.Meta(
+            description="The fields of the event schema that `kind` names (see the"
+            " Event schema), without the `kind` tag."
+        ),
+    ]
+
+    def event(self) -> Event | UnknownEvent:
+        """The typed event; raises ``msgspec.ValidationError`` for a body that does
+        not match its kind."""
+        return decode_event(self.kind, self.body)
+
+    @classmethod
+    def of(cls, event: Event, *, seq: int, ts: float, fence: int) -> JournalEvent:
+        return cls(
+            seq=seq, ts=ts, fence=fence, kind=kind_of(event), body=msgspec.Raw(encode_body(event))
+        )
 
 
 class SubscribeParams(Params, frozen=True, kw_only=True):
