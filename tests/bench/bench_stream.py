@@ -290,5 +290,6 @@ def main() -> None:
     print(
         f"   catch-up        {catch_up_rate:9.0f} events/s from seq 0 of {events}   "
         f"SQLite alone {sqlite_rate:9.0f} events/s   ratio {catch_up_rate / sqlite_rate:.2f}x"
+        " (goal >= 0.5x)"
     )
     print(f"   ({FLOOD_DELTAS} deltas per turn; {os.cpu_count()} cpus, shared)")

@@ -13,6 +13,7 @@ import pytest
 
 from agentsd.store import database
 from agentsd.store.database import SCHEMA_VERSION, SchemaTooNew, open_database
+from agentsd.store.journal import StoredEvent, append_events, read_events
 from agentsd.store.sessions import load_sessions
 
 EXPECTED_COLUMNS = {
@@ -46,7 +47,7 @@ EXPECTED_COLUMNS = {
         "released_at",
         "death",
     ],
-    "events": ["session_id", "seq", "ts", "fence", "kind", "body"],
+    "events": ["id", "session_id", "seq", "ts", "fence", "kind", "body"],
     "operations": ["op_id", "method", "fingerprint", "result", "created_at", "expires_at"],
 }
 
@@ -84,16 +85,20 @@ def _insert_session(conn: sqlite3.Connection, session_id: str = "s1") -> None:
     )
 
 
-def test_open_creates_directory_file_and_schema_v2(db_path: Path) -> None:
+def test_open_creates_directory_file_and_schema_v3(db_path: Path) -> None:
     with closing(open_database(db_path)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
         for table, columns in EXPECTED_COLUMNS.items():
             found = [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
             assert found == columns, table
         indexes = {row[1]: row[4] for row in conn.execute("SELECT * FROM sqlite_master")}
         assert "WHERE state != 'released'" in indexes["leases_held"]
         assert "expires_at" in indexes["operations_expiry"]
-        assert "WITHOUT ROWID" in indexes["events"]
+        assert "WITHOUT ROWID" not in indexes["events"]
+        assert (
+            "UNIQUE INDEX events_session_seq ON events (session_id, seq)"
+            in (indexes["events_session_seq"])
+        )
     assert stat.S_IMODE(db_path.parent.stat().st_mode) == 0o700
     assert stat.S_IMODE(db_path.stat().st_mode) == 0o600
 
@@ -146,27 +151,29 @@ def test_migrations_run_in_order_each_in_one_transaction(
     db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     applied: list[int] = []
+    current = SCHEMA_VERSION
 
-    def v2_to_v3(conn: sqlite3.Connection) -> None:
-        applied.append(2)
+    def add_column(conn: sqlite3.Connection) -> None:
+        applied.append(current)
         assert conn.in_transaction
         conn.execute("ALTER TABLE sessions ADD COLUMN extra TEXT")
 
-    def v3_to_v4(conn: sqlite3.Connection) -> None:
-        applied.append(3)
+    def half_done(conn: sqlite3.Connection) -> None:
+        applied.append(current + 1)
         conn.execute("CREATE TABLE half_done (x)")
         raise RuntimeError("migration bug")
 
     with closing(open_database(db_path)):
         pass
-    monkeypatch.setattr(database, "MIGRATIONS", (*database.MIGRATIONS, v2_to_v3, v3_to_v4))
-    monkeypatch.setattr(database, "SCHEMA_VERSION", 4)
+    monkeypatch.setattr(database, "MIGRATIONS", (*database.MIGRATIONS, add_column, half_done))
+    monkeypatch.setattr(database, "SCHEMA_VERSION", current + 2)
     with pytest.raises(RuntimeError, match="migration bug"):
         open_database(db_path)
-    assert applied == [2, 3]
+    assert applied == [current, current + 1]
     with closing(sqlite3.connect(db_path)) as check:
-        # v3 committed with its version bump; the failed v4 left nothing behind.
-        assert check.execute("PRAGMA user_version").fetchone()[0] == 3
+        # The first new migration committed with its version bump; the failed one
+        # after it left nothing behind.
+        assert check.execute("PRAGMA user_version").fetchone()[0] == current + 1
         columns = [row[1] for row in check.execute("PRAGMA table_info(sessions)")]
         assert columns[-1] == "extra"
         tables = {row[0] for row in check.execute("SELECT name FROM sqlite_master")}
@@ -273,3 +280,83 @@ def test_a_v1_database_keeps_its_heads_and_activity_after_dropping_head_seq(
         rows = {row.id: (row.head_seq, row.updated_at) for row in load_sessions(conn)}
         assert rows == {"s1": (2, 7.0), "s2": (0, 0.0)}
         assert conn.memory.head(conn, "s1") == 2
+
+
+def test_a_v2_database_migrates_to_append_order_and_replays_identically(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Version 3 keeps events in a rowid table in append order with the
+    (session_id, seq) key as an index; a file written by version 2 (clustered by
+    that key) reads the same page by page, keeps its heads, and goes on appending."""
+    interleaved = [
+        (session_id, seq, float(seq), seq % 3, f"k{seq % 2}", b'{"n":%d}' % seq)
+        for seq in range(1, 41)
+        for session_id in ("s2", "s1", "s3")
+    ]
+    with monkeypatch.context() as v2:
+        v2.setattr(database, "MIGRATIONS", database.MIGRATIONS[:2])
+        v2.setattr(database, "SCHEMA_VERSION", 2)
+        with closing(open_database(db_path)) as conn:
+            for session_id in ("s1", "s2", "s3", "empty"):
+                _insert_session(conn, session_id)
+            conn.executemany(
+                "INSERT INTO events (session_id, seq, ts, fence, kind, body)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                interleaved,
+            )
+            assert "WITHOUT ROWID" in _schema_sql(conn, "events")
+            before = _replay(conn)
+    with closing(open_database(db_path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert "WITHOUT ROWID" not in _schema_sql(conn, "events")
+        assert _replay(conn) == before
+        assert {row.id: row.head_seq for row in load_sessions(conn)} == {
+            "s1": 40,
+            "s2": 40,
+            "s3": 40,
+            "empty": 0,
+        }
+        # Copied in key order: each session's old events are contiguous rows.
+        ids = [row[0] for row in conn.execute("SELECT id FROM events WHERE session_id = 's2'")]
+        assert ids == list(range(ids[0], ids[0] + 40))
+        conn.execute("BEGIN IMMEDIATE")
+        appended = append_events(conn, "s1", 4, [("k", b"{}")], 99.0)
+        conn.execute("COMMIT")
+        assert [e.seq for e in appended] == [41]
+        with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
+            conn.execute(
+                "INSERT INTO events (session_id, seq, ts, fence, kind, body)"
+                " VALUES ('s1', 41, 0, 0, 'k', x'7b7d')"
+            )
+        plan = " ".join(
+            str(row[3])
+            for row in conn.execute(
+                "EXPLAIN QUERY PLAN SELECT seq, body FROM events"
+                " WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT 10",
+                ("s1", 0),
+            )
+        )
+        assert "events_session_seq" in plan and "TEMP B-TREE" not in plan
+
+
+def _schema_sql(conn: sqlite3.Connection, name: str) -> str:
+    return str(conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (name,)).fetchone()[0])
+
+
+def _replay(conn: sqlite3.Connection) -> dict[str, list[list[StoredEvent]]]:
+    """Every session's journal, read forward in pages of 7 the way catch-up reads it,
+    and the last page read backward."""
+    replay: dict[str, list[list[StoredEvent]]] = {}
+    for (session_id,) in conn.execute("SELECT id FROM sessions ORDER BY id").fetchall():
+        pages: list[list[StoredEvent]] = []
+        after = 0
+        while True:
+            page, more = read_events(conn, session_id, after_seq=after, limit=7, max_bytes=1 << 20)
+            pages.append(page)
+            if not more:
+                break
+            after = page[-1].seq
+        backward, _ = read_events(conn, session_id, before_seq=10**6, limit=5, max_bytes=1 << 20)
+        pages.append(backward)
+        replay[session_id] = pages
+    return replay

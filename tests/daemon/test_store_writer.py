@@ -283,10 +283,14 @@ async def test_read_sees_committed_data_only(db_path: Path) -> None:
 
     with trio.fail_after(TEST_TIMEOUT_S):
         async with open_store(db_path) as store, trio.open_nursery() as nursery:
-            # One batch: the insert has run, the gate holds the COMMIT back.
+            # The insert has run, the gate holds the COMMIT back.
             gate = Gate()
-            nursery.start_soon(store.write, insert_session("a"))
-            nursery.start_soon(store.write, gate)
+
+            def insert_then_wait(conn: sqlite3.Connection) -> str:
+                insert_session("a")(conn)
+                return gate(conn)
+
+            nursery.start_soon(store.write, insert_then_wait)
             await gate.wait_entered()
             assert await store.read(count) == 0
             gate.open()
@@ -316,7 +320,11 @@ async def test_full_queue_blocks_and_cancelling_a_blocked_write_never_queues_it(
 
     with trio.fail_after(TEST_TIMEOUT_S):
         async with open_store(db_path) as store, trio.open_nursery() as nursery:
-            gate, _ = await queue_behind_gate(store, nursery, [record(f"q{i}") for i in range(3)])
+            # The gate, a lone write, runs in the writer's thread without the writer
+            # task (writer Rule 7), which meanwhile holds the first queued op: four
+            # ops fill a queue of three.
+            ops = [record(f"q{i}") for i in range(4)]
+            gate, _ = await queue_behind_gate(store, nursery, ops)
             returned: list[str] = []
             nursery.start_soon(store.write, record("later"))
 
@@ -327,12 +335,12 @@ async def test_full_queue_blocks_and_cancelling_a_blocked_write_never_queues_it(
 
             scope = await nursery.start(waiter)
             await trio.testing.wait_all_tasks_blocked()
-            assert store.queued_writes == 3  # "later" and "cancelled" wait for space
+            assert store.queued_writes == 4  # "later" and "cancelled" wait for space
             scope.cancel()
             await trio.testing.wait_all_tasks_blocked()
             gate.open()
         assert returned == []
-        assert sorted(ran) == ["later", "q0", "q1", "q2"]
+        assert sorted(ran) == ["later", "q0", "q1", "q2", "q3"]
 
 
 async def test_cancelled_after_queueing_may_still_commit(db_path: Path) -> None:
@@ -460,3 +468,125 @@ async def test_unusable_database_file_is_storage_unavailable(tmp_path: Path) -> 
     with pytest.raises(StorageUnavailable, match="storage unavailable"):
         async with open_store(tmp_path / "db"):
             raise AssertionError("not reached")
+
+
+class StepRecorder(trio.abc.Instrument):
+    """The names of the tasks trio runs while it is installed."""
+
+    def __init__(self) -> None:
+        self.stepped: set[str] = set()
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.stepped.add(task.name)
+
+
+async def test_a_lone_write_is_handed_to_the_thread_without_the_writer_task(
+    db_path: Path,
+) -> None:
+    """Writer Rule 7: with no other write pending, the caller hands its op to the
+    writer's thread itself; the writer task never runs for it."""
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with open_store(db_path) as store:
+            await store.write(insert_session("a"))
+            recorder = StepRecorder()
+            trio.lowlevel.add_instrument(recorder)
+            try:
+                assert await store.write(insert_session("b")) == "b"
+            finally:
+                trio.lowlevel.remove_instrument(recorder)
+            assert not [name for name in recorder.stepped if "_run_writer" in name]
+            assert store.batches_committed == 2
+    assert session_ids(db_path) == {"a", "b"}
+
+
+async def test_a_lone_write_cancelled_in_the_thread_still_commits_and_keeps_order(
+    db_path: Path,
+) -> None:
+    """Cancelling the caller of a lone write running in the thread does not withdraw
+    it (as for a queued op); writes submitted meanwhile wait for it and then commit
+    together."""
+    order: list[str] = []
+
+    def logged(session_id: str) -> Callable[[sqlite3.Connection], str]:
+        def op(conn: sqlite3.Connection) -> str:
+            order.append(session_id)
+            return insert_session(session_id)(conn)
+
+        return op
+
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with open_store(db_path) as store, trio.open_nursery() as nursery:
+            gate = Gate()
+
+            async def impatient(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+                with trio.CancelScope() as scope:
+                    task_status.started(scope)
+                    await store.write(gate)
+                    raise AssertionError("not reached: cancelled while its op ran")
+
+            scope = await nursery.start(impatient)
+            await gate.wait_entered()
+            batches = store.batches_committed
+            outcomes: dict[int, object] = {}
+            for index in range(3):
+                nursery.start_soon(record_outcome, store, logged(f"s{index}"), outcomes, index)
+            await trio.testing.wait_all_tasks_blocked()
+            assert store.queued_writes == 3
+            scope.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            gate.open()
+            await store.write(lambda conn: None)  # queued behind the three
+            await trio.testing.wait_all_tasks_blocked()
+            assert outcomes == {0: "s0", 1: "s1", 2: "s2"}
+            # The gate's batch, then everything queued meanwhile in one batch.
+            assert store.batches_committed - batches == 2
+    assert sorted(order) == ["s0", "s1", "s2"]
+    assert session_ids(db_path) == {"s0", "s1", "s2"}
+
+
+async def test_a_fatal_lone_write_stops_the_writer_and_no_caller_hangs(db_path: Path) -> None:
+    """A ``BaseException`` from an op the caller handed to the thread itself stops
+    the writer as one from a batch the writer task cut does."""
+
+    class Fatal(BaseException):
+        pass
+
+    def fatal(conn: sqlite3.Connection) -> str:
+        insert_session("fatal")(conn)
+        raise Fatal
+
+    outcomes: dict[int, object] = {}
+    with trio.fail_after(TEST_TIMEOUT_S), pytest.raises(BaseException) as caught:
+        async with open_store(db_path) as store:
+            await record_outcome(store, fatal, outcomes, 0)
+            await trio.sleep_forever()  # the writer's failure cancels this
+    assert [type(leaf) for leaf in leaves(caught.value)] == [Fatal]
+    failure = outcomes[0]
+    assert isinstance(failure, StorageUnavailable), failure
+    assert "writer stopped" in failure.message
+    with pytest.raises(ShuttingDown):
+        await store.write(insert_session("late"))
+    assert session_ids(db_path) == set()
+
+
+async def test_concurrent_writers_keep_sharing_commits(db_path: Path) -> None:
+    """Writer Rule 7 does not split concurrent writers: after a batch of several
+    ops, the next batch is cut by the writer task once every woken caller could
+    submit, so rounds of writes from many tasks stay about one commit each."""
+    writers, rounds = 50, 6
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with open_store(db_path) as store:
+            await store.write(lambda conn: None)
+            batches = store.batches_committed
+
+            async def writer_task(index: int) -> None:
+                for round_ in range(rounds):
+                    await store.write(insert_session(f"w{index}-{round_}"))
+
+            async with trio.open_nursery() as nursery:
+                for index in range(writers):
+                    nursery.start_soon(writer_task, index)
+            # One lone op may split off while the first round starts (it saw no
+            # concurrency yet); at most two cohorts then alternate.
+            assert store.batches_committed - batches <= 2 * rounds + 1
+    assert len(session_ids(db_path)) == writers * rounds

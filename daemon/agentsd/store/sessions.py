@@ -50,7 +50,7 @@ _STORED_COLUMNS = (
 )
 
 # The stored columns in SessionRow's order, head_seq and updated_at derived from the
-# journal through its primary key (two index probes per session).
+# journal through its (session_id, seq) index (two index probes per session).
 _SELECT_SESSIONS = (
     "SELECT id, host_id, provider, cwd, title, options, env, command, provider_handle,"
     " created_at,"
