@@ -189,7 +189,10 @@ class AgentEnvironment:
         self.capturing = True
         try:
             started = time.monotonic()
-            shell = login_shell(self._daemon_env) if self.mode == "login-shell" else None
+            shell = None
+            if self.mode == "login-shell":
+                # The passwd lookup may go to the network (NSS): not on the event loop.
+                shell = await trio.to_thread.run_sync(login_shell, self._daemon_env)
             captured: dict[str, str] | None = None
             state: State = "inherited"
             detail = "the daemon's own environment (agent_env = inherit)"

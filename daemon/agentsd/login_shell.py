@@ -105,9 +105,10 @@ async def capture(shell: str, base_env: Mapping[str, str], timeout_s: float) -> 
     markers = (f"agentsd-env-{os.urandom(16).hex()}", f"agentsd-end-{os.urandom(16).hex()}")
     home = base_env.get("HOME") or "/"
     cwd = home if await trio.to_thread.run_sync(os.path.isdir, home) else "/"
+    argv = await trio.to_thread.run_sync(shell_argv, shell, markers)  # looks up env
     try:
         process = await trio.lowlevel.open_process(
-            shell_argv(shell, markers),
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
