@@ -152,7 +152,7 @@ def _resolve(ref: Any) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-GROUPS = {"daemon": "start, stop or ping the agentsd process"}
+GROUPS = {"daemon": "start, stop or ping the agentsd process, or reload the agents' environment"}
 
 # (section, heading) in the order --help shows them; a row without a known section
 # is listed under "more".
@@ -184,6 +184,7 @@ COMMANDS = (
     Command("daemon start", "start agentsd detached (or --foreground) and wait until it answers", f"{_D}:run_daemon_start", f"{_D}:configure_daemon_start", section="daemon"),
     Command("daemon stop", "ask agentsd to shut down and wait until it is gone", f"{_D}:run_daemon_stop", section="daemon"),
     Command("daemon ping", "time one round trip to a running agentsd", f"{_D}:run_daemon_ping", section="daemon"),
+    Command("daemon reload-env", "capture the agents' environment again from your login shell", f"{_D}:run_daemon_reload_env", f"{_D}:configure_daemon_reload_env", section="daemon"),
     Command("doctor", "check the agents, directories, socket, database and service", "agentsctl.doctor:run_doctor", "agentsctl.doctor:configure_doctor", section="setup"),
     Command("completion", "print a bash, zsh or fish completion script", "agentsctl.completion:run_completion", "agentsctl.completion:configure_completion", section="setup"),
 )  # fmt: skip

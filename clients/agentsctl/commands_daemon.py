@@ -1,8 +1,9 @@
-"""The commands about the daemon itself: ``status`` and ``daemon start|stop|ping``.
+"""The commands about the daemon itself: ``status`` and ``daemon
+start|stop|ping|reload-env``.
 
 They talk to the daemon through ``Target.link()`` (stdlib JSON, no msgspec: the
 cold start of ``agentsctl status`` is budgeted, see ``agentsctl.cli`` Rule 1);
-``daemon ping`` and ``daemon stop`` never start one.
+``daemon ping``, ``daemon stop`` and ``daemon reload-env`` never start one.
 """
 
 from __future__ import annotations
@@ -62,11 +63,55 @@ def format_status(result: dict[str, Any]) -> str:
         ("sessions", f"{sessions.get('total', 0)} ({counts})"),
         ("recovery", recovered),
     ]
+    agent_env = result.get("agentEnv")
+    if agent_env:
+        rows += agent_env_rows(agent_env)
     head = (
         f"agentsd {result.get('version', '?')} (pid {result.get('pid', '?')}), "
         f"up {format_duration(float(result.get('uptimeS', 0.0)))}"
     )
     return "\n".join([head, *(f"  {name + ':':<13}{value}" for name, value in rows)])
+
+
+def describe_agent_env(agent_env: dict[str, Any]) -> str:
+    """One line: the mode in force and what became of it (``AgentEnv`` on the wire)."""
+    mode, state = agent_env.get("mode", "?"), agent_env.get("state", "?")
+    detail = agent_env.get("detail") or ""
+    if state == "fallback":
+        text = f"{mode} FAILED, agents get the daemon's own environment: {detail}"
+    elif state == "captured":
+        text = f"{mode}, captured {detail}"
+    else:
+        text = f"{mode}: {detail}" if detail else str(mode)
+    if agent_env.get("configured") == "auto":
+        text += " (agent_env = auto)"
+    age_s = agent_env.get("ageS")
+    if age_s is not None:
+        text += f", {format_duration(float(age_s))} ago"
+    return text
+
+
+def describe_programs(agent_env: dict[str, Any]) -> str:
+    found = []
+    for program in agent_env.get("programs") or []:
+        where = program.get("path")
+        if where is None:
+            found.append(f"{program.get('provider')} not found")
+        else:
+            source = program.get("source")
+            found.append(
+                f"{program.get('provider')} {where}" + (f" ({source})" if source != "PATH" else "")
+            )
+    return "; ".join(found) or "none configured"
+
+
+def agent_env_rows(agent_env: dict[str, Any]) -> list[tuple[str, str]]:
+    """The ``status`` rows about the environment agents start with."""
+    return [
+        ("agent env", describe_agent_env(agent_env)),
+        ("agent PATH", agent_env.get("path") or "(unset)"),
+        ("agent bins", describe_programs(agent_env)),
+    ]
 
 
 def format_duration(seconds: float) -> str:
@@ -140,4 +185,44 @@ def run_daemon_ping(args: argparse.Namespace, target: Target) -> int:
         link.call("daemon.ping")
         elapsed = time.perf_counter() - started
     print(f"pong from agentsd at {target.socket_path}: {elapsed * 1000:.2f} ms")
+    return EXIT_OK
+
+
+RELOAD_TIMEOUT_S = 130.0  # the daemon bounds a capture by login_shell_timeout_s (at most 120 s)
+
+
+def configure_daemon_reload_env(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the raw JSON result")
+
+
+def run_daemon_reload_env(args: argparse.Namespace, target: Target) -> int:
+    """``daemon.reloadEnv``: the next agent start gets the environment captured now;
+    running agents keep theirs. Exit 1 when the login shell failed (the daemon then
+    uses its own environment, and says why)."""
+    import msgspec
+
+    from agentsctl.mutation import new_operation_id
+    from agentsd_protocol import methods
+    from agentsd_protocol.api.daemon import ReloadEnvParams
+
+    params = ReloadEnvParams(client_operation_id=new_operation_id())
+    try:
+        with target.client(start=False) as client:
+            client.timeout_s = RELOAD_TIMEOUT_S
+            result = client.call(methods.RELOAD_ENV, params)
+    except DaemonNotRunning:
+        print(
+            f"agentsd is not running at {target.socket_path}; it captures the environment at its start"
+        )
+        return EXIT_OK
+    agent_env: dict[str, Any] = msgspec.to_builtins(result.agent_env)
+    if args.json:
+        print(json.dumps(agent_env, indent=2))
+    else:
+        for name, value in agent_env_rows(agent_env):
+            print(f"{name + ':':<13}{value}")
+    if agent_env.get("state") == "fallback":
+        raise CommandFailed(
+            f"the login shell failed: {agent_env.get('detail')}", "login_shell_failed"
+        )
     return EXIT_OK

@@ -92,6 +92,7 @@ def run_doctor(args: argparse.Namespace, target: Target) -> int:
     state_dir = target.state_dir
     if target.explicit_state_dir is None and daemon_status is not None:
         state_dir = str(daemon_status.get("stateDir") or state_dir)  # the one in use
+    checks += check_agent_env(daemon_status)
     checks.append(check_private_dir("state dir", state_dir))
     checks.append(check_database(os.path.join(state_dir, DATABASE_NAME)))
     checks.append(check_linger())
@@ -196,6 +197,70 @@ def check_program(program: Program) -> Check:
         detail=f"{version} at {path} (from {where})",
         facts={"path": path, "from": where, "version": version},
     )
+
+
+def check_agent_env(status: dict[str, Any] | None) -> list[Check]:
+    """What the *daemon* sees (its ``daemon.status``): the environment its agents
+    start with, and where their programs resolve in it. It may differ from this
+    shell's: a systemd user service has the user manager's short PATH."""
+    if status is None:
+        return [Check(name="agent env", status="skip", detail="no daemon answers to report it")]
+    agent_env = status.get("agentEnv")
+    if not agent_env:
+        return [Check(name="agent env", status="skip", detail="this daemon does not report it")]
+    from agentsctl.commands_daemon import describe_agent_env
+
+    state = agent_env.get("state")
+    path = agent_env.get("path") or ""
+    facts = {k: agent_env.get(k) for k in ("mode", "configured", "state", "shell", "path")}
+    facts["daemonPath"] = agent_env.get("daemonPath")
+    detail = describe_agent_env(agent_env)
+    if state == "fallback":
+        checks = [
+            Check(
+                name="agent env",
+                status="warn",
+                detail=detail,
+                hint="fix your shell's start-up files (they run with "
+                "AGENTSD_RESOLVING_ENVIRONMENT=1 set), then `agentsctl daemon reload-env`; "
+                'or set agent_env = "inherit" in the daemon\'s config',
+                facts=facts,
+            )
+        ]
+    else:
+        status_level: Level = "info" if state == "pending" else "ok"
+        checks = [Check(name="agent env", status=status_level, detail=detail, facts=facts)]
+    checks.append(
+        Check(name="agent PATH", status="info", detail=path or "(unset)", facts={"path": path})
+    )
+    for program in agent_env.get("programs") or []:
+        checks.append(_daemon_program_check(program))
+    return checks
+
+
+def _daemon_program_check(program: dict[str, Any]) -> Check:
+    provider = str(program.get("provider"))
+    command = str(program.get("command"))
+    name = f"{provider} (daemon)"
+    facts = {"command": command, "path": program.get("path"), "from": program.get("source")}
+    if program.get("path") is None:
+        mine = shutil.which(command)
+        elsewhere = f"; this shell finds it at {mine}" if mine else ""
+        return Check(
+            name=name,
+            status="warn",
+            detail=f"the daemon's agents do not find {command}{elsewhere}",
+            hint=f"install it on the agents' PATH, or set [providers.{provider}] command "
+            "in the daemon's config; then `agentsctl daemon reload-env`",
+            facts=facts,
+        )
+    source = program.get("source")
+    where = {
+        "PATH": "on the agents' PATH",
+        "package": "its PyPI package in agentsd's environment",
+        "config": "the daemon's config",
+    }.get(str(source), str(source))
+    return Check(name=name, status="ok", detail=f"{program.get('path')} ({where})", facts=facts)
 
 
 def check_daemon_package() -> Check:

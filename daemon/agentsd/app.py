@@ -1,7 +1,7 @@
 """The daemon's shared state, owned by the root task of ``serve_daemon``.
 
 Handlers reach everything through ``App``: configuration, paths, the live
-connections, the store and the session supervisor. Shutdown is cancellation:
+connections, the store, the session supervisor and the agents' environment. Shutdown is cancellation:
 ``request_shutdown`` cancels the serving scope and every task cleans up in its own
 ``finally``.
 """
@@ -16,6 +16,7 @@ from typing import Any
 import trio
 
 from agentsd import __version__
+from agentsd.agent_env import AgentEnvironment
 from agentsd.config import Config
 from agentsd.connection import Connection
 from agentsd.dispatch import dispatch as _dispatch
@@ -27,8 +28,16 @@ from agentsd_protocol.openrpc import build_openrpc
 
 
 class App:
-    def __init__(self, config: Config, *, socket_path: Path, state_dir: Path) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        socket_path: Path,
+        state_dir: Path,
+        agent_env: AgentEnvironment | None = None,
+    ) -> None:
         self.config = config
+        self.agent_env = agent_env if agent_env is not None else AgentEnvironment(config, "inherit")
         self.socket_path = socket_path
         self.state_dir = state_dir
         self.version = __version__

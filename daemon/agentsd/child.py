@@ -67,19 +67,19 @@ def new_spawn_token() -> str:
 
 @attrs.frozen
 class ChildSpec:
-    """What to run. ``env`` is the complete environment, or with ``inherit_env`` the
-    variables set over the daemon's own environment; the spawn token is added to it.
-    stderr is appended to ``stderr_path`` (created 0600 if missing; its directory must
-    exist) or discarded."""
+    """What to run. The child's environment is ``env`` over ``base_env``, with the
+    spawn token added. stderr is appended to ``stderr_path`` (created 0600 if missing;
+    its directory must exist) or discarded."""
 
     argv: list[str]
     cwd: str
     env: Mapping[str, str]
     token: str
     stderr_path: Path | None = None
-    # The merged environment is built at the spawn and dropped right after it: a
-    # copy of the daemon's environment per live child is kilobytes per session.
-    inherit_env: bool = False
+    # Shared by every child started from it (``agentsd.agent_env.Snapshot``), never
+    # copied here: the merged environment is built at the spawn and dropped right
+    # after it, as a copy per live child is kilobytes per session.
+    base_env: Mapping[str, str] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -197,8 +197,7 @@ async def _spawn(spec: ChildSpec) -> trio.Process:
     try:
         async with limiter:  # open_process runs Popen in a thread of its own
             # Built here, not before the wait: a burst queued above holds no copies.
-            base = os.environ if spec.inherit_env else {}
-            env = {**base, **spec.env, SPAWN_TOKEN_ENV: spec.token}
+            env = {**spec.base_env, **spec.env, SPAWN_TOKEN_ENV: spec.token}
             return await trio.lowlevel.open_process(
                 spec.argv,
                 stdin=subprocess.PIPE,

@@ -8,8 +8,12 @@ with msgspec's message naming the key, so a typo never silently does nothing.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import msgspec
+
+# An agent start waits for the first capture: minutes would look like a hang.
+MAX_LOGIN_SHELL_TIMEOUT_S = 120.0
 
 
 class Ladder(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -45,6 +49,12 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     send_timeout_s: float = 30.0
     ladder: Ladder = Ladder()
     providers: dict[str, ProviderConfig] = {}
+    # Where agents' environment comes from (agentsd.agent_env): "auto" takes the login
+    # shell's under systemd and the daemon's own elsewhere.
+    agent_env: Literal["auto", "login-shell", "inherit"] = "auto"
+    # The login shell must have printed its environment within this, or agents get
+    # the daemon's own. Shells with their rc files take 20-50 ms; 10 s is VS Code's bound.
+    login_shell_timeout_s: float = 10.0
 
 
 class ConfigError(Exception):
@@ -67,5 +77,10 @@ def load_config(path: Path, *, required: bool) -> Config:
     if config.log_level.lower() not in {"debug", "info", "warning", "error", "critical"}:
         raise ConfigError(
             f"config file {path}: log_level must be one of debug, info, warning, error, critical"
+        )
+    if not 0 < config.login_shell_timeout_s <= MAX_LOGIN_SHELL_TIMEOUT_S:
+        raise ConfigError(
+            f"config file {path}: login_shell_timeout_s must be more than 0 and at most "
+            f"{MAX_LOGIN_SHELL_TIMEOUT_S:g}"
         )
     return config

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import attrs
@@ -125,7 +126,8 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
         failure: RpcError | None = None
         program = "agent"
         try:
-            process_spec = _process_spec(supervisor, session, provider, held.lease)
+            environment = await supervisor.agent_env.snapshot()
+            process_spec = _process_spec(supervisor, session, provider, held.lease, environment.env)
             program = process_spec.argv[0]
             async with open_child(
                 process_spec, supervisor.ladder, held.child_spawned, held.child_exited
@@ -147,22 +149,29 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
 
 
 def _process_spec(
-    supervisor: Supervisor, session: Session, provider: Provider, lease: Lease
+    supervisor: Supervisor,
+    session: Session,
+    provider: Provider,
+    lease: Lease,
+    base_env: Mapping[str, str],
 ) -> ProcessSpec:
-    """What to spawn. A function of its own so that nothing it builds on the way (the
-    launch spec, an evolved row) stays referenced for the session's life."""
+    """What to spawn, over ``base_env`` (``agentsd.agent_env``). A function of its own
+    so that nothing it builds on the way (the launch spec, an evolved row) stays
+    referenced for the session's life."""
     configured = supervisor.config.providers.get(session.row.provider)
     row = session.row
     if configured is not None and configured.command and not row.command:
         # The daemon's config names the program; a session's own command wins.
         row = attrs.evolve(row, command=configured.command)
-    spec = provider.launch(row, supervisor.state_dir)
+    provider_env = configured.env if configured is not None else {}
+    # The provider finds its program and state in what the agent will see.
+    spec = provider.launch(row, supervisor.state_dir, {**base_env, **provider_env})
     return ProcessSpec(
         argv=list(spec.argv),
         cwd=row.cwd,
-        # Layered over the daemon's environment at the spawn, not copied here.
-        env={**(configured.env if configured is not None else {}), **spec.env, **row.env},
-        inherit_env=True,
+        # Layered over the shared base at the spawn, not copied here.
+        env={**provider_env, **spec.env, **row.env},
+        base_env=base_env,
         token=lease.token,
         stderr_path=supervisor.stderr_path(session.id),
     )

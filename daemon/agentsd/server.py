@@ -6,6 +6,16 @@ socket is bound only after the previous daemon's children were dealt with.
 Rule 2: shutdown is cancellation. SIGTERM, SIGINT and ``daemon.shutdown`` cancel the
 serving scope; connections end, then every session closes concurrently, then the
 socket file is removed and the lock released.
+
+Rule 3: SIGHUP means what it means to the one who can send it. A daemon with no
+controlling terminal (systemd's ``ExecReload=``, ``agentsctl`` autostart, ``setsid``)
+takes it as "reload": it captures the agents' environment again, as
+``daemon.reloadEnv`` does. A daemon run in a terminal gets SIGHUP when that terminal
+hangs up, and shuts down as for SIGTERM.
+
+Rule 4: the first capture of the agents' environment (``agentsd.agent_env``) runs
+beside recovery and serving, never before them: a login shell that hangs delays
+the first agent start, by at most its bound, and nothing else.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from agentsd.agent_env import AgentEnvironment, resolve_mode
 from agentsd.app import App
 from agentsd.config import Config
 from agentsd.connection import Connection, Transport
@@ -85,10 +96,23 @@ async def serve_daemon(
     lock = StateLock(state_dir, socket_path)
     lock.acquire()
     try:
-        app = App(config, socket_path=socket_path, state_dir=state_dir)
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        mode = resolve_mode(
+            config.agent_env,
+            under_service_manager=service.notifier.active or bool(service.inherited),
+        )
+        app = App(
+            config,
+            socket_path=socket_path,
+            state_dir=state_dir,
+            agent_env=AgentEnvironment(config, mode),
+        )
+        hangup_reloads = not has_controlling_terminal()
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async with trio.open_nursery() as root:
-                root.start_soon(_watch_signals, signals, app, service.notifier)
+                root.start_soon(app.agent_env.snapshot)  # Rule 4
+                root.start_soon(
+                    _watch_signals, signals, app, service.notifier, root, hangup_reloads
+                )
                 await _serve_sessions(app, service, task_status)
                 root.cancel_scope.cancel()
         log.info("agentsd stopped")
@@ -104,7 +128,9 @@ async def _serve_sessions(
         # Rule 1: the previous daemon's children are dealt with before anything is served.
         app.recovery = await recover(store, config.ladder)
         providers = provider_registry()
-        async with open_supervisor(store, config, app.state_dir, providers) as supervisor:
+        async with open_supervisor(
+            store, config, app.state_dir, providers, app.agent_env
+        ) as supervisor:
             app.attach(supervisor, Ledger(store))
             inherited = service.listener()
             # A socket-activated listener belongs to the socket unit: used as is,
@@ -141,8 +167,28 @@ def _unlink_socket(path: Path) -> None:
         path.unlink()
 
 
-async def _watch_signals(signals: AsyncIterator[int], app: App, notifier: Notifier) -> None:
+def has_controlling_terminal() -> bool:
+    """Whether this process has a terminal that can hang up (Rule 3)."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
+async def _watch_signals(
+    signals: AsyncIterator[int],
+    app: App,
+    notifier: Notifier,
+    nursery: trio.Nursery,
+    hangup_reloads: bool,
+) -> None:
     async for signum in signals:
+        if signum == signal.SIGHUP and hangup_reloads:
+            log.info("received SIGHUP; capturing the agents' environment again")
+            nursery.start_soon(app.agent_env.refresh)
+            continue
         log.info("received %s; shutting down", signal.Signals(signum).name)
         notifier.stopping()
         app.request_shutdown()

@@ -31,6 +31,7 @@ import attrs
 import msgspec
 import trio
 
+from agentsd.agent_env import AgentEnvironment
 from agentsd.config import Config
 from agentsd.feed import Feed
 from agentsd.held_lease import recorded_identity, settle
@@ -82,9 +83,11 @@ class Supervisor:
         state_dir: Path,
         providers: dict[str, Provider],
         nursery: trio.Nursery,
+        agent_env: AgentEnvironment,
     ) -> None:
         self.store = store
         self.config = config
+        self.agent_env = agent_env
         self.state_dir = state_dir
         self.ladder = config.ladder
         self.feed = Feed()
@@ -398,13 +401,20 @@ def _host_id(state_dir: Path) -> str:
 
 @asynccontextmanager
 async def open_supervisor(
-    store: Store, config: Config, state_dir: Path, providers: dict[str, Provider]
+    store: Store,
+    config: Config,
+    state_dir: Path,
+    providers: dict[str, Provider],
+    agent_env: AgentEnvironment | None = None,
 ) -> AsyncIterator[Supervisor]:
     """Yield a loaded supervisor. On exit every session is stopped concurrently
-    (cause ``shutdown``); returns once every child was reaped and lease settled."""
+    (cause ``shutdown``); returns once every child was reaped and lease settled.
+    Agents start with ``agent_env`` (default: the daemon's own environment)."""
     (state_dir / "logs").mkdir(mode=0o700, exist_ok=True)
+    if agent_env is None:
+        agent_env = AgentEnvironment(config, "inherit")
     async with trio.open_nursery() as nursery:
-        supervisor = Supervisor(store, config, state_dir, providers, nursery)
+        supervisor = Supervisor(store, config, state_dir, providers, nursery, agent_env)
         await supervisor.load()
         try:
             yield supervisor

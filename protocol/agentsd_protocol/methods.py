@@ -79,7 +79,7 @@ STATUS = Method(
     "daemon.status",
     d.StatusParams,
     d.StatusResult,
-    "Version, uptime, paths, counts and what recovery did.",
+    "Version, uptime, paths, counts, what recovery did and the agents' environment.",
     inline=True,
 )
 SHUTDOWN = Method(
@@ -87,6 +87,13 @@ SHUTDOWN = Method(
     d.ShutdownParams,
     d.ShutdownResult,
     "Reply, then close every session and exit.",
+    mutation=True,
+)
+RELOAD_ENV = Method(
+    "daemon.reloadEnv",
+    d.ReloadEnvParams,
+    d.ReloadEnvResult,
+    "Capture the agents' environment again; agents started after it get the new one.",
     mutation=True,
 )
 DISCOVER = Method(
@@ -199,6 +206,7 @@ METHODS: dict[str, Method[Any, Any]] = {
         PING,
         STATUS,
         SHUTDOWN,
+        RELOAD_ENV,
         DISCOVER,
         CREATE,
         GET,

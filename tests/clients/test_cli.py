@@ -28,7 +28,7 @@ from agentsctl.cli import (
 from agentsctl.commands_daemon import format_duration
 from agentsctl.daemon import process_gone, quick_call, wait_until_answering
 from agentsd_protocol.errors import MethodNotFound
-from tests.daemon_process import STOP_TIMEOUT_S, DaemonProcess
+from tests.daemon_process import STOP_TIMEOUT_S, DaemonProcess, running_daemon
 
 CLI_TIMEOUT_S = 60.0  # one CLI run, including a daemon start on a loaded machine
 ERROR_LINE = re.compile(r"^error: .+ \[[a-z_]+\]$")
@@ -90,6 +90,8 @@ def test_status_prints_a_human_summary(
     out = capsys.readouterr().out
     assert re.match(rf"agentsd \S+ \(pid {daemon.process.pid}\), up ", out)
     for label in ("socket:", "state dir:", "connections:", "sessions:", "recovery:"):
+        assert label in out
+    for label in ("agent env:", "agent PATH:", "agent bins:"):
         assert label in out
     assert str(daemon.socket) in out
     assert str(daemon.state_dir) in out
@@ -221,6 +223,39 @@ def test_daemon_ping_never_starts_a_daemon(
     socket_path = isolated_env / "none.sock"
     assert main(["--socket", str(socket_path), "daemon", "ping"]) == EXIT_UNREACHABLE
     assert "not running" in capsys.readouterr().err
+    assert not socket_path.exists()
+
+
+def test_daemon_reload_env_reports_what_agents_get(
+    daemon: DaemonProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*at(daemon), "daemon", "reload-env"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "agent env:   inherit: the daemon's own environment" in out
+    assert f"agent PATH:  {os.environ['PATH']}" in out
+
+
+def test_daemon_reload_env_with_a_broken_login_shell_exits_1_saying_why(
+    isolated_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = isolated_env / "config.toml"
+    config.write_text('agent_env = "login-shell"\nlogin_shell_timeout_s = 5\n')
+    missing = isolated_env / "no-such-shell"
+    with running_daemon(extra_args=["--config", str(config)], env={"SHELL": str(missing)}) as d:
+        capsys.readouterr()
+        assert main([*at(d), "daemon", "reload-env"]) == EXIT_DAEMON_ERROR
+    captured = capsys.readouterr()
+    assert "login-shell FAILED, agents get the daemon's own environment" in captured.out
+    assert f"cannot run the login shell {missing}" in captured.err
+    assert "[login_shell_failed]" in captured.err
+
+
+def test_daemon_reload_env_never_starts_a_daemon(
+    isolated_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    socket_path = isolated_env / "none.sock"
+    assert main(["--socket", str(socket_path), "daemon", "reload-env"]) == EXIT_OK
+    assert f"agentsd is not running at {socket_path}" in capsys.readouterr().out
     assert not socket_path.exists()
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from agentsctl.cli import EXIT_DAEMON_ERROR, EXIT_OK, main
 from agentsctl.doctor import PROGRAMS, find_program
-from tests.daemon_process import DaemonProcess
+from tests.daemon_process import DaemonProcess, running_daemon
 
 LEVELS = {"ok", "info", "warn", "fail", "skip"}
 
@@ -137,6 +137,13 @@ def test_with_a_running_daemon_everything_needed_passes(
     assert database["facts"]["schemaVersion"] >= 1
     assert database["facts"]["journalMode"] == "wal"
     assert checks["daemon"]["status"] == "ok"
+    # What the daemon sees: its agents' environment and programs, not this shell's.
+    agent_env = checks["agent env"]
+    assert agent_env["status"] == "ok", agent_env
+    assert agent_env["facts"]["mode"] == "inherit"
+    assert checks["agent PATH"]["facts"]["path"] == agent_env["facts"]["daemonPath"]
+    for program in PROGRAMS:
+        assert checks[f"{program.name} (daemon)"]["status"] == "ok"
     assert checks["linger"]["status"] in LEVELS
     assert checks["service"]["status"] in LEVELS
 
@@ -155,6 +162,26 @@ def test_the_human_report_has_one_line_per_check_and_a_verdict(
         assert any(line.split()[0] in LEVELS and f" {name} " in line for line in lines), name
     assert f"-> chmod 700 {runtime}" in out
     assert lines[-1].startswith("1 check(s) failed")
+
+
+def test_without_a_daemon_its_view_is_skipped(
+    isolated_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, checks = doctor(capsys, isolated_env / "run" / "s.sock", isolated_env / "state")
+    assert checks["agent env"]["status"] == "skip"
+
+
+def test_a_program_the_daemons_agents_cannot_find_is_a_warning_with_a_hint(
+    isolated_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = isolated_env / "config.toml"
+    config.write_text('[providers.mock]\ncommand = ["no-such-agent"]\n')
+    with running_daemon(extra_args=["--config", str(config)]) as daemon:
+        _, checks = doctor(capsys, daemon.socket, daemon.state_dir)
+    check = checks["mock (daemon)"]
+    assert check["status"] == "warn"
+    assert "the daemon's agents do not find no-such-agent" in check["detail"]
+    assert "agentsctl daemon reload-env" in check["hint"]
 
 
 def test_doctor_never_starts_a_daemon(

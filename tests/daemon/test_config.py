@@ -45,6 +45,8 @@ def test_values_from_the_file_override_the_defaults(base: Path) -> None:
         base,
         'log_level = "debug"\n'
         "max_frame_bytes = 4096\n"
+        'agent_env = "login-shell"\n'
+        "login_shell_timeout_s = 2.5\n"
         "[ladder]\n"
         "term_grace_s = 0.5\n"
         "[providers.mock]\n"
@@ -58,6 +60,13 @@ def test_values_from_the_file_override_the_defaults(base: Path) -> None:
     assert config.providers["mock"].command == ["mock-agent", "--fast"]
     assert config.providers["mock"].env == {"A": "1"}
     assert config.idle_timeout_s == Config().idle_timeout_s
+    assert config.agent_env == "login-shell"
+    assert config.login_shell_timeout_s == 2.5
+
+
+def test_agents_get_the_login_shells_environment_only_under_systemd_by_default() -> None:
+    assert Config().agent_env == "auto"
+    assert Config().login_shell_timeout_s == 10.0
 
 
 @pytest.mark.parametrize(
@@ -68,6 +77,11 @@ def test_values_from_the_file_override_the_defaults(base: Path) -> None:
         pytest.param('max_frame_bytes = "big"\n', ["$.max_frame_bytes"], id="wrong-type"),
         pytest.param('log_level = "loud"\n', ["log_level"], id="bad-log-level"),
         pytest.param("max_frame_bytes = [\n", ["config file"], id="not-toml"),
+        pytest.param('agent_env = "zsh"\n', ["$.agent_env", "zsh"], id="bad-agent-env"),
+        pytest.param("login_shell_timeout_s = 0\n", ["login_shell_timeout_s"], id="zero-bound"),
+        pytest.param(
+            "login_shell_timeout_s = 600\n", ["login_shell_timeout_s", "120"], id="huge-bound"
+        ),
     ],
 )
 def test_a_bad_file_is_an_error_naming_the_problem(

@@ -51,6 +51,7 @@ from tests.daemon_process import (
 )
 from tests.e2e.notify_listener import Notification, NotifyListener
 from tests.e2e.test_units import SERVICE_UNIT, _require_tool, _seconds, _unit_settings
+from tests.fake_shell import write_shell
 
 CLOSE_LADDER_S = 2 + 3 + 2
 """The daemon's default close ladder (stdin EOF, SIGTERM, SIGKILL), in seconds."""
@@ -100,8 +101,12 @@ def start_daemon(
     log: Path | None = None,
 ) -> DaemonProcess:
     """Start ``argv`` (default ``python -m agentsd``) with its stdout and stderr in a
-    log file, without waiting for anything."""
+    log file, without waiting for anything. Its ``$SHELL`` is a login shell without
+    start-up files: given a notify socket the daemon captures its agents' environment
+    from it (``agent_env = "auto"``), and no test here may depend on this host's."""
     log_path = log or base / "agentsd.log"
+    shell = write_shell(base / "login-shell", ": no start-up files")
+    env = {"SHELL": str(shell), **env}
     with log_path.open("ab") as log_file:
         process = subprocess.Popen(
             list(argv) if argv is not None else daemon_command(sock, state),
@@ -476,7 +481,7 @@ def test_socket_activation_starts_on_demand_and_never_rebinds(
         # daemon, started without --socket like ExecStart=, computes the same path.
         sock = runtime / "agentsd" / "agentsd.sock"
         sock.parent.mkdir(parents=True, mode=0o700)
-        passed = [*_PASSED_ENV, "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR"]
+        passed = [*_PASSED_ENV, "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR", "SHELL"]
         argv = [
             socket_activate,
             f"--listen={sock}",

@@ -1,4 +1,5 @@
-"""``daemon.*`` and ``rpc.*``: liveness, status, shutdown and discovery."""
+"""``daemon.*`` and ``rpc.*``: liveness, status, shutdown, the agents' environment and
+discovery."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from agentsd_protocol.api import daemon as api
 
 if TYPE_CHECKING:
+    from agentsd.agent_env import AgentEnvironment
     from agentsd.connection import Call
 
 _PING = api.PingResult()
@@ -29,6 +31,46 @@ async def handle_status(call: Call, params: api.StatusParams) -> api.StatusResul
         connections=len(app.connections),
         sessions=app.session_counts(),
         recovery=app.recovery,
+        agent_env=_agent_env(app.agent_env),
+    )
+
+
+async def handle_reload_env(call: Call, params: api.ReloadEnvParams) -> api.ReloadEnvResult:
+    """Capture the agents' environment again (bounded by ``login_shell_timeout_s``);
+    agents already running keep theirs."""
+    agent_env = call.app.agent_env
+    await agent_env.refresh()
+    return api.ReloadEnvResult(agent_env=_agent_env(agent_env))
+
+
+def _agent_env(agent_env: AgentEnvironment) -> api.AgentEnv:
+    snapshot = agent_env.current
+    configured = agent_env.config.agent_env
+    if snapshot is None:
+        return api.AgentEnv(
+            mode=agent_env.mode,
+            configured=configured,
+            state="pending",
+            detail="the first capture is under way",
+            daemon_path=agent_env.daemon_path,
+            capturing=agent_env.capturing,
+        )
+    return api.AgentEnv(
+        mode=snapshot.mode,
+        configured=configured,
+        state=snapshot.state,
+        detail=snapshot.detail,
+        shell=snapshot.shell,
+        path=snapshot.env.get("PATH", ""),
+        daemon_path=agent_env.daemon_path,
+        age_s=round(max(0.0, time.time() - snapshot.taken_at), 3),
+        capturing=agent_env.capturing,
+        programs=[
+            api.AgentProgram(
+                provider=found.provider, command=found.command, path=found.path, source=found.source
+            )
+            for found in snapshot.programs
+        ],
     )
 
 
@@ -45,5 +87,6 @@ HANDLERS: dict[str, Any] = {
     "daemon.ping": handle_ping,
     "daemon.status": handle_status,
     "daemon.shutdown": handle_shutdown,
+    "daemon.reloadEnv": handle_reload_env,
     "rpc.discover": handle_discover,
 }

@@ -3,7 +3,7 @@
 A ``Provider`` is a stateless description of one kind of agent (how to launch it);
 an ``Adapter`` speaks to one running child. The session task owns both:
 
-    spec = provider.launch(session)                # what to spawn
+    spec = provider.launch(session, state_dir, env)  # what to spawn
     adapter = provider.adapter(link, sink, session)
     handle = await adapter.handshake(resume)       # under the handshake deadline
     await adapter.run()                            # translate frames until EOF
@@ -207,8 +207,10 @@ class Provider(abc.ABC):
     name: ClassVar[str]
 
     @abc.abstractmethod
-    def launch(self, session: SessionRow, state_dir: Any) -> LaunchSpec:
-        """What to spawn for ``session`` (``session.command`` overrides the program)."""
+    def launch(self, session: SessionRow, state_dir: Any, env: Mapping[str, str]) -> LaunchSpec:
+        """What to spawn for ``session`` (``session.command`` overrides the program).
+        ``env`` is the environment the agent gets before the session's own ``env``:
+        programs are looked up on its PATH."""
 
     @abc.abstractmethod
     def adapter(self, link: LineLink, sink: SessionSink, session: SessionRow) -> Adapter: ...

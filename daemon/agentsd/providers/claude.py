@@ -24,7 +24,6 @@ appended, since the adapter depends on every one of them.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -191,23 +190,23 @@ class ClaudeProvider(Provider):
     def __init__(self) -> None:
         self._launched: dict[str, Launched] = {}  # by agentsd session id (Rule 1)
 
-    def launch(self, session: SessionRow, state_dir: Any) -> LaunchSpec:
+    def launch(self, session: SessionRow, state_dir: Any, env: Mapping[str, str]) -> LaunchSpec:
         """The command line for ``session`` (see the module docstring). Raises
         ``InvalidParams`` for bad options and ``AgentNotFound`` when no ``claude``
         is installed and no ``command`` was given."""
         flags = option_flags(session.options)
+        agent_env = {**env, **session.env}
         if session.command:
             program = list(session.command)
         else:
-            found = find_program(CLAUDE)
+            found = find_program(CLAUDE, agent_env.get("PATH", ""))
             if found is None:
                 raise AgentNotFound(
                     f"cannot start claude: it is not installed; {CLAUDE.install_hint()}"
                 )
             program = [found]
         handle = session.provider_handle
-        env = {**os.environ, **session.env}
-        if handle is not None and has_transcript(env, handle):
+        if handle is not None and has_transcript(agent_env, handle):
             chosen = Launched(session.fence, handle)
             flags += ["--resume", handle]
         else:

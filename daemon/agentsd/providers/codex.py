@@ -29,6 +29,7 @@ once with an error if it cannot be recorded), anything else at once with an erro
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import trio
@@ -107,14 +108,14 @@ OPT_OUT = [
 class CodexProvider(Provider):
     name = "codex"
 
-    def launch(self, session: SessionRow, state_dir: Any) -> LaunchSpec:
-        """``session.command``, else the ``codex`` found on PATH or in its PyPI
-        package, with ``app-server``. Raises ``InvalidParams`` for bad options and
+    def launch(self, session: SessionRow, state_dir: Any, env: Mapping[str, str]) -> LaunchSpec:
+        """``session.command``, else the ``codex`` found on the agent's PATH or in its
+        PyPI package, with ``app-server``. Raises ``InvalidParams`` for bad options and
         ``AgentNotFound`` when no ``codex`` is installed."""
         parse_options(session.options)
         if session.command:
             return LaunchSpec(argv=list(session.command))
-        program = find_program(CODEX)
+        program = find_program(CODEX, {**env, **session.env}.get("PATH", ""))
         if program is None:
             raise AgentNotFound(f"cannot start codex: it is not installed; {CODEX.install_hint()}")
         return LaunchSpec(argv=[program, "app-server"])

@@ -5,6 +5,7 @@ misbehave on purpose (see ``mock_agent``)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ def _str(value: object) -> str | None:
 class MockProvider(Provider):
     name = "mock"
 
-    def launch(self, session: SessionRow, state_dir: Any) -> LaunchSpec:
+    def launch(self, session: SessionRow, state_dir: Any, env: Mapping[str, str]) -> LaunchSpec:
         argv = list(session.command or [sys.executable, "-m", "agentsd.providers.mock_agent"])
         options = dict(session.options)
         options.setdefault("stateDir", str(Path(state_dir) / "mock"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentsd_protocol.api.base import Empty, Result
+from agentsd_protocol.api.base import Empty, MutationParams, Result
 
 
 class PingParams(Empty, frozen=True, kw_only=True):
@@ -35,6 +35,37 @@ class SessionCounts(Result, frozen=True, kw_only=True):
     attention: int = 0
 
 
+class AgentProgram(Result, frozen=True, kw_only=True):
+    """Where one provider's program resolves in the agents' environment."""
+
+    provider: str
+    command: str  # what is looked up: a program name, or a configured path
+    path: str | None = None  # None: not found
+    source: str = "PATH"  # "PATH", "package" (a PyPI package in agentsd's environment), "config"
+
+
+class AgentEnv(Result, frozen=True, kw_only=True):
+    """The environment agents start with, as the daemon sees it.
+
+    ``mode`` is the one in force (``login-shell`` or ``inherit``; config ``agent_env =
+    "auto"`` chooses by how the daemon was started). ``state`` says what happened:
+    ``captured`` (from the login shell), ``fallback`` (the login shell failed:
+    ``detail`` says why, and agents get the daemon's own environment), ``inherited``,
+    or ``pending`` (the first capture is under way). ``programs`` were located when
+    the environment was taken."""
+
+    mode: str
+    configured: str
+    state: str
+    detail: str = ""
+    shell: str | None = None
+    path: str = ""  # the PATH agents get
+    daemon_path: str = ""  # the daemon's own PATH
+    age_s: float | None = None  # since the environment was taken
+    capturing: bool = False  # a new capture is under way
+    programs: list[AgentProgram] = []
+
+
 class StatusResult(Result, frozen=True, kw_only=True):
     version: str
     pid: int
@@ -44,6 +75,7 @@ class StatusResult(Result, frozen=True, kw_only=True):
     connections: int
     sessions: SessionCounts = SessionCounts()
     recovery: RecoveryReport = RecoveryReport()
+    agent_env: AgentEnv | None = None
 
 
 class ShutdownParams(Empty, frozen=True, kw_only=True):
@@ -52,6 +84,14 @@ class ShutdownParams(Empty, frozen=True, kw_only=True):
 
 class ShutdownResult(Result, frozen=True, kw_only=True):
     stopping: bool = True
+
+
+class ReloadEnvParams(MutationParams, frozen=True, kw_only=True):
+    pass
+
+
+class ReloadEnvResult(Result, frozen=True, kw_only=True):
+    agent_env: AgentEnv
 
 
 class DiscoverParams(Empty, frozen=True, kw_only=True):
