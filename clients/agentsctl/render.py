@@ -45,6 +45,7 @@ from agentsd_protocol.api.events import (
     TurnStarted,
 )
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
+from agentsd_protocol.display import printable
 
 MAX_REMEMBERED_ITEMS = 512  # finished items kept to drop their late deltas; older ones are gone
 MAX_SHOWN_CHARS = 400  # of a tool's input or a reasoning text in the human view
@@ -150,7 +151,8 @@ class Transcript:
         self._shown.move_to_end(item_id)
         while len(self._shown) > MAX_REMEMBERED_ITEMS:
             self._shown.popitem(last=False)
-        self.out.write(text)
+        # An agent's text is its own: escapes would drive the user's terminal.
+        self.out.write(printable(text, layout=True))
         self.out.flush()
         self._partial_item = None if text.endswith("\n") else item_id
 
