@@ -9,10 +9,11 @@ then replays.
 
 Rule 3: a handler whose own write must be atomic with the ledger entry (``send``
 journals its submission and a provisional entry in one commit) hands a
-``Provisional`` to its journal write, which calls ``record_provisional`` inside it; otherwise the entry is written after the
-handler succeeded, before the reply. Failed mutations are not recorded: a retry runs
-again. If that entry cannot be written (a full disk) the handler's answer still
-stands, because its own rows are committed; only its replay is lost.
+``Provisional`` to its journal write, which calls ``record_provisional`` inside it;
+otherwise the entry is written after the handler succeeded, before the reply.
+Failed mutations are not recorded: a retry runs again. If that entry cannot be
+written (a full disk) the handler's answer still stands, because its own rows are
+committed; only its replay is lost.
 
 Rule 4: entries expire after ``TTL_S``; past ``CAPACITY`` live entries new ids are
 refused with ``operation_ledger_full`` (the daemon keeps serving everything else).
