@@ -62,9 +62,9 @@ SETTLE_TIMEOUT_S = 10.0  # a release is one small commit; this covers a slow dis
 
 LeaseOp = Callable[[StoreConnection], tuple[Lease, list[StoredEvent]]]
 Write = Callable[[LeaseOp], Awaitable[tuple[Lease, list[StoredEvent]]]]
-"""Commits a lease op and returns its result: the supervisor's ``write_events`` for a
-session it holds (which applies and publishes the events), the store's ``write``
-during recovery (nothing is served yet)."""
+"""Commits a lease op and returns its result: the ``write`` of the session's journal
+port (which applies and publishes the events), the store's ``write`` during
+recovery (nothing is served yet)."""
 
 Proof = ChildExit | EndOutcome | None
 """What a lease is settled with: how the close ladder left our own child, how ending

@@ -21,7 +21,6 @@ journaled, recorded on the session and reported to whoever waits for the start.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -115,14 +114,12 @@ async def run_session(supervisor: Supervisor, session: Session, task: SessionTas
             task.ready.set()
         session.task = None
         task.done.set()
-        supervisor.status_maybe_changed(session)
 
 
 async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> None:
     provider = supervisor.provider(session.row.provider)
-    async with open_lease(session, functools.partial(supervisor.write_events, session)) as held:
+    async with open_lease(session, session.journal.write) as held:
         task.held = held
-        supervisor.status_maybe_changed(session)
         failure: RpcError | None = None
         program = "agent"
         try:
@@ -132,7 +129,7 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
             async with open_child(
                 process_spec, supervisor.ladder, held.child_spawned, held.child_exited
             ) as child:
-                sink = Sink(supervisor, session, held.lease, task)
+                sink = Sink(session, held.lease, task)
                 adapter = provider.adapter(LineLink(child.stdin, child.stdout), sink, session.row)
                 await _handshake(supervisor, session, held.lease, task, adapter)
                 failure = await _serve(supervisor, session, task, adapter, sink)
@@ -188,8 +185,7 @@ async def _handshake(
         raise HandshakeTimeout(
             f"the agent did not complete its handshake within {timeout_s:g} s"
         ) from None
-    await supervisor.append(
-        session,
+    await session.journal.append(
         [ChildReady(provider_handle=handle, generation=lease.generation)],
         fence=lease.fence,
         provider_handle=handle,
@@ -198,7 +194,6 @@ async def _handshake(
     task.adapter = adapter
     task.touch()
     task.ready.set()
-    supervisor.status_maybe_changed(session)
 
 
 async def _serve(

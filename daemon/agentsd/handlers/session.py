@@ -201,7 +201,7 @@ async def handle_set_options(call: Call, params: capi.SetOptionsParams) -> capi.
         fields["options"] = params.options
     if fields:
         updated = SessionUpdated(title=params.title, options=params.options)
-        await supervisor.append(session, [updated], **fields)
+        await session.journal.append([updated], **fields)
     return capi.SetOptionsResult(session=session.info())
 
 
