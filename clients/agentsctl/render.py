@@ -41,6 +41,7 @@ from agentsd_protocol.api.events import (
     SessionCreated,
     Submission,
     SubmissionDispatched,
+    ThreadSuperseded,
     TurnCompleted,
     TurnStarted,
 )
@@ -216,6 +217,8 @@ class Transcript:
                 self.note("agent ready")
             case ChildExited() as exited:
                 self.note(f"agent exited: {_exit_text(exited)}")
+            case ThreadSuperseded(previous_handle=previous, handle=handle, reason=reason):
+                self.note(f"new conversation {handle} in place of {previous}: {reason}")
             case ExitUnproven():
                 self.line(
                     self.style.warn("! the agent's exit could not be proven; it may still run")

@@ -34,8 +34,8 @@ from agentsd.child import ChildSpec as ProcessSpec
 from agentsd.child import open_child
 from agentsd.held_lease import SETTLE_TIMEOUT_S, HeldLease, open_lease
 from agentsd.leases import Lease
-from agentsd.providers.base import Adapter, LineLink, Provider
-from agentsd.session import Session
+from agentsd.providers.base import Adapter, LineLink, Provider, Resume
+from agentsd.session import Session, had_turns
 from agentsd.sink import Sink
 from agentsd_protocol.api.events import ChildReady
 from agentsd_protocol.api.session import ExitCause
@@ -181,16 +181,21 @@ async def _handshake(
     supervisor: Supervisor, session: Session, lease: Lease, task: SessionTask, adapter: Adapter
 ) -> None:
     timeout_s = supervisor.config.handshake_timeout_s
+    resume = None
+    if session.row.provider_handle is not None:
+        turns = await supervisor.store.read(functools.partial(had_turns, session_id=session.id))
+        resume = Resume(handle=session.row.provider_handle, had_turns=turns)
     try:
         with trio.fail_after(timeout_s):
-            handle = await adapter.handshake(session.row.provider_handle)
+            handle = await adapter.handshake(resume)
     except trio.TooSlowError:
         raise HandshakeTimeout(
             f"the agent did not complete its handshake within {timeout_s:g} s"
         ) from None
+    ready = ChildReady(provider_handle=handle, generation=lease.generation)
     await supervisor.append(
         session,
-        [ChildReady(provider_handle=handle, generation=lease.generation)],
+        [ready] if adapter.superseded is None else [adapter.superseded, ready],
         fence=lease.fence,
         provider_handle=handle,
     )

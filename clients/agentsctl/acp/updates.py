@@ -40,6 +40,7 @@ from agentsd_protocol.api.events import (
     ItemStarted,
     ItemUpdated,
     Submission,
+    ThreadSuperseded,
     TurnCompleted,
     TurnStarted,
 )
@@ -102,8 +103,22 @@ class UpdateTranslator:
             case ChildExited():
                 self._turn_id = None
                 return self._settle(None, "exited")
+            case ThreadSuperseded(previous_handle=previous, handle=handle, reason=reason):
+                return self._notice(
+                    journal_event.seq,
+                    f"A new conversation ({handle}) took the place of {previous}: {reason}",
+                )
             case _:
                 return []
+
+    def _notice(self, seq: int, text: str | None) -> list[acp.SessionUpdate]:
+        """A note from agentsd about the session, not the agent's words: shown as a
+        thought, which editors set apart from the conversation."""
+        if text is None:
+            return []
+        return [
+            acp.AgentThoughtChunk(content=acp.TextContent(text=text), message_id=f"agentsd-{seq}")
+        ]
 
     def delta(self, delta: DeltaNotification) -> list[acp.SessionUpdate]:
         item = self._items.get(delta.item_id)

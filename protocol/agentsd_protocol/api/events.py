@@ -318,6 +318,18 @@ class UsageUpdated(EventStruct, tag="usage.updated", frozen=True, kw_only=True):
     model_context_window: int | None = None
 
 
+class ThreadSuperseded(EventStruct, tag="thread.superseded", frozen=True, kw_only=True):
+    """The provider never saved the conversation ``previous_handle`` (it had no turn:
+    Codex writes a thread's rollout, Claude Code its transcript, at the first one), so
+    a fresh one, ``handle``, took its place; ``reason`` says how that was known, in
+    the provider's words where it gave any. Journaled with the ``child.ready`` that
+    carries the new handle."""
+
+    previous_handle: str
+    handle: str
+    reason: str
+
+
 class ThreadStatus(EventStruct, tag="thread.status", frozen=True, kw_only=True):
     """The agent's own thread status (Codex), journaled when it changes."""
 
@@ -350,6 +362,7 @@ Event = (
     | AgentWarning
     | UsageUpdated
     | ThreadStatus
+    | ThreadSuperseded
 )
 """Every event the daemon writes."""
 
