@@ -18,7 +18,7 @@ import msgspec
 from agentsctl.cli import EXIT_OK, UsageError
 from agentsctl.commands_conversation import report_send, send_prompt
 from agentsctl.mutation import mutate
-from agentsctl.render import print_json
+from agentsctl.render import print_json, printable
 from agentsd_protocol import methods
 from agentsd_protocol.api import session as s
 
@@ -194,6 +194,11 @@ def run_show(args: argparse.Namespace, target: Target) -> int:
         rows.append(("error", f"{info.error.message} [{info.error.kind}]"))
     for name, value in rows:
         print(f"{name + ':':<11}{value}")
+    tail = info.last_exit.stderr_tail if info.last_exit is not None else None
+    if tail:
+        print("stderr:    (the end of what the agent wrote)")
+        for line in tail.splitlines():
+            print(f"  | {printable(line)}")
     return EXIT_OK
 
 

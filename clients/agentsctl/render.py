@@ -217,6 +217,8 @@ class Transcript:
                 self.note("agent ready")
             case ChildExited() as exited:
                 self.note(f"agent exited: {_exit_text(exited)}")
+                if exited.stderr_tail:
+                    self._stderr_tail(exited.stderr_tail)
             case ThreadSuperseded(previous_handle=previous, handle=handle, reason=reason):
                 self.note(f"new conversation {handle} in place of {previous}: {reason}")
             case ExitUnproven():
@@ -227,6 +229,14 @@ class Transcript:
                 pass  # supervision detail; `log --jsonl` has it
             case _:
                 self.note(journal_event.kind)
+
+    def _stderr_tail(self, tail: str) -> None:
+        lines = [line for line in tail.splitlines() if line.strip()]
+        self.line(self.style.dim("  its stderr ends:"))
+        if len(lines) > MAX_DETAIL_LINES:
+            self.line(self.style.dim(f"  ({len(lines) - MAX_DETAIL_LINES} lines before)"))
+        for text in lines[-MAX_DETAIL_LINES:]:
+            self.line(self.style.dim(f"  | {printable(text)}"))
 
     def _item_completed(self, item: ItemCompleted) -> None:
         kind = item.type
@@ -261,6 +271,12 @@ class Transcript:
             self.line(f"  ({len(detail) - MAX_DETAIL_LINES} more lines)")
         if asked.options:
             self.line(f"  options: {', '.join(asked.options)}")
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped: an agent's own output must not
+    drive the user's terminal (escape sequences, carriage returns)."""
+    return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in text)
 
 
 def _exit_text(exited: ChildExited) -> str:

@@ -14,6 +14,7 @@ import msgspec
 
 # An agent start waits for the first capture: minutes would look like a hang.
 MAX_LOGIN_SHELL_TIMEOUT_S = 120.0
+MIN_LOG_BYTES = 64 * 1024  # a stderr log must hold one pipe buffer (agentsd.stderr_log)
 
 
 class Ladder(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -55,6 +56,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     # The login shell must have printed its environment within this, or agents get
     # the daemon's own. Shells with their rc files take 20-50 ms; 10 s is VS Code's bound.
     login_shell_timeout_s: float = 10.0
+    # Each agent's stderr log, in two rotated halves (the newest kept); at least 64 KiB.
+    stderr_log_max_bytes: int = 8 * 1024 * 1024
 
 
 class ConfigError(Exception):
@@ -82,5 +85,9 @@ def load_config(path: Path, *, required: bool) -> Config:
         raise ConfigError(
             f"config file {path}: login_shell_timeout_s must be more than 0 and at most "
             f"{MAX_LOGIN_SHELL_TIMEOUT_S:g}"
+        )
+    if config.stderr_log_max_bytes < MIN_LOG_BYTES:
+        raise ConfigError(
+            f"config file {path}: stderr_log_max_bytes must be at least {MIN_LOG_BYTES}"
         )
     return config

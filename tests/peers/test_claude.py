@@ -833,6 +833,12 @@ def ok(request_id, version="2.1.0"):
     send({"type": "control_response", "response": {"subtype": "success",
           "request_id": request_id, "response": {"claude_code_version": version}}})
 session = sys.argv[sys.argv.index("--session-id") + 1] if "--session-id" in sys.argv else None
+if mode == "forgets" and "--resume" in sys.argv:
+    resumed = sys.argv[sys.argv.index("--resume") + 1]
+    sys.stdin.readline()
+    send({"type": "result", "subtype": "error_during_execution", "is_error": True,
+          "errors": [f"No conversation found with session ID: {resumed}"]})
+    sys.exit(1)
 for line in sys.stdin:
     msg = json.loads(line)
     if msg.get("type") == "control_request" and msg["request"]["subtype"] == "initialize":
@@ -882,6 +888,26 @@ def test_bad_handshakes_are_journaled_with_their_kind(
     assert exited and exited[-1]["body"]["error"]["kind"] == kind
     if mode == "old":
         assert "1.0.3" in error.message and "2.0.0" in error.message
+
+
+def test_a_resume_the_cli_refuses_is_resume_failed_with_its_words(
+    daemon: DaemonProcess, home: Path
+) -> None:
+    with conversation(
+        daemon, {"HOME": str(home)}, home / "work", command=fake_cli("forgets")
+    ) as convo:
+        handle = convo.info()["providerHandle"]
+        convo.call("agentSession.close")
+        # A transcript to resume, which the CLI then does not find.
+        (home / ".claude" / "projects" / "p").mkdir(parents=True)
+        (home / ".claude" / "projects" / "p" / f"{handle}.jsonl").write_text("{}\n")
+        sent = convo.send("hi")
+        assert sent["dispatch"] == "rejected", sent
+        assert sent["reason"].startswith(
+            f"resume_failed: claude could not resume session {handle}: "
+            f"No conversation found with session ID: {handle}"
+        )
+        assert convo.info()["providerHandle"] == handle
 
 
 def test_handshake_timeout(home: Path) -> None:

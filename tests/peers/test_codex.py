@@ -744,7 +744,8 @@ async def test_a_thread_codex_never_saved_and_without_turns_is_superseded() -> N
         nursery.start_soon(serve)
         handle = await codex.adapter.handshake(Resume(handle=THREAD, had_turns=False))
     assert handle == "new-thread"
-    assert started == {"cwd": "/tmp", "model": "gpt-x"}  # a plain start, no threadId
+    # A plain start with the session's options, no threadId.
+    assert started == {"cwd": "/tmp", **parse_options({"model": "gpt-x"}).thread_params()}
     superseded = codex.adapter.superseded
     assert superseded is not None
     assert (superseded.previous_handle, superseded.handle) == (THREAD, "new-thread")

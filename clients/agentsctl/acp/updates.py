@@ -100,9 +100,12 @@ class UpdateTranslator:
             case TurnCompleted(turn_id=turn_id, outcome=outcome):
                 self._turn_id = None
                 return self._settle(turn_id, outcome)
-            case ChildExited():
+            case ChildExited(stderr_tail=tail):
                 self._turn_id = None
-                return self._settle(None, "exited")
+                return self._settle(None, "exited") + self._notice(
+                    journal_event.seq,
+                    f"The agent exited; its stderr ends:\n{tail}" if tail else None,
+                )
             case ThreadSuperseded(previous_handle=previous, handle=handle, reason=reason):
                 return self._notice(
                     journal_event.seq,

@@ -259,13 +259,16 @@ class ChildReady(EventStruct, tag="child.ready", frozen=True, kw_only=True):
 
 class ChildExited(EventStruct, tag="child.exited", frozen=True, kw_only=True):
     """The child is proven gone and its lease released. ``detail`` says how the
-    proof was had (recovery); ``error`` is the failure that ended it."""
+    proof was had (recovery); ``error`` is the failure that ended it;
+    ``stderr_tail`` is the end of what the agent wrote to stderr (at most 4 KiB), kept
+    when it exited unexpectedly or failed, the words that say why."""
 
     cause: ExitCause
     returncode: int | None = None
     signal: int | None = None
     detail: str | None = None
     error: ErrorInfo | None = None
+    stderr_tail: str | None = None
 
 
 class ExitUnproven(EventStruct, tag="exit.unproven", frozen=True, kw_only=True):
