@@ -228,6 +228,11 @@ def run_show(args: argparse.Namespace, target: Target) -> int:
     for name, value in rows:
         # Titles, paths and agents' errors are anyone's text: never raw to a terminal.
         print(f"{name + ':':<11}{printable(str(value))}")
+    tail = info.last_exit.stderr_tail if info.last_exit is not None else None
+    if tail:
+        print("stderr:    (the end of what the agent wrote)")
+        for line in tail.splitlines():
+            print(f"  | {printable(line)}")
     return EXIT_OK
 
 

@@ -41,6 +41,7 @@ from agentsd_protocol.api.events import (
     SessionCreated,
     Submission,
     SubmissionDispatched,
+    ThreadSuperseded,
     TurnCompleted,
     TurnStarted,
 )
@@ -218,6 +219,10 @@ class Transcript:
                 self.note("agent ready")
             case ChildExited() as exited:
                 self.note(f"agent exited: {_exit_text(exited)}")
+                if exited.stderr_tail:
+                    self._stderr_tail(exited.stderr_tail)
+            case ThreadSuperseded(previous_handle=previous, handle=handle, reason=reason):
+                self.note(f"new conversation {handle} in place of {previous}: {reason}")
             case ExitUnproven():
                 self.line(
                     self.style.warn("! the agent's exit could not be proven; it may still run")
@@ -226,6 +231,14 @@ class Transcript:
                 pass  # supervision detail; `log --jsonl` has it
             case _:
                 self.note(journal_event.kind)
+
+    def _stderr_tail(self, tail: str) -> None:
+        lines = [line for line in tail.splitlines() if line.strip()]
+        self.line(self.style.dim("  its stderr ends:"))
+        if len(lines) > MAX_DETAIL_LINES:
+            self.line(self.style.dim(f"  ({len(lines) - MAX_DETAIL_LINES} lines before)"))
+        for text in lines[-MAX_DETAIL_LINES:]:
+            self.line(self.style.dim(f"  | {printable(text)}"))
 
     def _item_completed(self, item: ItemCompleted) -> None:
         kind = item.type

@@ -109,6 +109,7 @@ class Argv:
 
 
 Check = Range | AbsolutePath | EnvTable | Argv
+MIN_LOG_BYTES = 64 * 1024  # a stderr log must hold one pipe buffer (agentsd.stderr_log)
 
 
 class Ladder(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -160,6 +161,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     login_shell_timeout_s: Annotated[
         float, Range(0, MAX_LOGIN_SHELL_TIMEOUT_S, low_open=True, unit="s")
     ] = 10.0
+    # Each agent's stderr log, in two rotated halves (the newest kept).
+    stderr_log_max_bytes: Annotated[int, Range(MIN_LOG_BYTES, MAX_FRAME_BYTES, unit="bytes")] = (
+        8 * 1024 * 1024
+    )
 
 
 class ConfigError(Exception):

@@ -26,7 +26,7 @@ import trio
 
 from agentsd.leases import Lease
 from agentsd.phase import advance, initial_phase
-from agentsd.store.journal import last_seq_of_kind, read_events
+from agentsd.store.journal import has_kind_after, last_seq_of_kind, read_events
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.api.events import (
     ApprovalRequested,
@@ -35,6 +35,7 @@ from agentsd_protocol.api.events import (
     Event,
     Submission,
     SubmissionDispatched,
+    ThreadSuperseded,
     TurnCompleted,
     TurnStarted,
     UnknownEvent,
@@ -207,3 +208,11 @@ def derive_conversation(conn: sqlite3.Connection, session_id: str) -> Conversati
             after = event.seq
         if not more or not page:
             return convo
+
+
+def had_turns(conn: sqlite3.Connection, session_id: str) -> bool:
+    """Whether the session's current provider conversation had a turn: a
+    ``turn.started`` since the last ``thread.superseded`` (which began it), so the
+    provider must have saved it."""
+    began = last_seq_of_kind(conn, session_id, kind_of(ThreadSuperseded))
+    return has_kind_after(conn, session_id, kind_of(TurnStarted), began)

@@ -43,6 +43,7 @@ from agentsd.runner import SessionTask, run_session
 from agentsd.session import Session, derive_conversation
 from agentsd.session_journal import SessionJournal
 from agentsd.status_board import StatusBoard
+from agentsd.stderr_log import remove_log
 from agentsd.store import leases as lease_rows
 from agentsd.store import sessions as session_rows
 from agentsd.store.database import StoreConnection
@@ -286,6 +287,10 @@ class Supervisor:
             session.deleting = False
             raise
         self.sessions.pop(session.id, None)
+        try:
+            await trio.to_thread.run_sync(remove_log, self.stderr_path(session.id))
+        except OSError as exc:
+            log.warning("could not remove the stderr log of session %s: %s", session.id, exc)
         self.feed.end_session(session.id, "deleted")
         self.board.deleted(session)
 

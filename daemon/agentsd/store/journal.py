@@ -253,6 +253,15 @@ def last_seq_of_kind(conn: sqlite3.Connection, session_id: str, kind: str) -> in
     return int(row[0])
 
 
+def has_kind_after(conn: sqlite3.Connection, session_id: str, kind: str, after_seq: int) -> bool:
+    """Whether the session has an event of ``kind`` past ``after_seq``."""
+    row = conn.execute(
+        "SELECT 1 FROM events WHERE session_id = ? AND seq > ? AND kind = ? LIMIT 1",
+        (session_id, after_seq, kind),
+    ).fetchone()
+    return row is not None
+
+
 def bodies_of_kind(conn: sqlite3.Connection, session_id: str, kind: str) -> Iterator[bytes]:
     """The bodies of the session's events of ``kind``, newest first. Runs inside the
     caller's ``Store.read``: consume it there."""

@@ -41,10 +41,13 @@ class ChildInfo(Result, frozen=True, kw_only=True):
 
 
 class ExitInfo(Result, frozen=True, kw_only=True):
+    """How the agent last ended; ``stderr_tail`` as in ``child.exited``."""
+
     cause: ExitCause
     returncode: int | None = None
     signal: int | None = None
     at: float
+    stderr_tail: str | None = None
 
 
 class SessionError(Result, frozen=True, kw_only=True):
