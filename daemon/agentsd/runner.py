@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import attrs
+import msgspec
 import trio
 
 from agentsd.child import ChildSpec as ProcessSpec
@@ -35,6 +36,7 @@ from agentsd.child import open_child
 from agentsd.held_lease import SETTLE_TIMEOUT_S, HeldLease, open_lease
 from agentsd.leases import Lease
 from agentsd.providers.base import Adapter, LineLink, Provider
+from agentsd.providers.versions import settle_version
 from agentsd.session import Session
 from agentsd.sink import Sink
 from agentsd_protocol.api.events import ChildReady
@@ -134,7 +136,7 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
             ) as child:
                 sink = Sink(supervisor, session, held.lease, task)
                 adapter = provider.adapter(LineLink(child.stdin, child.stdout), sink, session.row)
-                await _handshake(supervisor, session, held.lease, task, adapter)
+                await _handshake(supervisor, session, held.lease, task, adapter, process_spec)
                 failure = await _serve(supervisor, session, task, adapter, sink)
         except RpcError as exc:
             failure = exc
@@ -178,7 +180,12 @@ def _process_spec(
 
 
 async def _handshake(
-    supervisor: Supervisor, session: Session, lease: Lease, task: SessionTask, adapter: Adapter
+    supervisor: Supervisor,
+    session: Session,
+    lease: Lease,
+    task: SessionTask,
+    adapter: Adapter,
+    spec: ProcessSpec,
 ) -> None:
     timeout_s = supervisor.config.handshake_timeout_s
     try:
@@ -188,9 +195,20 @@ async def _handshake(
         raise HandshakeTimeout(
             f"the agent did not complete its handshake within {timeout_s:g} s"
         ) from None
+    provider = supervisor.provider(session.row.provider)
+    version = await settle_version(
+        supervisor.agent_env.versions,
+        provider.program,
+        provider.minimum_version,
+        adapter.agent_version,
+        spec.argv[0],
+        {**spec.base_env, **spec.env},
+    )
+    if session.child is not None:
+        session.child = msgspec.structs.replace(session.child, agent_version=version)
     await supervisor.append(
         session,
-        [ChildReady(provider_handle=handle, generation=lease.generation)],
+        [ChildReady(provider_handle=handle, generation=lease.generation, agent_version=version)],
         fence=lease.fence,
         provider_handle=handle,
     )
