@@ -2,6 +2,7 @@
 
 Codex talks only to ``fake_openai`` on 127.0.0.1 (its ``CODEX_HOME`` says so); the
 session gets ``CODEX_HOME`` and the dummy key through ``agentSession.create``'s env.
+The module's daemon runs the newest pinned release (``peer_daemon``).
 The last part drives ``CodexAdapter`` alone against a scripted app-server over
 memory streams, for what the real binary cannot be made to do (an old version, a
 resume that lands elsewhere, garbage, silence).
@@ -10,6 +11,7 @@ resume that lands elsewhere, garbage, silence).
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import signal
@@ -40,6 +42,7 @@ from agentsd_protocol.errors import (
     InvalidParams,
 )
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
+from tests.peers.agents import CODEX_RELEASES
 from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
 from tests.peers.fake_openai import (
     API_KEY_ENV,
@@ -56,9 +59,28 @@ from tests.recording_sink import RecordingSink
 pytestmark = pytest.mark.skipif(
     find_program(CODEX) is None, reason="codex is not installed (the test extras ship it)"
 )
+NEWEST = next(r for r in CODEX_RELEASES if r.newest)
 
 
 # -- fixtures ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def peer_daemon() -> Iterator[DaemonProcess]:
+    """The module's daemon, running the newest pinned Codex (``tests/peers/agents.py``;
+    ``test_releases`` takes every pinned release through the must-hold set). Without
+    it (outside CI, before ``make test`` installed it) the test extras' codex runs."""
+    base = make_temp_dir()
+    try:
+        args: list[str] = []
+        if NEWEST.binary() is not None or os.environ.get("CI") == "true":
+            config = base / "config.toml"
+            config.write_text(f"[providers.codex]\ncommand = {json.dumps(NEWEST.command())}\n")
+            args = ["--config", str(config)]
+        with running_daemon(extra_args=args) as daemon:
+            yield daemon
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture
