@@ -156,6 +156,8 @@ def test_a_turn_streams_text_and_completes(
     session = create_codex(client, workdir, codex_env, model="fake-model")
     sid = session["sessionId"]
     assert session["phase"] == "running"
+    if NEWEST.binary() is not None:
+        assert session["child"]["agentVersion"] == NEWEST.version  # what peer_daemon runs
     assert session["providerHandle"], "the thread id is the durable handle"
     with Follower(peer_daemon, sid, deadline) as follower:
         result = send(client, sid, "Say hello")
