@@ -26,7 +26,14 @@ ACP_CLIENT := tests/clients/acp_client
 $(ACP_CLIENT)/node_modules/.package-lock.json: $(ACP_CLIENT)/package-lock.json
 	npm ci --prefix $(ACP_CLIENT) --no-audit --no-fund --loglevel=error
 
-test: $(VENV)/.installed-test $(ACP_CLIENT)/node_modules/.package-lock.json
+# The agent CLI releases of the version matrix (tests/peers/agents.py), pinned by
+# the lockfile: npm runs their install scripts (Claude Code's links its native
+# binary), so never --ignore-scripts.
+AGENTS := tests/agents
+$(AGENTS)/node_modules/.package-lock.json: $(AGENTS)/package-lock.json
+	npm ci --prefix $(AGENTS) --no-audit --no-fund --loglevel=error
+
+test: $(VENV)/.installed-test $(ACP_CLIENT)/node_modules/.package-lock.json $(AGENTS)/node_modules/.package-lock.json
 	$(BIN)/pytest
 
 lint: $(VENV)/.installed-test
@@ -46,7 +53,7 @@ chaos: $(VENV)/.installed-test
 	$(BIN)/python -m tests.e2e.chaos --rounds $(ROUNDS) --seed $(SEED) --verbose
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis dist build $(ACP_CLIENT)/node_modules
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis dist build $(ACP_CLIENT)/node_modules $(AGENTS)/node_modules
 
 # The user service. Debian 12's python3 refuses `pip install --user` (PEP 668), so
 # agentsd goes into a private virtualenv and its console scripts are linked into

@@ -242,7 +242,12 @@ def _daemon_program_check(program: dict[str, Any]) -> Check:
     provider = str(program.get("provider"))
     command = str(program.get("command"))
     name = f"{provider} (daemon)"
-    facts = {"command": command, "path": program.get("path"), "from": program.get("source")}
+    facts = {
+        "command": command,
+        "path": program.get("path"),
+        "from": program.get("source"),
+        "version": program.get("version"),
+    }
     if program.get("path") is None:
         mine = shutil.which(command)
         elsewhere = f"; this shell finds it at {mine}" if mine else ""
@@ -260,7 +265,13 @@ def _daemon_program_check(program: dict[str, Any]) -> Check:
         "package": "its PyPI package in agentsd's environment",
         "config": "the daemon's config",
     }.get(str(source), str(source))
-    return Check(name=name, status="ok", detail=f"{program.get('path')} ({where})", facts=facts)
+    # The version its agents reported to the daemon; before any started, the
+    # check of the same program above (this shell's view) says it.
+    version = program.get("version")
+    said = f"version {version}" if version else "version not known to the daemon yet"
+    return Check(
+        name=name, status="ok", detail=f"{program.get('path')} ({where}), {said}", facts=facts
+    )
 
 
 def check_daemon_package() -> Check:

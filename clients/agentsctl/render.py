@@ -215,8 +215,8 @@ class Transcript:
                 self.line(self.style.warn(f"! agent error: {message}"))
             case SessionCreated(provider=provider, cwd=cwd):
                 self.note(f"session created ({provider} in {cwd})")
-            case ChildReady():
-                self.note("agent ready")
+            case ChildReady(agent_version=version):
+                self.note(f"agent ready ({version})" if version else "agent ready")
             case ChildExited() as exited:
                 self.note(f"agent exited: {_exit_text(exited)}")
                 if exited.stderr_tail:

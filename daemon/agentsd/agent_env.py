@@ -50,6 +50,7 @@ from agentsd.config import Config
 from agentsd.login_shell import CAPTURE_VARS, CaptureFailed, capture, login_shell
 from agentsd.procfs import SPAWN_TOKEN_ENV
 from agentsd.providers.programs import CLAUDE, CODEX, Program, find_program
+from agentsd.providers.versions import ProgramVersions
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,8 @@ class AgentEnvironment:
         self.capturing = False
         self._daemon_env = daemon_env
         self._lock = trio.Lock()
+        # What the agent programs said their versions are, for every session's start.
+        self.versions = ProgramVersions()
 
     @property
     def daemon_path(self) -> str:

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import attrs
+import msgspec
 import trio
 
 from agentsd.child import ChildSpec as ProcessSpec
@@ -34,6 +35,7 @@ from agentsd.child import open_child
 from agentsd.held_lease import SETTLE_TIMEOUT_S, HeldLease, open_lease
 from agentsd.leases import Lease
 from agentsd.providers.base import Adapter, LineLink, Provider, Resume
+from agentsd.providers.versions import settle_version
 from agentsd.session import Session, had_turns
 from agentsd.sink import Sink
 from agentsd.stderr_log import StderrLog
@@ -165,7 +167,7 @@ async def _run_child(
         ) as child:
             sink = Sink(session, held.lease, task)
             adapter = provider.adapter(LineLink(child.stdin, child.stdout), sink, session.row)
-            await _handshake(supervisor, session, held.lease, task, adapter)
+            await _handshake(supervisor, session, held.lease, task, adapter, process_spec)
             return await _serve(supervisor, session, task, adapter, sink)
     except RpcError as exc:
         return exc
@@ -217,7 +219,12 @@ def _process_spec(
 
 
 async def _handshake(
-    supervisor: Supervisor, session: Session, lease: Lease, task: SessionTask, adapter: Adapter
+    supervisor: Supervisor,
+    session: Session,
+    lease: Lease,
+    task: SessionTask,
+    adapter: Adapter,
+    spec: ProcessSpec,
 ) -> None:
     timeout_s = supervisor.config.handshake_timeout_s
     resume = None
@@ -231,7 +238,18 @@ async def _handshake(
         raise HandshakeTimeout(
             f"the agent did not complete its handshake within {timeout_s:g} s"
         ) from None
-    ready = ChildReady(provider_handle=handle, generation=lease.generation)
+    provider = supervisor.provider(session.row.provider)
+    version = await settle_version(
+        supervisor.agent_env.versions,
+        provider.program,
+        provider.minimum_version,
+        adapter.agent_version,
+        spec.argv[0],
+        {**spec.base_env, **spec.env},
+    )
+    if session.child is not None:
+        session.child = msgspec.structs.replace(session.child, agent_version=version)
+    ready = ChildReady(provider_handle=handle, generation=lease.generation, agent_version=version)
     await session.journal.append(
         [ready] if adapter.superseded is None else [adapter.superseded, ready],
         fence=lease.fence,

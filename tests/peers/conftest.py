@@ -99,14 +99,16 @@ class Follower:
                 seen = [(e["seq"], e["kind"]) for e in self.events]
                 raise TimeoutError(f"no {kind} event; saw {seen}") from None
 
-    def wait_for_delta(self) -> dict[str, Any]:
-        """The first streamed delta (seen before or arriving now)."""
-        while not self.deltas:
+    def wait_for_delta(self, item_id: str | None = None) -> dict[str, Any]:
+        """The first streamed delta (of ``item_id``, if given) seen before or arriving now."""
+        while True:
+            for delta in self.deltas:
+                if item_id is None or delta["itemId"] == item_id:
+                    return delta
             try:
                 self._pump()
             except TimeoutError:
                 raise TimeoutError(f"no delta; saw events {self.kinds()}") from None
-        return self.deltas[0]
 
     def kinds(self) -> list[str]:
         return [e["kind"] for e in self.events]

@@ -2,6 +2,7 @@
 
 Codex talks only to ``fake_openai`` on 127.0.0.1 (its ``CODEX_HOME`` says so); the
 session gets ``CODEX_HOME`` and the dummy key through ``agentSession.create``'s env.
+The module's daemon runs the newest pinned release (``peer_daemon``).
 The last part drives ``CodexAdapter`` alone against a scripted app-server over
 memory streams, for what the real binary cannot be made to do (an old version, a
 resume that lands elsewhere, garbage, silence).
@@ -10,6 +11,7 @@ resume that lands elsewhere, garbage, silence).
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import signal
@@ -40,6 +42,7 @@ from agentsd_protocol.errors import (
     ResumeFailed,
 )
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
+from tests.peers.agents import CODEX_RELEASES
 from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
 from tests.peers.fake_openai import (
     API_KEY_ENV,
@@ -56,9 +59,28 @@ from tests.recording_sink import RecordingSink
 pytestmark = pytest.mark.skipif(
     find_program(CODEX) is None, reason="codex is not installed (the test extras ship it)"
 )
+NEWEST = next(r for r in CODEX_RELEASES if r.newest)
 
 
 # -- fixtures ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def peer_daemon() -> Iterator[DaemonProcess]:
+    """The module's daemon, running the newest pinned Codex (``tests/peers/agents.py``;
+    ``test_releases`` takes every pinned release through the must-hold set). Without
+    it (outside CI, before ``make test`` installed it) the test extras' codex runs."""
+    base = make_temp_dir()
+    try:
+        args: list[str] = []
+        if NEWEST.binary() is not None or os.environ.get("CI") == "true":
+            config = base / "config.toml"
+            config.write_text(f"[providers.codex]\ncommand = {json.dumps(NEWEST.command())}\n")
+            args = ["--config", str(config)]
+        with running_daemon(extra_args=args) as daemon:
+            yield daemon
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture
@@ -134,6 +156,8 @@ def test_a_turn_streams_text_and_completes(
     session = create_codex(client, workdir, codex_env, model="fake-model")
     sid = session["sessionId"]
     assert session["phase"] == "running"
+    if NEWEST.binary() is not None:
+        assert session["child"]["agentVersion"] == NEWEST.version  # what peer_daemon runs
     assert session["providerHandle"], "the thread id is the durable handle"
     with Follower(peer_daemon, sid, deadline) as follower:
         result = send(client, sid, "Say hello")
@@ -853,19 +877,130 @@ async def test_the_thread_takes_the_session_options() -> None:
     }
 
 
+@pytest.mark.parametrize(
+    "method",
+    [
+        "attestation/generate",
+        "account/chatgptAuthTokens/refresh",
+        "applyPatchApproval",
+        "execCommandApproval",
+        "currentTime/read",
+    ],
+)
 @within_timeout
-async def test_requests_it_does_not_handle_are_refused_never_ignored() -> None:
+async def test_requests_it_does_not_handle_are_refused_never_ignored(method: str) -> None:
     sink = RecordingSink()
     codex = ScriptedCodex(sink)
     async with trio.open_nursery() as nursery:
         await started(nursery, codex)
-        await codex.peer.send({"id": 0, "method": "item/tool/call", "params": {"tool": "x"}})
+        await codex.peer.send({"id": 0, "method": method, "params": {}})
         refusal = await codex.peer.receive()
         assert refusal is not None
         assert refusal["id"] == 0 and refusal["error"]["code"] == -32601
-        assert "item/tool/call" in refusal["error"]["message"]
+        assert method in refusal["error"]["message"]
         nursery.cancel_scope.cancel()
     assert sink.kinds() == ["agent.warning"]
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "result"),
+    [
+        (
+            "item/tool/call",
+            {"callId": "c1", "namespace": None, "tool": "lookup", "arguments": {}},
+            {
+                "contentItems": [{"type": "inputText", "text": "agentsd has no tool 'lookup'"}],
+                "success": False,
+            },
+        ),
+        (
+            "mcpServer/elicitation/request",
+            {
+                "serverName": "tickets",
+                "mode": "form",
+                "_meta": None,
+                "message": "Your name?",
+                "requestedSchema": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string"}},
+                    "required": ["name"],
+                },
+            },
+            {"action": "decline", "content": None, "_meta": None},
+        ),
+    ],
+)
+@within_timeout
+async def test_requests_nobody_can_answer_get_their_protocols_refusal(
+    method: str, params: dict[str, Any], result: dict[str, Any]
+) -> None:
+    sink = RecordingSink()
+    codex = ScriptedCodex(sink)
+    async with trio.open_nursery() as nursery:
+        await started(nursery, codex)
+        await codex.peer.send(
+            {"id": 4, "method": method, "params": {"threadId": THREAD, "turnId": TURN, **params}}
+        )
+        answer = await codex.peer.receive()
+        assert answer == {"id": 4, "result": result}
+        nursery.cancel_scope.cancel()
+    assert sink.kinds() == ["agent.warning"]
+    assert sink.approvals == []
+
+
+@pytest.mark.parametrize(
+    ("params", "decision", "result"),
+    [
+        (
+            {"mode": "url", "url": "https://example.com/login", "elicitationId": "e1"},
+            "accept",
+            {"action": "accept", "content": None, "_meta": None},
+        ),
+        (
+            # An MCP tool call's approval: a form without fields.
+            {
+                "mode": "form",
+                "_meta": {"codex_approval_kind": "mcp_tool_call"},
+                "requestedSchema": {"type": "object", "properties": {}},
+            },
+            "accept",
+            {"action": "accept", "content": {}, "_meta": None},
+        ),
+        ({"mode": "form", "requestedSchema": {}}, "decline", {"action": "decline"}),
+        ({"mode": "url", "url": "https://example.com"}, "cancel", {"action": "cancel"}),
+    ],
+)
+@within_timeout
+async def test_an_mcp_elicitation_is_an_approval(
+    params: dict[str, Any], decision: str, result: dict[str, Any]
+) -> None:
+    sink = RecordingSink()
+    codex = ScriptedCodex(sink)
+    async with trio.open_nursery() as nursery:
+        await started(nursery, codex)
+        await codex.peer.send(
+            {
+                "id": 7,
+                "method": "mcpServer/elicitation/request",
+                "params": {
+                    "threadId": THREAD,
+                    "turnId": TURN,
+                    "serverName": "tickets",
+                    "message": "Allow the tickets server to continue?",
+                    **params,
+                },
+            }
+        )
+        await wait_all_tasks_blocked()
+        (asked,) = sink.approvals
+        assert asked["kind"] == "elicitation"
+        assert asked["options"] == ["accept", "decline"]
+        assert asked["title"] == "tickets: Allow the tickets server to continue?"
+        await codex.adapter.answer_approval("7", decision)
+        answer = await codex.peer.receive()
+        assert answer is not None and answer["id"] == 7
+        assert answer["result"] == {"content": None, "_meta": None, **result}
+        nursery.cancel_scope.cancel()
 
 
 @within_timeout
@@ -1142,9 +1277,7 @@ def test_options_are_checked() -> None:
 
 
 def test_versions_come_from_the_user_agent() -> None:
-    assert parse_version("agentsd/0.163.0 (Debian 12.0.0; x86_64) xterm (agentsd; 0.1)") == (
-        0,
-        163,
-        0,
-    )
+    user_agent = "agentsd/0.171.0 (Debian 12.0.0; x86_64) unknown (agentsd; 0.1)"
+    assert parse_version(user_agent) == "0.171.0"
+    assert parse_version("agentsd/0.172.0-alpha.2 (Linux)") == "0.172.0-alpha.2"
     assert parse_version("something else") is None

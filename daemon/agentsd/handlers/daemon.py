@@ -67,7 +67,11 @@ def _agent_env(agent_env: AgentEnvironment) -> api.AgentEnv:
         capturing=agent_env.capturing,
         programs=[
             api.AgentProgram(
-                provider=found.provider, command=found.command, path=found.path, source=found.source
+                provider=found.provider,
+                command=found.command,
+                path=found.path,
+                source=found.source,
+                version=None if found.path is None else agent_env.versions.last_known(found.path),
             )
             for found in snapshot.programs
         ],

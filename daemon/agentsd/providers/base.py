@@ -38,6 +38,7 @@ import attrs
 import msgspec
 import trio
 
+from agentsd.providers.programs import Program
 from agentsd.store.journal import bounded_payload
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.api.conversation import DispatchOutcome
@@ -221,6 +222,12 @@ class Adapter(abc.ABC):
     """Set by ``handshake`` when the provider never saved ``resume.handle`` and a fresh
     conversation took its place (Rule 4); the runner journals it with the new handle."""
 
+    @property
+    def agent_version(self) -> str | None:
+        """The agent's version as its handshake reported it; None when it did not
+        (the daemon then asks the binary: ``agentsd.providers.versions``)."""
+        return None
+
     @abc.abstractmethod
     async def handshake(self, resume: Resume | None) -> str:
         """Initialize the agent (resuming natively when ``resume`` is given) and
@@ -247,6 +254,10 @@ class Adapter(abc.ABC):
 
 class Provider(abc.ABC):
     name: ClassVar[str]
+    # The agent program this provider runs, if it is a known one: its ``--version``
+    # is asked when the handshake does not say (``agentsd.providers.versions``).
+    program: ClassVar[Program | None] = None
+    minimum_version: ClassVar[tuple[int, int, int] | None] = None
 
     @abc.abstractmethod
     def launch(self, session: SessionRow, state_dir: Any, env: Mapping[str, str]) -> LaunchSpec:

@@ -22,6 +22,11 @@ conversation that never had a turn is superseded, one that had turns is
 
 ``session.command`` replaces the program only: the protocol flags are always
 appended, since the adapter depends on every one of them.
+
+Rule 3 (flags every supported release takes): the permission mode ``manual`` is
+what 2.1.332 calls ``default`` (it reports ``current_permission_mode: "default"``
+either way); 2.1.197 refuses ``manual`` at argument parsing, so it is passed as
+``default``, which both accept.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from typing import Any
 import attrs
 
 from agentsd.providers.base import Adapter, LaunchSpec, LineLink, Provider, SessionSink
-from agentsd.providers.claude_adapter import ClaudeAdapter
+from agentsd.providers.claude_adapter import MIN_VERSION, ClaudeAdapter
 from agentsd.providers.programs import CLAUDE, find_program
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.errors import AgentNotFound, AgentStartFailed, InvalidParams
@@ -60,6 +65,8 @@ PERMISSION_MODES = (
     "dontAsk",
     "plan",
 )
+# Rule 3: the option's value as the command line spells it for every release.
+PERMISSION_MODE_FLAGS = {"manual": "default"}
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 
 
@@ -110,7 +117,8 @@ def option_flags(options: Mapping[str, Any]) -> list[str]:
             case "model":
                 flags += ["--model", *_string(name, value)]
             case "permissionMode":
-                flags += ["--permission-mode", *_choice(name, value, PERMISSION_MODES)]
+                (mode,) = _choice(name, value, PERMISSION_MODES)
+                flags += ["--permission-mode", PERMISSION_MODE_FLAGS.get(mode, mode)]
             case "effort":
                 flags += ["--effort", *_choice(name, value, EFFORTS)]
             case "allowedTools":
@@ -189,6 +197,8 @@ class Launched:
 
 class ClaudeProvider(Provider):
     name = "claude"
+    program = CLAUDE
+    minimum_version = MIN_VERSION
 
     def __init__(self) -> None:
         self._launched: dict[str, Launched] = {}  # by agentsd session id (Rule 1)

@@ -1,19 +1,25 @@
 """The adapter that speaks to one Claude Code child in stream-json mode.
 
 Facts this module relies on, checked against Claude Code 2.1.332 (the one bundled in
-``claude-agent-sdk`` 0.2.189) talking to a fake Messages API:
+``claude-agent-sdk`` 0.2.189) and 2.1.197 (npm, June 2026) talking to a fake
+Messages API:
 
 - ``control_request {subtype: initialize}`` is answered by a ``control_response``
-  carrying ``claude_code_version`` and ``pid``. ``system/init`` (with the session id)
-  comes only with each user message, never at start.
+  carrying ``pid``; 2.1.332 adds ``claude_code_version`` and ``capabilities``,
+  2.1.197 has neither. ``system/init`` (with the session id and, in both,
+  ``claude_code_version``) comes only with each user message, never at start.
 - ``--resume`` of an unknown id answers with a ``result`` (``errors: ["No
   conversation found with session ID: <id>"]``) instead of the initialize response,
   and exits 1 (2.1.197 and 2.1.332).
-- A ``user`` frame carrying a ``uuid`` is reported at once by ``command_lifecycle
-  {command_uuid, state: queued}`` and later ``started`` / ``completed`` /
-  ``cancelled``; the ``--replay-user-messages`` echo (``isReplay: true``, same
-  ``uuid``) comes only when the CLI takes the message up, which is after a running
-  turn or after every retry of a failing model call. Either counts as delivery.
+- 2.1.332 reports a ``user`` frame carrying a ``uuid`` at once by
+  ``command_lifecycle {command_uuid, state: queued}`` and later ``started`` /
+  ``completed`` / ``cancelled``; 2.1.197 has no ``command_lifecycle``. The
+  ``--replay-user-messages`` echo (``isReplay: true``, same ``uuid``) comes only
+  when the CLI takes the message up: after a running turn, after every retry of a
+  failing model call, and in 2.1.197 only once the first block of the reply has
+  streamed. Either counts as delivery.
+- Both read stdin in order and answer a control request at once, even mid-turn:
+  the answer to one written after a prompt proves the prompt was read (Rule 4).
 - A message sent while a turn runs is folded into that turn at its next model call
   (one ``result`` for both), or, when the turn makes no further call, runs after it
   with a ``result`` of its own. An interrupt leaves queued messages queued.
@@ -37,6 +43,16 @@ the prompt is written (the CLI starts one commit earlier) and the reader handles
 frame until it is, so every event of the turn follows it in the journal.
 
 Rule 3: every control request of the CLI is answered (``claude_permissions``).
+
+Rule 4 (delivery on every release): until the CLI has shown a ``command_lifecycle``
+frame, each prompt is followed by a read barrier, an ``mcp_status`` control request
+(read-only, answered in milliseconds by both releases); its answer, success or error,
+acknowledges the prompt. Without it a prompt to 2.1.197 during a turn would wait for
+that turn's end, past ``ACK_TIMEOUT_S``.
+
+Rule 5 (versions): the version the handshake reports is judged here (a known one
+below ``MIN_VERSION`` is refused); a handshake without one is accepted, and the
+daemon asks the binary (``agentsd.providers.versions``).
 """
 
 from __future__ import annotations
@@ -44,7 +60,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import re
 import uuid
 from typing import Any
 
@@ -62,6 +77,7 @@ from agentsd.providers.claude_events import (
 from agentsd.providers.claude_items import Items
 from agentsd.providers.claude_permissions import Permissions
 from agentsd.providers.programs import CLAUDE
+from agentsd.providers.versions import refuse_if_too_old
 from agentsd_protocol.api.events import (
     AgentError,
     ErrorInfo,
@@ -73,7 +89,6 @@ from agentsd_protocol.errors import (
     AgentExited,
     AgentProtocolError,
     AgentStartFailed,
-    AgentUnsupported,
     ResumeFailed,
     RpcError,
 )
@@ -81,21 +96,12 @@ from agentsd_protocol.errors import (
 log = logging.getLogger(__name__)
 
 MIN_VERSION = (2, 0, 0)  # the control protocol, --replay-user-messages, --session-id
+BARRIER = {"subtype": "mcp_status"}  # Rule 4: read-only, answered at once mid-turn
 ACK_TIMEOUT_S = 15.0  # an initialized CLI reports a prompt queued within milliseconds
 CONTROL_TIMEOUT_S = 10.0  # an interrupt is answered within milliseconds
 AUTH_ATTEMPTS = 2  # one retry may follow a token refresh; a second 401 means bad credentials
 MAX_BAD_LINES = 32  # consecutive non-JSON lines: past this the stream is not stream-json
-_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)")
 _clip_encoder = msgspec.json.Encoder()
-
-
-def parse_version(text: Any) -> tuple[int, int, int] | None:
-    """``(major, minor, patch)`` of a version string like ``2.1.332``."""
-    match = _VERSION.match(text) if isinstance(text, str) else None
-    if match is None:
-        return None
-    major, minor, patch = (int(g) for g in match.groups())
-    return major, minor, patch
 
 
 def _clip(value: Any, limit: int = 300) -> str:
@@ -115,6 +121,7 @@ class _Control:
     done: trio.Event = attrs.field(factory=trio.Event)
     response: dict[str, Any] | None = None
     error: str | None = None
+    barrier_for: str | None = None  # Rule 4: the prompt its answer acknowledges
 
     def settle(self, response: dict[str, Any] | None = None, error: str | None = None) -> None:
         if not self.done.is_set():
@@ -153,16 +160,26 @@ class ClaudeAdapter(Adapter):
         self._turn_journaled.set()
         self._items = Items(sink)
         self._permissions = Permissions(link, sink)
+        # What the CLI showed of itself: its version (handshake) and whether it
+        # reports prompts with command_lifecycle (Rule 4).
+        self._version: str | None = None
+        self._lifecycle = False
+
+    @property
+    def agent_version(self) -> str | None:
+        return self._version
 
     # -- control requests of ours -----------------------------------------------------
 
-    async def _control(self, request: dict[str, Any]) -> _Control:
+    async def _control(
+        self, request: dict[str, Any], *, barrier_for: str | None = None
+    ) -> _Control:
         """Send a control request; its response arrives through the reader. Raises
         ``trio.BrokenResourceError`` (or Closed) when the child is gone."""
         if self._closed:
             raise trio.ClosedResourceError("claude has exited")
         request_id = f"agentsd-{next(self._ids)}"
-        control = _Control(str(request.get("subtype")))
+        control = _Control(str(request.get("subtype")), barrier_for=barrier_for)
         self._controls[request_id] = control
         try:
             await self._link.send(
@@ -197,17 +214,12 @@ class ClaudeAdapter(Adapter):
             await self._handle(frame)
         if control.error is not None:
             raise AgentStartFailed(f"claude refused initialize: {control.error}")
+        # Rule 5: an answered initialize is the feature that matters; the version,
+        # when the release reports it, is checked against the minimum.
         reported = _dict(control.response).get("claude_code_version")
-        version = parse_version(reported)
-        if version is None or version < MIN_VERSION:
-            oldest = ".".join(map(str, MIN_VERSION))
-            found = reported if isinstance(reported, str) else "a version too old to say"
-            raise AgentUnsupported(
-                f"claude {found} is not supported by agentsd (it needs {oldest} or later); "
-                f"upgrade it: {CLAUDE.install_hint()}",
-                version=found,
-                minimum=oldest,
-            )
+        if isinstance(reported, str) and reported:
+            refuse_if_too_old(CLAUDE, reported, MIN_VERSION)
+            self._version = reported
         return self.session_id
 
     def _replace(self, resume: Resume) -> None:
@@ -314,6 +326,7 @@ class ClaudeAdapter(Adapter):
             self._waiting.discard(message_uuid)
 
     def _on_lifecycle(self, frame: dict[str, Any]) -> None:
+        self._lifecycle = True
         self._taken_up(frame.get("command_uuid"), picked=frame.get("state") != "queued")
 
     def _open_turn(self) -> str:
@@ -371,6 +384,10 @@ class ClaudeAdapter(Adapter):
             if gate is not None:
                 gate.set()
         try:
+            if not self._lifecycle:
+                # Rule 4; a child that is gone releases the wait below by itself.
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await self._control(BARRIER, barrier_for=message_uuid)
             with trio.move_on_after(ACK_TIMEOUT_S):
                 await acked.wait()
         finally:
@@ -462,6 +479,8 @@ class ClaudeAdapter(Adapter):
         control = self._controls.pop(request_id, None) if isinstance(request_id, str) else None
         if control is None:
             return  # an echo of our own answer, or a waiter that gave up
+        if control.barrier_for is not None:
+            self._taken_up(control.barrier_for, picked=False)  # Rule 4
         if response.get("subtype") == "success":
             control.settle(response=_dict(response.get("response")))
         else:

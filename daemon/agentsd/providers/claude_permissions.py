@@ -2,14 +2,22 @@
 
 With ``--permission-prompt-tool stdio`` the CLI asks ``can_use_tool`` before a tool
 that needs permission, and waits for a ``control_response``; it withdraws a question
-with ``control_cancel_request`` (an interrupt does). Other subtypes (hook callbacks,
-MCP messages) exist for SDK hosts that register hooks or servers; agentsd registers
-none.
+with ``control_cancel_request`` (an interrupt does). An MCP server from the user's
+settings may ask the user through ``elicitation``. The other subtypes both tested
+releases send (2.1.197 and 2.1.332) go only to hosts that asked for them:
+``hook_callback`` (hooks registered at ``initialize``; agentsd sends ``hooks:
+null``), ``mcp_message`` (SDK MCP servers), ``request_user_dialog`` (declared
+dialog kinds), ``host_auth_token_refresh`` / ``oauth_token_refresh`` (host-managed
+login), and in 2.1.332 ``remote_control_work_secret``, ``register_device_hooks``
+and ``upload_device_hook_template``. The CLI reads an error answer to any of them
+as a refusal (no hook opinion, a cancelled dialog, no token).
 
 Rule 1: every request is answered. ``can_use_tool`` becomes a durable approval and
 is answered once a client decided (``allow`` runs the tool with the input it asked
 for, ``deny`` and ``cancel`` refuse it); one that cannot be recorded is denied at
-once. Any other subtype gets an error response at once. ``AskUserQuestion`` and
+once. An ``elicitation`` is an approval too when accepting needs no typed content,
+else it is declined at once (``agentsd.providers.elicitation``). Any other subtype
+gets an error response at once. ``AskUserQuestion`` and
 ``ExitPlanMode`` are asked as questions and plans (``claude_questions``): one
 approval per question, in order, and the answers go back in ``updatedInput``.
 
@@ -36,6 +44,7 @@ import attrs
 import msgspec
 import trio
 
+from agentsd.providers import elicitation
 from agentsd.providers.base import LineLink, SessionSink
 from agentsd.providers.claude_questions import (
     PLAN_TOOL,
@@ -101,8 +110,8 @@ class _Open:
     """A ``can_use_tool`` request waiting for its answer."""
 
     request_id: str
-    kind: str  # "tool", "question" or "plan": how the decision is answered
-    tool_input: Any
+    kind: str  # "tool", "question", "plan" or "elicitation": how the decision is answered
+    tool_input: Any  # what the answer is made from (an elicitation's: its mode)
     item_id: str | None
     native_id: str  # the approval that asks now (Rule 2)
     form: QuestionForm | None = None  # for questions
@@ -139,6 +148,9 @@ class Permissions:
                 )
             )
             return
+        if subtype == "elicitation":
+            await self._on_elicitation(request_id, request)
+            return
         if subtype != "can_use_tool":
             await self._respond(
                 request_id,
@@ -169,6 +181,35 @@ class Permissions:
             ask = Ask(kind="tool", title=title, detail=detail, options=OPTIONS)
         await self._ask(pending, ask)
 
+    async def _on_elicitation(self, request_id: str, request: dict[str, Any]) -> None:
+        mode = request.get("mode")
+        server = request.get("mcp_server_name")
+        if not elicitation.answerable(mode, request.get("requested_schema")):
+            await self._respond(
+                request_id,
+                {"subtype": "success", "response": elicitation.result("decline", mode)},
+            )
+            await self._sink.emit(
+                AgentWarning(
+                    source="elicitation",
+                    message=f"declined {server}'s request for input agentsd cannot ask for: "
+                    f"{_clip_encoder.encode(request.get('message'))[:300].decode(errors='replace')}",
+                )
+            )
+            return
+        title, detail = elicitation.describe(
+            server,
+            request.get("message"),
+            mode,
+            request.get("url"),
+            request.get("requested_schema"),
+        )
+        pending = _Open(request_id, "elicitation", mode, None, native_id=request_id)
+        await self._ask(
+            pending,
+            Ask(kind="elicitation", title=title, detail=detail, options=elicitation.OPTIONS),
+        )
+
     async def _ask(self, pending: _Open, ask: Ask) -> None:
         """Record the approval that asks ``pending`` now; Rule 1 when it cannot be."""
         # Registered before the await: a client may answer before the commit returns.
@@ -186,17 +227,16 @@ class Permissions:
             # Rule 1: a question nobody can durably answer is refused, not left hanging.
             if self._pending.pop(pending.native_id, None) is None:
                 return  # withdrawn by the CLI meanwhile: it needs no answer
-            log.warning("denied claude's can_use_tool: could not record it: %s", exc.message)
-            await self._respond(
-                pending.request_id,
-                {
-                    "subtype": "success",
-                    "response": {
-                        "behavior": "deny",
-                        "message": f"agentsd could not record the request: {exc.message}",
-                    },
-                },
+            log.warning("refused claude's request: could not record it: %s", exc.message)
+            refusal = (
+                elicitation.result("decline", pending.tool_input)
+                if pending.kind == "elicitation"
+                else {
+                    "behavior": "deny",
+                    "message": f"agentsd could not record the request: {exc.message}",
+                }
             )
+            await self._respond(pending.request_id, {"subtype": "success", "response": refusal})
 
     async def on_cancel(self, frame: dict[str, Any]) -> None:
         request_id = frame.get("request_id")
@@ -230,6 +270,8 @@ class Permissions:
                 return
         elif pending.kind == "plan":
             response = plan_response(decision, pending.tool_input)
+        elif pending.kind == "elicitation":
+            response = elicitation.result(decision, pending.tool_input)
         else:
             response = permission_response(decision, pending.tool_input)
         await self._respond(pending.request_id, {"subtype": "success", "response": response})

@@ -1,7 +1,7 @@
 """The ``codex`` provider: ``codex app-server`` spoken to over stdio.
 
 The wire is JSON-RPC 2.0 without the ``"jsonrpc"`` member, one JSON object per
-line. Facts this module relies on, checked against ``codex-cli 0.163.0``:
+line. Facts this module relies on, checked against ``codex-cli`` 0.163.0 and 0.171.0:
 
 - ``initialize {clientInfo, capabilities}`` answers ``{userAgent: "<name>/<version>
   (...)", codexHome, ...}``; the ``initialized`` notification follows. Notifications
@@ -26,7 +26,8 @@ with a deadline). The adapter's state (thread, running turn, open server request
 changes only in the reader, except that ``answer_approval`` takes a request out.
 
 Rule 2: every server request is answered: an approval once a client decided (or at
-once with an error if it cannot be recorded), anything else at once with an error.
+once with an error if it cannot be recorded), anything else at once with its
+protocol's refusal or an error (``codex_approvals``).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from agentsd.providers.base import (
 from agentsd.providers.codex_approvals import (
     APPROVAL_METHODS,
     ServerRequest,
+    answer_at_once,
     describe,
     response,
 )
@@ -70,6 +72,7 @@ from agentsd.providers.codex_events import (
 from agentsd.providers.codex_options import MIN_VERSION, parse_options, parse_version
 from agentsd.providers.codex_rpc import Call, Garbage, RpcPeer, clip, error_message
 from agentsd.providers.programs import CODEX, find_program
+from agentsd.providers.versions import refuse_if_too_old
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.api.events import (
     AgentError,
@@ -84,7 +87,6 @@ from agentsd_protocol.errors import (
     AgentNotFound,
     AgentProtocolError,
     AgentStartFailed,
-    AgentUnsupported,
     ResumeFailed,
     RpcError,
 )
@@ -125,6 +127,8 @@ def never_saved(error: Any) -> bool:
 
 class CodexProvider(Provider):
     name = "codex"
+    program = CODEX
+    minimum_version = MIN_VERSION
 
     def launch(self, session: SessionRow, state_dir: Any, env: Mapping[str, str]) -> LaunchSpec:
         """``session.command``, else the ``codex`` found on the agent's PATH or in its
@@ -156,6 +160,11 @@ class CodexAdapter(Adapter):
         self._file_changes: dict[str, dict[str, Any]] = {}  # announced, by itemId
         self._errors_reported: set[str | None] = set()  # turns whose failure was journaled
         self._thread_status: ThreadStatus | None = None
+        self._version: str | None = None  # from initialize's userAgent
+
+    @property
+    def agent_version(self) -> str | None:
+        return self._version
 
     async def _handshake_call(self, method: str, params: dict[str, Any]) -> Call:
         """A request during the handshake: read (and translate what comes first)
@@ -176,9 +185,9 @@ class CodexAdapter(Adapter):
         """``initialize``, ``initialized``, then ``thread/start`` or ``thread/resume``;
         returns the thread id. Raises ``AgentExited`` (EOF), ``AgentProtocolError``
         (garbage, a refused initialize, a resume landing on another thread),
-        ``AgentUnsupported`` (too old a Codex), ``AgentStartFailed`` (Codex refused a
-        new thread) or ``ResumeFailed`` (Codex refused to resume a thread it saved, or
-        lost one that had turns). The runner bounds it in time."""
+        ``AgentUnsupported`` (a Codex known to be too old), ``AgentStartFailed`` (Codex
+        refused a new thread) or ``ResumeFailed`` (Codex refused to resume a thread it
+        saved, or lost one that had turns). The runner bounds it in time."""
         init = await self._handshake_call(
             "initialize",
             {
@@ -196,21 +205,14 @@ class CodexAdapter(Adapter):
         )
         if init.error is not None:
             raise AgentProtocolError(f"codex refused initialize: {error_message(init.error)}")
-        user_agent = init.result.get("userAgent") if isinstance(init.result, dict) else None
-        if not isinstance(user_agent, str):
-            raise AgentProtocolError(
-                f"codex answered initialize without a userAgent: {clip(init.result)}"
-            )
-        version = parse_version(user_agent)
-        if version is not None and version < MIN_VERSION:
-            found = ".".join(map(str, version))
-            oldest = ".".join(map(str, MIN_VERSION))
-            raise AgentUnsupported(
-                f"codex {found} is too old for agentsd (it needs {oldest} or later); "
-                f"upgrade it: {CODEX.install_hint()}",
-                version=found,
-                minimum=oldest,
-            )
+        if not isinstance(init.result, dict):
+            raise AgentProtocolError(f"codex answered initialize with {clip(init.result)}")
+        # An answered initialize is what matters; the version in its userAgent, when
+        # there, is checked against the minimum (else the daemon asks the binary).
+        user_agent = init.result.get("userAgent")
+        self._version = parse_version(user_agent) if isinstance(user_agent, str) else None
+        if self._version is not None:
+            refuse_if_too_old(CODEX, self._version, MIN_VERSION)
         await self._rpc.notify("initialized")
 
         params = {"cwd": self._session.cwd, **self._options.thread_params()}
@@ -315,6 +317,17 @@ class CodexAdapter(Adapter):
     ) -> None:
         if not isinstance(request_id, int | str) or isinstance(request_id, bool):
             await self._rpc.refuse(request_id, -32600, "request id must be a number or a string")
+            return
+        at_once = answer_at_once(method, params)
+        if at_once is not None:
+            await self._rpc.respond(request_id, at_once)
+            await self._sink.emit(
+                AgentWarning(
+                    source=method,
+                    message=f"answered codex's {method} request with a refusal "
+                    f"(nobody can answer it here): {clip(params)}",
+                )
+            )
             return
         if method not in APPROVAL_METHODS:
             await self._rpc.refuse(request_id, -32601, f"agentsd does not handle {method}")

@@ -1,13 +1,22 @@
 """Codex server requests as durable approvals, and decisions back as responses (pure).
 
-Codex asks its client through JSON-RPC requests of its own. Four of them are
-questions a person answers, and become approvals:
+Codex asks its client through JSON-RPC requests of its own (the same ten in 0.163.0
+and 0.171.0). Five of them are questions a person answers, and become approvals:
 
 - ``item/commandExecution/requestApproval`` and ``item/fileChange/requestApproval``
   answer ``{"decision": ...}``;
 - ``item/permissions/requestApproval`` answers the granted permission profile and
   its scope;
-- ``item/tool/requestUserInput`` answers one choice per question.
+- ``item/tool/requestUserInput`` answers one choice per question;
+- ``mcpServer/elicitation/request`` answers an MCP action (``elicitation``), when
+  accepting needs no typed content; otherwise it is declined at once.
+
+The others get a safe answer at once (Rule 3): ``item/tool/call`` (a dynamic tool;
+agentsd registers none) a failed tool result; ``account/chatgptAuthTokens/refresh``,
+``attestation/generate`` (only for clients that opted in; agentsd does not), the
+deprecated ``applyPatchApproval`` / ``execCommandApproval`` (legacy turns only) and
+anything newer an error, which Codex reads as a refusal (a denied command, an empty
+grant, a declined elicitation).
 
 Rule 1: an approval offers only the decisions the request offers, among
 ``accept``, ``acceptForSession``, ``decline`` and ``cancel``. A command request
@@ -19,6 +28,9 @@ word. Without the list, the protocol's documented set applies.
 Rule 2: every decision maps to a response Codex accepts; ``cancel`` is always
 answerable (the daemon adds it to every approval) and for requests that have no
 cancel of their own it denies, the safe reading.
+
+Rule 3: a request no person can answer through an approval gets the reply its
+protocol documents as a refusal (``answer_at_once``), or an error; never silence.
 """
 
 from __future__ import annotations
@@ -29,6 +41,8 @@ from typing import Any
 import attrs
 import msgspec
 
+from agentsd.providers import elicitation
+
 DECISIONS = ("accept", "acceptForSession", "decline", "cancel")
 MAX_DETAIL_CHARS = 8 * 1024  # an approval shows a command or a diff head, not a whole file
 
@@ -36,7 +50,9 @@ COMMAND = "item/commandExecution/requestApproval"
 FILE_CHANGE = "item/fileChange/requestApproval"
 PERMISSIONS = "item/permissions/requestApproval"
 USER_INPUT = "item/tool/requestUserInput"
-APPROVAL_METHODS = frozenset({COMMAND, FILE_CHANGE, PERMISSIONS, USER_INPUT})
+ELICITATION = "mcpServer/elicitation/request"
+DYNAMIC_TOOL = "item/tool/call"
+APPROVAL_METHODS = frozenset({COMMAND, FILE_CHANGE, PERMISSIONS, USER_INPUT, ELICITATION})
 
 _encoder = msgspec.json.Encoder()
 
@@ -132,6 +148,15 @@ def describe(request: ServerRequest, item: Mapping[str, Any] | None = None) -> A
                 detail=_clip("\n".join(lines)),
                 options=list(DECISIONS),
             )
+        case "mcpServer/elicitation/request":
+            title, detail = elicitation.describe(
+                params.get("serverName"),
+                params.get("message"),
+                params.get("mode"),
+                params.get("url"),
+                params.get("requestedSchema"),
+            )
+            return Ask(kind="elicitation", title=title, detail=detail, options=elicitation.OPTIONS)
         case "item/permissions/requestApproval":
             wanted = _encoder.encode(params.get("permissions")).decode()
             return Ask(
@@ -174,6 +199,9 @@ def response(request: ServerRequest, decision: str) -> dict[str, Any]:
     if decision not in DECISIONS:
         decision = "cancel"
     match request.method:
+        case "mcpServer/elicitation/request":
+            mode = request.params.get("mode")
+            return {"content": None, "_meta": None, **elicitation.result(decision, mode)}
         case "item/permissions/requestApproval":
             if decision in ("accept", "acceptForSession"):
                 return {
@@ -192,3 +220,19 @@ def response(request: ServerRequest, decision: str) -> dict[str, Any]:
             return {"answers": answers}
         case _:
             return {"decision": decision}
+
+
+def answer_at_once(method: str, params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The result for a request answered without asking anyone (Rule 3), or None
+    when it is asked (``APPROVAL_METHODS``) or refused with an error."""
+    if method == DYNAMIC_TOOL:
+        tool = params.get("tool")
+        return {
+            "contentItems": [{"type": "inputText", "text": f"agentsd has no tool {tool!r}"}],
+            "success": False,
+        }
+    if method == ELICITATION and not elicitation.answerable(
+        params.get("mode"), params.get("requestedSchema")
+    ):
+        return {"content": None, "_meta": None, **elicitation.result("decline", params.get("mode"))}
+    return None

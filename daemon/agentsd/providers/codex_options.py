@@ -17,7 +17,7 @@ import attrs
 from agentsd_protocol.errors import InvalidParams
 
 MIN_VERSION = (0, 160, 0)  # the oldest the test extras install: thread/turn API v2, steer
-_VERSION = re.compile(r"^[^/]*/(\d+)\.(\d+)\.(\d+)")
+_VERSION = re.compile(r"^[^/]*/(\d+\.\d+\.\d+[^\s(]*)")
 
 
 @attrs.frozen
@@ -85,10 +85,8 @@ def parse_options(options: Mapping[str, Any]) -> CodexOptions:
     return CodexOptions(**{_OPTION_NAMES[k]: v for k, v in options.items()})
 
 
-def parse_version(user_agent: str) -> tuple[int, int, int] | None:
-    """The Codex version in ``initialize``'s ``userAgent`` (``name/0.163.0 (...)``)."""
+def parse_version(user_agent: str) -> str | None:
+    """The Codex version in ``initialize``'s ``userAgent`` (``name/0.163.0 (...)``:
+    the name is the client's, from ``clientInfo``)."""
     match = _VERSION.match(user_agent)
-    if match is None:
-        return None
-    major, minor, patch = (int(g) for g in match.groups())
-    return major, minor, patch
+    return None if match is None else match.group(1)

@@ -2,13 +2,18 @@
 
 ``codex`` ships in ``openai-codex-cli-bin`` (``codex_cli_bin/bin/codex``) and
 ``claude`` in ``claude-agent-sdk`` (``claude_agent_sdk/_bundled/claude``); a user who
-installed either package into agentsd's environment needs nothing on PATH.
+installed either package into agentsd's environment needs nothing on PATH. Both also
+install from npm (``@openai/codex``, ``@anthropic-ai/claude-code``).
+
+What each prints for ``--version`` (measured): ``2.1.197 (Claude Code)`` and
+``codex-cli 0.171.0``; ``version_pattern`` reads the version out of that.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -21,16 +26,46 @@ class Program:
     package: str  # the PyPI distribution that ships it
     module: str  # the import package inside it
     relative: str  # the binary's path inside the import package
+    npm: str  # its npm package
+    version_pattern: re.Pattern[str]  # group 1 is the version in its ``--version`` output
 
     def install_hint(self) -> str:
         return (
-            f"install it (`npm install -g` its CLI, or `pip install {self.package}` into "
+            f"install it (`npm install -g {self.npm}`, or `pip install {self.package}` into "
             f"agentsd's environment) or point the session's `command` at it"
         )
 
+    def upgrade_hint(self) -> str:
+        return (
+            f"`npm install -g {self.npm}@latest`, or `pip install -U {self.package}` into "
+            f"agentsd's environment"
+        )
 
-CODEX = Program("codex", "openai-codex-cli-bin", "codex_cli_bin", "bin/codex")
-CLAUDE = Program("claude", "claude-agent-sdk", "claude_agent_sdk", "_bundled/claude")
+    def parse_version(self, output: str) -> str | None:
+        """The version in what ``--version`` printed, or None when it is not there."""
+        for line in output.splitlines():
+            match = self.version_pattern.match(line.strip())
+            if match is not None:
+                return match.group(1)
+        return None
+
+
+CODEX = Program(
+    "codex",
+    "openai-codex-cli-bin",
+    "codex_cli_bin",
+    "bin/codex",
+    npm="@openai/codex",
+    version_pattern=re.compile(r"codex-cli (\d+\.\d+\.\d+\S*)"),
+)
+CLAUDE = Program(
+    "claude",
+    "claude-agent-sdk",
+    "claude_agent_sdk",
+    "_bundled/claude",
+    npm="@anthropic-ai/claude-code",
+    version_pattern=re.compile(r"(\d+\.\d+\.\d+\S*) \(Claude Code\)"),
+)
 
 
 def find_program(program: Program, path: str | None = None) -> str | None:

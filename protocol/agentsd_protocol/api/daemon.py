@@ -42,6 +42,9 @@ class AgentProgram(Result, frozen=True, kw_only=True):
     command: str  # what is looked up: a program name, or a configured path
     path: str | None = None  # None: not found
     source: str = "PATH"  # "PATH", "package" (a PyPI package in agentsd's environment), "config"
+    # The version this program reported to the daemon (in a handshake, or its
+    # ``--version``) at an agent's start; None until one started.
+    version: str | None = None
 
 
 class AgentEnv(Result, frozen=True, kw_only=True):

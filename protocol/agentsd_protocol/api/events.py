@@ -251,10 +251,13 @@ class ChildSpawned(EventStruct, tag="child.spawned", frozen=True, kw_only=True):
 
 
 class ChildReady(EventStruct, tag="child.ready", frozen=True, kw_only=True):
-    """The handshake completed; ``provider_handle`` resumes the conversation."""
+    """The handshake completed; ``provider_handle`` resumes the conversation.
+    ``agent_version`` is the agent's version (from its handshake, else its
+    ``--version``); None when it could not be read, or before agentsd recorded it."""
 
     provider_handle: str
     generation: str
+    agent_version: str | None = None
 
 
 class ChildExited(EventStruct, tag="child.exited", frozen=True, kw_only=True):

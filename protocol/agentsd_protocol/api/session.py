@@ -38,6 +38,9 @@ class ChildInfo(Result, frozen=True, kw_only=True):
     pgid: int
     generation: str
     started_at: float
+    # From its handshake, else its ``--version``; None until the handshake is done,
+    # and when neither says (an unknown version is started, never refused).
+    agent_version: str | None = None
 
 
 class ExitInfo(Result, frozen=True, kw_only=True):
