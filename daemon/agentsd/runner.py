@@ -45,6 +45,7 @@ from agentsd_protocol.errors import (
     AgentStartFailed,
     HandshakeTimeout,
     RpcError,
+    StorageUnavailable,
 )
 
 if TYPE_CHECKING:
@@ -129,7 +130,8 @@ async def run_session(supervisor: Supervisor, session: Session, task: SessionTas
 
 async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> None:
     provider = supervisor.provider(session.row.provider)
-    async with open_lease(session, functools.partial(supervisor.write_events, session)) as held:
+    write = functools.partial(supervisor.write_events, session)
+    async with open_lease(session, write, functools.partial(_refuse_start, task)) as held:
         task.held = held
         supervisor.status_maybe_changed(session)
         failure: RpcError | None = None
@@ -154,6 +156,13 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
             held.failure = failure
             if failure is not None and not task.ready.is_set():
                 task.start_error = failure
+
+
+def _refuse_start(task: SessionTask, error: RpcError) -> None:
+    """Tell whoever waits for the start, now; the task goes on cleaning up."""
+    if not task.ready.is_set():
+        task.start_error = error
+        task.ready.set()
 
 
 def _process_spec(
@@ -196,12 +205,17 @@ async def _handshake(
         raise HandshakeTimeout(
             f"the agent did not complete its handshake within {timeout_s:g} s"
         ) from None
-    await supervisor.append(
-        session,
-        [ChildReady(provider_handle=handle, generation=lease.generation)],
-        fence=lease.fence,
-        provider_handle=handle,
-    )
+    with trio.move_on_after(SETTLE_TIMEOUT_S) as slow:
+        await supervisor.append(
+            session,
+            [ChildReady(provider_handle=handle, generation=lease.generation)],
+            fence=lease.fence,
+            provider_handle=handle,
+        )
+    if slow.cancelled_caught:
+        raise StorageUnavailable(
+            f"storage too slow: recording the agent ready took over {SETTLE_TIMEOUT_S:g} s"
+        )
     session.transition("running")
     task.adapter = adapter
     task.touch()
