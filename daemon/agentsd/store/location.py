@@ -12,13 +12,15 @@ callers too, since what committed may not survive a restart.
 
 Rule 2: the checks are about names and permissions only: the database path must
 still name the file that was opened, the write-ahead log's path the log that was
-opened, and the state directory must be writable. When they hold again (the
+opened, and the state directory must be writable (by mode and by ``access``:
+a read-only mount, or a directory its owner made read-only). When they hold again (the
 directory moved back, made writable again), writes resume by themselves.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import attrs
@@ -71,7 +73,10 @@ class Location:
             wal = _wal_path(self.path)
             if self.wal is not None and FileId.of(wal) != self.wal:
                 return f"the write-ahead log {wal} was deleted or replaced"
-            if not os.access(self.path.parent, os.W_OK):
+            # The mode bit too: root's access() ignores it, but a directory made
+            # read-only by its owner is meant to be left alone.
+            mode = os.stat(self.path.parent).st_mode
+            if not mode & stat.S_IWUSR or not os.access(self.path.parent, os.W_OK):
                 return f"the state directory {self.path.parent} is not writable (read-only)"
         except OSError as exc:
             return f"the state directory {self.path.parent} cannot be checked: {exc.strerror}"
