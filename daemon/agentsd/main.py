@@ -22,6 +22,7 @@ from agentsd.store.database import SchemaTooNew
 from agentsd.store.integrity import DatabaseDamaged
 from agentsd.systemd import SystemdEnvError
 from agentsd.upkeep import add_arguments, run_upkeep
+from agentsd_protocol.errors import StorageUnavailable
 from agentsd_protocol.paths import default_config_path, default_socket_path, default_state_dir
 
 log = logging.getLogger("agentsd")
@@ -92,7 +93,14 @@ def main(argv: list[str] | None = None) -> None:
     refusals: list[BaseException] = []
     try:
         trio.run(_run, config, socket_path, state_dir, service)
-    except* (AlreadyRunning, UnsafeDirectory, SocketInUse, SchemaTooNew, DatabaseDamaged) as group:
+    except* (
+        AlreadyRunning,
+        UnsafeDirectory,
+        SocketInUse,
+        SchemaTooNew,
+        DatabaseDamaged,
+        StorageUnavailable,
+    ) as group:
         # Raised inside the daemon's nurseries, these arrive wrapped in (nested)
         # exception groups; a plain except would let a traceback through.
         refusals.extend(_leaves(group))

@@ -26,6 +26,8 @@ import time
 import urllib.parse
 from pathlib import Path
 
+from agentsd.store.failures import storage_failure
+
 __all__ = [
     "START_CHECK_BUDGET_S",
     "DatabaseDamaged",
@@ -96,8 +98,8 @@ def check_files(path: Path) -> None:
         with open(path, "rb") as f:
             header = f.read(100)
         size = os.stat(path).st_size
-    except OSError as exc:
-        raise DatabaseDamaged(path, f"it cannot be read: {exc.strerror}") from None
+    except OSError:
+        return  # not damage but unusable storage: opening it says so (StorageUnavailable)
     if size == 0:
         return  # created, never written: SQLite makes it a database on first use
     if len(header) < 100 or not header.startswith(_HEADER):
@@ -131,21 +133,20 @@ def _pragma_check(path: Path, pragma: str, budget_s: float | None) -> list[str] 
     uri = "file:" + urllib.parse.quote(str(path.absolute())) + "?mode=ro"
     if immutable:
         uri += "&immutable=1"
-    try:
-        conn = sqlite3.connect(uri, uri=True, timeout=5.0)
-    except sqlite3.Error as exc:
-        raise DatabaseDamaged(path, f"it cannot be opened: {exc}") from None
+    conn = sqlite3.connect(uri, uri=True, timeout=5.0)  # opens lazily: never raises here
     try:
         if budget_s is not None:
             deadline = time.monotonic() + budget_s
             conn.set_progress_handler(lambda: time.monotonic() > deadline, _PROGRESS_OPS)
         try:
             rows = conn.execute(f"PRAGMA {pragma}({_MAX_PROBLEMS})").fetchall()
-        except sqlite3.OperationalError as exc:
-            if budget_s is not None and "interrupted" in str(exc):
-                return None
-            raise DatabaseDamaged(path, str(exc)) from None
         except sqlite3.DatabaseError as exc:
+            if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_INTERRUPT:
+                return None
+            if storage_failure(exc) is not None:
+                # Not damage but unusable storage (an I/O error, a directory where
+                # the file should be): opening it says so (StorageUnavailable).
+                return []
             raise DatabaseDamaged(path, str(exc)) from None
     finally:
         conn.close()

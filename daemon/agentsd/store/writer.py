@@ -514,7 +514,7 @@ async def _open_connection(path: Path, *, readonly: bool) -> StoreConnection:
         translated = translate(exc)
         if translated is exc:
             raise
-        raise translated from exc
+        raise StorageUnavailable(f"{path}: {translated}") from exc
 
 
 @asynccontextmanager
