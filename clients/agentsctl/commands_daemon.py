@@ -11,15 +11,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
 from agentsctl.cli import EXIT_OK, CommandFailed
 from agentsctl.daemon import (
+    STOP_DEADLINE_S,
     DaemonDisconnected,
     DaemonNotRunning,
+    DaemonSocketLost,
     answers,
     daemon_argv,
+    wait_until_exited,
     wait_until_gone,
 )
 
@@ -28,6 +32,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from agentsctl.daemon import LockHolder
     from agentsctl.target import Target
 
 
@@ -156,6 +161,10 @@ def run_daemon_start(args: argparse.Namespace, target: Target) -> int:
 
 
 def run_daemon_stop(args: argparse.Namespace, target: Target) -> int:
+    """Ask the daemon to shut down and wait until it is gone. One that holds the state
+    directory but cannot be reached through the socket gets SIGTERM (the same clean
+    shutdown), after it was verified to be that daemon (``agentsctl.daemon`` Rule 4);
+    "not running" is said only when no daemon holds the lock."""
     from agentsd_protocol.errors import ShuttingDown
 
     try:
@@ -165,6 +174,8 @@ def run_daemon_stop(args: argparse.Namespace, target: Target) -> int:
         pass  # it went away before replying: what we asked for
     except ShuttingDown:
         pass  # someone else asked first; wait all the same
+    except DaemonSocketLost as lost:
+        return stop_unreachable(lost.holder, target)
     except DaemonNotRunning:
         print(f"agentsd is not running at {target.socket_path}")
         return EXIT_OK
@@ -176,6 +187,28 @@ def run_daemon_stop(args: argparse.Namespace, target: Target) -> int:
             "stop_timeout",
         )
     print(f"agentsd at {target.socket_path} stopped")
+    return EXIT_OK
+
+
+def stop_unreachable(holder: LockHolder, target: Target) -> int:
+    """SIGTERM the daemon named by the lock and wait until it has exited."""
+    if not holder.is_running():
+        print(f"agentsd (pid {holder.pid}) stopped by itself")
+        return EXIT_OK
+    print(
+        f"agentsd (pid {holder.pid}) holds {target.state_dir} but cannot be reached at "
+        f"{target.socket_path}; sending it SIGTERM"
+    )
+    import contextlib  # only here: the cold start of `status` is budgeted
+
+    with contextlib.suppress(ProcessLookupError):  # it exited since the check
+        os.kill(holder.pid, signal.SIGTERM)
+    if not wait_until_exited(holder):
+        raise CommandFailed(
+            f"agentsd (pid {holder.pid}) still runs {STOP_DEADLINE_S:g} s after SIGTERM",
+            "stop_timeout",
+        )
+    print(f"agentsd (pid {holder.pid}) stopped")
     return EXIT_OK
 
 

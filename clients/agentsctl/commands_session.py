@@ -21,6 +21,8 @@ from agentsctl.mutation import mutate
 from agentsctl.render import print_json
 from agentsd_protocol import methods
 from agentsd_protocol.api import session as s
+from agentsd_protocol.display import printable
+from agentsd_protocol.errors import RpcError
 
 if TYPE_CHECKING:
     from agentsctl.target import Target
@@ -124,7 +126,14 @@ def run_new(args: argparse.Namespace, target: Target) -> int:
         command=None if args.agent_command is None else shlex.split(args.agent_command),
         start=not args.stopped,
     )
-    created = mutate(target, methods.CREATE, params)
+    try:
+        created = mutate(target, methods.CREATE, params)
+    except RpcError as exc:
+        # The session was stored but its agent did not start: its id still matters
+        # (to `show`, `start` or `rm` it); the error follows on stderr, exit 1.
+        if isinstance(exc.details.get("sessionId"), str):
+            print(exc.details["sessionId"], flush=True)
+        raise
     if args.message is None:
         if args.json:
             print_json(created)
@@ -149,16 +158,40 @@ def configure_ls(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the whole JSON result")
 
 
-def run_ls(args: argparse.Namespace, target: Target) -> int:
+LS_PAGE = 500  # sessions per request; the daemon also bounds a page by bytes
+
+
+def list_sessions(
+    target: Target, *, state: s.Phase | None, provider: str | None, brief: bool
+) -> list[s.SessionInfo]:
+    """Every session, asked for a page at a time (so no number or size of sessions
+    makes a reply too large to read)."""
+    sessions: list[s.SessionInfo] = []
+    cursor: str | None = None
     with target.client() as client:
-        result = client.call(methods.LIST, s.ListParams(state=args.state, provider=args.provider))
+        while True:
+            params = s.ListParams(
+                state=state, provider=provider, limit=LS_PAGE, cursor=cursor, brief=brief
+            )
+            page = client.call(methods.LIST, params)
+            sessions += page.sessions
+            if page.next_cursor is None:
+                return sessions
+            cursor = page.next_cursor
+
+
+def run_ls(args: argparse.Namespace, target: Target) -> int:
+    sessions = list_sessions(target, state=args.state, provider=args.provider, brief=not args.json)
     if args.json:
-        print_json(result)
+        print_json(s.ListResult(sessions=sessions))
         return EXIT_OK
-    rows = [("SESSION", "PROVIDER", "PHASE", "STATUS", "TITLE", "CWD")]
+    rows: list[tuple[str, ...]] = [("SESSION", "PROVIDER", "PHASE", "STATUS", "TITLE", "CWD")]
     rows += [
-        (i.session_id, i.provider, i.phase, i.status, i.title or "-", i.cwd)
-        for i in result.sessions
+        tuple(
+            printable(cell)
+            for cell in (i.session_id, i.provider, i.phase, i.status, i.title or "-", i.cwd)
+        )
+        for i in sessions
     ]
     widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]) - 1)]
     for row in rows:
@@ -193,7 +226,13 @@ def run_show(args: argparse.Namespace, target: Target) -> int:
     if info.error is not None:
         rows.append(("error", f"{info.error.message} [{info.error.kind}]"))
     for name, value in rows:
-        print(f"{name + ':':<11}{value}")
+        # Titles, paths and agents' errors are anyone's text: never raw to a terminal.
+        print(f"{name + ':':<11}{printable(str(value))}")
+    tail = info.last_exit.stderr_tail if info.last_exit is not None else None
+    if tail:
+        print("stderr:    (the end of what the agent wrote)")
+        for line in tail.splitlines():
+            print(f"  | {printable(line)}")
     return EXIT_OK
 
 

@@ -18,6 +18,13 @@ subclass) that names the socket path; an error the daemon *answered* is the
 Rule 3: a daemon started from here is nobody's child: it is spawned through a
 short-lived intermediate, in its own session, so the caller never has a child to reap
 and a terminal's hangup or Ctrl-C never reaches it.
+
+Rule 4: "nothing answers at the socket" is not "no daemon". The daemon holding the
+state directory's lock is named by the lock file (pid, socket, start time; see
+``agentsd.paths`` Rule 3) and is believed only when the kernel says that pid holds
+the lock (/proc/locks), the pid still has the recorded start time, and its command
+line runs agentsd. Such a daemon whose socket is gone is a ``DaemonSocketLost``,
+never a reason to start a second one or to say "not running".
 """
 
 from __future__ import annotations
@@ -70,6 +77,97 @@ class DaemonDisconnected(DaemonUnreachable):
 
 class DaemonStartFailed(DaemonUnreachable):
     """A daemon was started but did not come to answer (see its log)."""
+
+
+class DaemonSocketLost(DaemonUnreachable):
+    """A daemon holds the state directory's lock but does not answer at
+    ``socket_path`` (Rule 4); ``holder`` names it."""
+
+    def __init__(self, message: str, socket_path: StrPath, holder: LockHolder) -> None:
+        super().__init__(message, socket_path)
+        self.holder = holder
+
+
+LOCK_NAME = "agentsd.lock"  # agentsd.paths.LOCK_NAME; a test keeps the two equal
+
+
+class LockHolder:
+    """The daemon named by a state directory's lock file (Rule 4)."""
+
+    __slots__ = ("pid", "socket_path", "start_time")
+
+    def __init__(self, pid: int, socket_path: str, start_time: int | None) -> None:
+        self.pid = pid
+        self.socket_path = socket_path
+        self.start_time = start_time
+
+    def is_running(self) -> bool:
+        """Whether this very process (same pid and start time) still runs."""
+        return not process_gone(self.pid) and (
+            self.start_time is None or _start_time(self.pid) == self.start_time
+        )
+
+
+def lock_holder(state_dir: StrPath) -> LockHolder | None:
+    """The running daemon that holds ``state_dir``'s lock, verified (Rule 4); None
+    when no daemon holds it."""
+    path = os.path.join(os.fspath(state_dir), LOCK_NAME)
+    try:
+        with open(path, "rb") as lock_file:
+            st = os.fstat(lock_file.fileno())
+            lines = lock_file.read(8192).decode(errors="replace").split("\n")
+    except OSError:
+        return None
+    try:
+        pid = int(lines[0])
+        start_time = int(lines[2]) if len(lines) > 2 and lines[2] else None
+    except (ValueError, IndexError):
+        return None
+    holder = LockHolder(pid, lines[1] if len(lines) > 1 else "", start_time)
+    locked_by = _flock_holders(st.st_dev, st.st_ino)
+    if locked_by is not None and pid not in locked_by:
+        return None  # a stale file: the daemon that wrote it is gone
+    if not holder.is_running() or not _runs_agentsd(pid):
+        return None
+    return holder
+
+
+def _flock_holders(dev: int, ino: int) -> set[int] | None:
+    """The pids holding a lock on the file (dev, ino) per /proc/locks; None when the
+    kernel does not say."""
+    wanted = f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}"
+    try:
+        with open("/proc/locks", "rb") as locks:
+            text = locks.read().decode(errors="replace")
+    except OSError:
+        return None
+    pids = set()
+    for line in text.splitlines():
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 00:2f:5678 0 EOF"; a waiter has "->" after the id.
+        if len(fields) >= 6 and fields[1] != "->" and fields[5] == wanted:
+            pids.add(int(fields[4]))
+    return pids
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # Field 22, counted after the parenthesised command name (field 2).
+            return int(stat.read().rpartition(b")")[2].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _runs_agentsd(pid: int) -> bool:
+    """Whether ``pid``'s command line runs agentsd (``python -m agentsd`` or the
+    ``agentsd`` script)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            words = cmdline.read().split(b"\0")
+    except OSError:
+        return False
+    return any(word == b"agentsd" or word.endswith(b"/agentsd") for word in words)
 
 
 def default_state_dir(env: Mapping[str, str] = os.environ) -> str:
@@ -403,6 +501,18 @@ def wait_until_gone(socket_path: StrPath, *, deadline_s: float = STOP_DEADLINE_S
     deadline = time.monotonic() + deadline_s
     pause = POLL_FIRST_S
     while listening(socket_path):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, POLL_MAX_S)
+    return True
+
+
+def wait_until_exited(holder: LockHolder, *, deadline_s: float = STOP_DEADLINE_S) -> bool:
+    """Poll until ``holder``'s process has exited; False on deadline."""
+    deadline = time.monotonic() + deadline_s
+    pause = POLL_FIRST_S
+    while holder.is_running():
         if time.monotonic() >= deadline:
             return False
         time.sleep(pause)

@@ -41,10 +41,12 @@ from agentsd_protocol.api.events import (
     SessionCreated,
     Submission,
     SubmissionDispatched,
+    ThreadSuperseded,
     TurnCompleted,
     TurnStarted,
 )
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
+from agentsd_protocol.display import printable
 
 MAX_REMEMBERED_ITEMS = 512  # finished items kept to drop their late deltas; older ones are gone
 MAX_SHOWN_CHARS = 400  # of a tool's input or a reasoning text in the human view
@@ -150,7 +152,8 @@ class Transcript:
         self._shown.move_to_end(item_id)
         while len(self._shown) > MAX_REMEMBERED_ITEMS:
             self._shown.popitem(last=False)
-        self.out.write(text)
+        # An agent's text is its own: escapes would drive the user's terminal.
+        self.out.write(printable(text, layout=True))
         self.out.flush()
         self._partial_item = None if text.endswith("\n") else item_id
 
@@ -216,6 +219,10 @@ class Transcript:
                 self.note("agent ready")
             case ChildExited() as exited:
                 self.note(f"agent exited: {_exit_text(exited)}")
+                if exited.stderr_tail:
+                    self._stderr_tail(exited.stderr_tail)
+            case ThreadSuperseded(previous_handle=previous, handle=handle, reason=reason):
+                self.note(f"new conversation {handle} in place of {previous}: {reason}")
             case ExitUnproven():
                 self.line(
                     self.style.warn("! the agent's exit could not be proven; it may still run")
@@ -224,6 +231,14 @@ class Transcript:
                 pass  # supervision detail; `log --jsonl` has it
             case _:
                 self.note(journal_event.kind)
+
+    def _stderr_tail(self, tail: str) -> None:
+        lines = [line for line in tail.splitlines() if line.strip()]
+        self.line(self.style.dim("  its stderr ends:"))
+        if len(lines) > MAX_DETAIL_LINES:
+            self.line(self.style.dim(f"  ({len(lines) - MAX_DETAIL_LINES} lines before)"))
+        for text in lines[-MAX_DETAIL_LINES:]:
+            self.line(self.style.dim(f"  | {printable(text)}"))
 
     def _item_completed(self, item: ItemCompleted) -> None:
         kind = item.type

@@ -3,7 +3,9 @@ options and the environment), and whether a command may start it.
 
 ``link()`` gives the stdlib connection ``agentsctl status`` uses; ``client()`` the
 typed ``Client`` (which imports msgspec). Both start a detached daemon when none
-answers, unless ``--no-start`` or the command passes ``start=False``.
+answers, unless ``--no-start`` or the command passes ``start=False``; never while a
+daemon holds the state directory's lock (``agentsctl.daemon`` Rule 4): then they wait
+for it to bind its socket again, and say so.
 """
 
 from __future__ import annotations
@@ -13,14 +15,21 @@ import sys
 
 from agentsctl.daemon import (
     DaemonNotRunning,
+    DaemonSocketLost,
     DaemonStartFailed,
     Link,
+    LockHolder,
     daemon_argv,
     default_socket_path,
     default_state_dir,
+    lock_holder,
     spawn_detached,
     wait_until_answering,
 )
+
+# The daemon checks its socket every second (agentsd.socket_keeper) and binds it
+# again at once; this leaves room for a loaded machine.
+REBIND_WAIT_S = 5.0
 
 # typing costs a few ms of cold start and is needed by the type checker only.
 TYPE_CHECKING = False
@@ -70,10 +79,42 @@ class Target:
         try:
             return open_connection(self.socket_path)
         except DaemonNotRunning:
-            if not (start and self.may_start):
+            holder = lock_holder(self.state_dir)
+            if holder is None and not (start and self.may_start):
                 raise
-        self.autostart()
+        if holder is None:
+            self.autostart()
+        else:
+            self.await_rebind(holder)
         return open_connection(self.socket_path)
+
+    def await_rebind(self, holder: LockHolder) -> None:
+        """``holder`` runs but does not answer here: wait for it to bind its socket
+        again; ``DaemonSocketLost`` (saying what to do) if it does not."""
+        state = self.state_dir
+        if holder.socket_path != self.socket_path:
+            raise DaemonSocketLost(
+                f"agentsd (pid {holder.pid}) holds {state} but listens at "
+                f"{holder.socket_path}, not at {self.socket_path}; use --socket "
+                f"{holder.socket_path}, or `agentsctl daemon stop` to stop it",
+                self.socket_path,
+                holder,
+            )
+        print(
+            f"agentsctl: agentsd (pid {holder.pid}) holds {state} but its socket "
+            f"{self.socket_path} is gone; waiting for it to bind it again",
+            file=sys.stderr,
+        )
+        try:
+            wait_until_answering(self.socket_path, deadline_s=REBIND_WAIT_S)
+        except DaemonStartFailed:
+            raise DaemonSocketLost(
+                f"agentsd (pid {holder.pid}) holds {state} but has not bound its socket "
+                f"{self.socket_path} again within {REBIND_WAIT_S:g} s (see its log); "
+                "`agentsctl daemon stop` stops it",
+                self.socket_path,
+                holder,
+            ) from None
 
     def autostart(self) -> None:
         """Start a detached daemon for a command that needs one; says so on stderr."""

@@ -34,7 +34,6 @@ import signal
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
-from pathlib import Path
 
 import attrs
 import trio
@@ -79,14 +78,14 @@ def new_spawn_token() -> str:
 @attrs.frozen
 class ChildSpec:
     """What to run. The child's environment is ``env`` over ``base_env``, with the
-    spawn token added. stderr is appended to ``stderr_path`` (created 0600 if missing;
-    its directory must exist) or discarded."""
+    spawn token added. Its stderr is ``stderr_fd`` (the caller's, which it keeps
+    open and closes; ``agentsd.stderr_log`` reads it) or discarded."""
 
     argv: list[str]
     cwd: str
     env: Mapping[str, str]
     token: str
-    stderr_path: Path | None = None
+    stderr_fd: int | None = None
     # Shared by every child started from it (``agentsd.agent_env.Snapshot``), never
     # copied here: the merged environment is built at the spawn and dropped right
     # after it, as a copy per live child is kilobytes per session.
@@ -232,27 +231,19 @@ async def open_child(
 
 async def _spawn(spec: ChildSpec) -> trio.Process:
     """Start ``spec``; its environment lives only as long as this call."""
-    limiter = _spawn_limiter()
-    stderr = subprocess.DEVNULL
-    if spec.stderr_path is not None:
-        stderr = await trio.to_thread.run_sync(_open_append, spec.stderr_path, limiter=limiter)
-    try:
-        async with limiter:  # open_process runs Popen in a thread of its own
-            # Built here, not before the wait: a burst queued above holds no copies.
-            env = {**spec.base_env, **spec.env, SPAWN_TOKEN_ENV: spec.token}
-            return await trio.lowlevel.open_process(
-                spec.argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                cwd=spec.cwd,
-                env=env,
-                start_new_session=True,  # own session and group: pgid == pid
-                close_fds=True,  # never hand the daemon's socket or database to an agent
-            )
-    finally:
-        if stderr != subprocess.DEVNULL:
-            os.close(stderr)  # the child holds its own copy
+    async with _spawn_limiter():  # open_process runs Popen in a thread of its own
+        # Built here, not before the wait: a burst queued above holds no copies.
+        env = {**spec.base_env, **spec.env, SPAWN_TOKEN_ENV: spec.token}
+        return await trio.lowlevel.open_process(
+            spec.argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL if spec.stderr_fd is None else spec.stderr_fd,
+            cwd=spec.cwd,
+            env=env,
+            start_new_session=True,  # own session and group: pgid == pid
+            close_fds=True,  # never hand the daemon's socket or database to an agent
+        )
 
 
 _SPAWN_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar(
@@ -271,10 +262,6 @@ def _spawn_limiter() -> trio.CapacityLimiter:
         limiter = trio.CapacityLimiter(SPAWN_THREADS)
         _SPAWN_LIMITER.set(limiter)
         return limiter
-
-
-def _open_append(path: Path) -> int:
-    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
 
 async def _close(

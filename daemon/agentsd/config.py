@@ -3,17 +3,113 @@
 The file is ``$XDG_CONFIG_HOME/agentsd/config.toml`` (or ``--config``); a missing
 default file is fine, a missing explicit one is an error. Unknown keys are refused
 with msgspec's message naming the key, so a typo never silently does nothing.
+
+Rule 1: every value is checked when the file is loaded, never first met by the code
+that uses it. A key's check is written beside it, as ``Annotated`` metadata
+(``Range``, ``AbsolutePath``, ``EnvTable``, ``Argv``): a new key gets one by naming
+it there, and ``check_config`` finds it. msgspec ignores that metadata, so values
+built in code (tests, defaults) are not checked; only a file is.
+
+Rule 2: a refusal names the file, the key (dotted, ``ladder.term_grace_s``), the
+value as written (a bounded excerpt) and what is allowed; ``agentsd`` prints it and
+exits 2.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import typing
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
+import attrs
 import msgspec
+
+from agentsd_protocol.display import excerpt
 
 # An agent start waits for the first capture: minutes would look like a hang.
 MAX_LOGIN_SHELL_TIMEOUT_S = 120.0
+# The AF_UNIX sun_path holds 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH_BYTES = 107
+MAX_WAIT_S = 3600.0  # no wait in the daemon has a reason to be longer than an hour
+MAX_GRACE_S = 600.0  # a close ladder of more than ten minutes a step looks like a hang
+MAX_IDLE_TIMEOUT_S = 30 * 86400.0  # an idle agent kept a month is as good as never stopped
+MIN_FRAME_BYTES = 4096  # a create or a send with its envelope fits; less refuses real work
+MAX_FRAME_BYTES = 1024**3  # the daemon buffers a frame whole: a GiB is past any real use
+MIN_KILL_WAIT_S = 0.1  # the reap after SIGKILL takes milliseconds, never zero
+MIN_SCAN_TIMEOUT_S = 0.1  # one /proc scan takes milliseconds
+
+
+@attrs.frozen
+class Range:
+    """A number from ``low`` to ``high`` (both finite); ``low_open`` excludes ``low``."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    unit: str = ""
+
+    def problem(self, value: Any) -> str | None:
+        # NaN compares false both ways, and inf is past any finite high.
+        in_range = (
+            isinstance(value, int | float)
+            and math.isfinite(value)
+            and (value > self.low if self.low_open else value >= self.low)
+            and value <= self.high
+        )
+        if in_range:
+            return None
+        low = "more than" if self.low_open else "at least"
+        unit = f" {self.unit}" if self.unit else ""
+        return f"must be {low} {self.low:.15g} and at most {self.high:.15g}{unit}"
+
+
+@attrs.frozen
+class AbsolutePath:
+    """An absolute path without NUL; ``max_bytes`` when the kernel bounds it."""
+
+    max_bytes: int | None = None
+
+    def problem(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        if "\0" in value or not os.path.isabs(value):
+            return "must be an absolute path"
+        if self.max_bytes is not None and len(os.fsencode(value)) > self.max_bytes:
+            return f"must be at most {self.max_bytes} bytes long (the AF_UNIX limit)"
+        return None
+
+
+@attrs.frozen
+class EnvTable:
+    """Environment variables as ``exec`` takes them: names non-empty, without ``=``
+    or NUL; values without NUL."""
+
+    def problem(self, value: Any) -> str | None:
+        for name, text in value.items():
+            if not name or "=" in name or "\0" in name:
+                return f"has an invalid variable name {excerpt(name)}: names are non-empty, without '=' or NUL"
+            if "\0" in text:
+                return f"has a NUL character in the value of {excerpt(name)}"
+        return None
+
+
+@attrs.frozen
+class Argv:
+    """A command line: a non-empty list of non-empty strings without NUL."""
+
+    def problem(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        if not value or any(not word or "\0" in word for word in value):
+            return "must be a non-empty list of non-empty strings without NUL"
+        return None
+
+
+Check = Range | AbsolutePath | EnvTable | Argv
+MIN_LOG_BYTES = 64 * 1024  # a stderr log must hold one pipe buffer (agentsd.stderr_log)
 
 
 class Ladder(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -21,32 +117,40 @@ class Ladder(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     exit). Each wait ends as soon as its condition holds. The one type: the config
     file's ``[ladder]`` table decodes into it, and the child code takes it as is."""
 
-    eof_grace_s: float = 2.0  # after stdin EOF; codex and claude exit on EOF in milliseconds
-    term_grace_s: float = 3.0  # after SIGTERM; lets an agent end its own tool processes
-    kill_wait_s: float = 2.0  # after SIGKILL, which cannot be ignored: only the reap
-    proof_rounds: int = 3  # straggler re-scans and SIGKILLs before giving up on proof
-    scan_timeout_s: float = 5.0  # one /proc scan takes milliseconds; this is a safety net
+    # After stdin EOF; codex and claude exit on EOF in milliseconds. 0: SIGTERM at once.
+    eof_grace_s: Annotated[float, Range(0, MAX_GRACE_S, unit="s")] = 2.0
+    # After SIGTERM; lets an agent end its own tool processes. 0: SIGKILL at once.
+    term_grace_s: Annotated[float, Range(0, MAX_GRACE_S, unit="s")] = 3.0
+    # After SIGKILL, which cannot be ignored: only the reap.
+    kill_wait_s: Annotated[float, Range(MIN_KILL_WAIT_S, MAX_GRACE_S, unit="s")] = 2.0
+    # Straggler re-scans and SIGKILLs before giving up on proof.
+    proof_rounds: Annotated[int, Range(0, 100)] = 3
+    # One /proc scan takes milliseconds; this is a safety net.
+    scan_timeout_s: Annotated[float, Range(MIN_SCAN_TIMEOUT_S, MAX_GRACE_S, unit="s")] = 5.0
 
 
 class ProviderConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    command: list[str] | None = None  # overrides the provider's default program
-    env: dict[str, str] = {}
+    # Overrides the provider's default program.
+    command: Annotated[list[str] | None, Argv()] = None
+    env: Annotated[dict[str, str], EnvTable()] = {}
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    socket: str | None = None
-    state_dir: str | None = None
+    socket: Annotated[str | None, AbsolutePath(MAX_SOCKET_PATH_BYTES)] = None
+    state_dir: Annotated[str | None, AbsolutePath()] = None
     log_level: str = "info"
-    idle_timeout_s: float = 1800.0  # an agent idle for 30 min is stopped; the record stays
-    handshake_timeout_s: float = (
-        30.0  # real agents start in about a second; 30 s covers cold caches
+    # An agent idle for 30 min is stopped; the record stays.
+    idle_timeout_s: Annotated[float, Range(0, MAX_IDLE_TIMEOUT_S, low_open=True, unit="s")] = 1800.0
+    # Real agents start in about a second; 30 s covers cold caches.
+    handshake_timeout_s: Annotated[float, Range(0, MAX_WAIT_S, low_open=True, unit="s")] = 30.0
+    max_frame_bytes: Annotated[int, Range(MIN_FRAME_BYTES, MAX_FRAME_BYTES, unit="bytes")] = (
+        8 * 1024 * 1024
     )
-    max_frame_bytes: int = 8 * 1024 * 1024
     # A frame, once begun, must arrive whole within this (a stalled half-frame
     # would hold a connection slot forever); local clients write one in microseconds.
-    frame_timeout_s: float = 10.0
+    frame_timeout_s: Annotated[float, Range(0, MAX_WAIT_S, low_open=True, unit="s")] = 10.0
     # A client whose socket takes no batch of replies for this long is cut off.
-    send_timeout_s: float = 30.0
+    send_timeout_s: Annotated[float, Range(0, MAX_WAIT_S, low_open=True, unit="s")] = 30.0
     ladder: Ladder = Ladder()
     providers: dict[str, ProviderConfig] = {}
     # Where agents' environment comes from (agentsd.agent_env): "auto" takes the login
@@ -54,7 +158,13 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     agent_env: Literal["auto", "login-shell", "inherit"] = "auto"
     # The login shell must have printed its environment within this, or agents get
     # the daemon's own. Shells with their rc files take 20-50 ms; 10 s is VS Code's bound.
-    login_shell_timeout_s: float = 10.0
+    login_shell_timeout_s: Annotated[
+        float, Range(0, MAX_LOGIN_SHELL_TIMEOUT_S, low_open=True, unit="s")
+    ] = 10.0
+    # Each agent's stderr log, in two rotated halves (the newest kept).
+    stderr_log_max_bytes: Annotated[int, Range(MIN_LOG_BYTES, MAX_FRAME_BYTES, unit="bytes")] = (
+        8 * 1024 * 1024
+    )
 
 
 class ConfigError(Exception):
@@ -78,9 +188,44 @@ def load_config(path: Path, *, required: bool) -> Config:
         raise ConfigError(
             f"config file {path}: log_level must be one of debug, info, warning, error, critical"
         )
-    if not 0 < config.login_shell_timeout_s <= MAX_LOGIN_SHELL_TIMEOUT_S:
-        raise ConfigError(
-            f"config file {path}: login_shell_timeout_s must be more than 0 and at most "
-            f"{MAX_LOGIN_SHELL_TIMEOUT_S:g}"
-        )
+    for key, value, problem in check_config(config):
+        raise ConfigError(f"config file {path}: {key} = {_show(value)}: {problem}")
     return config
+
+
+def check_config(value: msgspec.Struct, prefix: str = "") -> Iterator[tuple[str, Any, str]]:
+    """Every ``(dotted key, value, problem)`` of ``value`` against the checks written
+    beside its fields (Rule 1), nested tables included."""
+    hints = typing.get_type_hints(type(value), include_extras=True)
+    for field in msgspec.structs.fields(value):
+        key = f"{prefix}{field.encode_name}"
+        item = getattr(value, field.name)
+        for check in _checks(hints[field.name]):
+            problem = check.problem(item)
+            if problem is not None:
+                yield key, item, problem
+        if isinstance(item, msgspec.Struct):
+            yield from check_config(item, f"{key}.")
+        elif isinstance(item, dict):
+            for name, entry in item.items():
+                if isinstance(entry, msgspec.Struct):
+                    yield from check_config(entry, f"{key}.{name}.")
+
+
+def _checks(hint: Any) -> list[Check]:
+    if typing.get_origin(hint) is not Annotated:
+        return []
+    return [meta for meta in hint.__metadata__ if isinstance(meta, Check)]
+
+
+def _show(value: Any) -> str:
+    """A value as TOML spells it, bounded (Rule 2)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, str):
+        return excerpt(value)
+    if isinstance(value, int | float):
+        return repr(value)
+    return excerpt(msgspec.json.encode(value).decode())

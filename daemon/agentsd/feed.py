@@ -11,9 +11,16 @@ Rule 2 (bounded): each subscription's live queue holds at most ``MAX_QUEUED`` it
 When a subscriber falls behind, it is sent ``agentSession.lagged`` with the seq to
 resume after, and dropped; the session and other subscribers never wait for it. The
 pump also stops feeding a connection whose outbound buffer is above
-``CONNECTION_HIGH_WATER_BYTES``, so a slow reader lags instead of being cut off.
+``CONNECTION_HIGH_WATER_BYTES`` (catch-up checks once per page, so the buffer may
+pass the mark by up to one page, ``CATCH_UP_PAGE_BYTES`` of bodies), so a slow
+reader lags instead of being cut off.
 
 Rule 3: a subscription ends with its connection.
+
+Rule 4 (cheap per event): an ``agentSession.event`` notification is spliced from
+bytes (``EventFrames``): the stored body is already JSON and goes out as it is, and
+the bytes around it are the ones msgspec writes for ``EventNotification``. A
+catch-up page goes to the connection as one write.
 """
 
 from __future__ import annotations
@@ -21,20 +28,20 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import sqlite3
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
 import msgspec
 import trio
 
-from agentsd.store.journal import StoredEvent, read_events
+from agentsd.store.journal import EventRow, StoredEvent, read_event_rows
 from agentsd_protocol.api.events import upgrade_row
 from agentsd_protocol.api.stream import (
     DeltaNotification,
     EndedNotification,
-    EventNotification,
     JournalEvent,
     LaggedNotification,
 )
@@ -46,11 +53,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_QUEUED = 2048  # live items per subscriber before it counts as lagging
-CATCH_UP_PAGE_EVENTS = 500  # events per catch-up read
+CATCH_UP_PAGE_EVENTS = 2000  # events per catch-up read
 CATCH_UP_PAGE_BYTES = 1024 * 1024  # bytes per catch-up read
 CONNECTION_HIGH_WATER_BYTES = 1024 * 1024  # stop feeding a connection this far behind
 
 _sub_ids = itertools.count(1)
+_encoder = msgspec.json.Encoder()
 
 
 @attrs.frozen
@@ -74,6 +82,58 @@ def journal_event(event: StoredEvent) -> JournalEvent:
     )
 
 
+class EventFrames:
+    """The ``agentSession.event`` notifications of one subscription, as JSON-RPC
+    bodies byte for byte equal to ``encode_notification("agentSession.event",
+    EventNotification(...))`` of ``journal_event(event)`` (a test holds them to it),
+    built without decoding the stored body or building a Struct per event."""
+
+    __slots__ = ("_head", "_kinds")
+
+    def __init__(self, subscription_id: str, session_id: str) -> None:
+        # EventNotification's fields in declaration order, then JournalEvent's.
+        self._head = (
+            b'{"jsonrpc":"2.0","method":"agentSession.event","params":{"subscriptionId":'
+            + _encoder.encode(subscription_id)
+            + b',"sessionId":'
+            + _encoder.encode(session_id)
+            + b',"seq":'
+        )
+        # A stored kind -> the JSON of the kind it goes out as, and whether
+        # ``upgrade_row`` may rewrite its bodies (asked once per kind: asked per
+        # event, it costs as much as the rest of the encoding).
+        self._kinds: dict[str, tuple[bytes, bool]] = {}
+
+    def encode(self, event: StoredEvent) -> bytes:
+        return self.encode_rows(((event.seq, event.ts, event.fence, event.kind, event.body),))[0]
+
+    def encode_rows(self, rows: Iterable[EventRow]) -> list[bytes]:
+        head, kinds, encode = self._head, self._kinds, _encoder.encode
+        out: list[bytes] = []
+        append = out.append
+        for seq, ts, fence, kind, body in rows:
+            known = kinds.get(kind)
+            if known is None:
+                known = kinds[kind] = _kind_template(kind)
+            kind_json, rewrites = known
+            if rewrites:
+                body = upgrade_row(kind, body)[1]
+            append(
+                b'%b%d,"event":{"seq":%d,"ts":%b,"fence":%d,"kind":%b,"body":%b}}}'
+                % (head, seq, seq, encode(ts), fence, kind_json, body)
+            )
+        return out
+
+
+def _kind_template(stored_kind: str) -> tuple[bytes, bool]:
+    """The JSON of the kind a row of ``stored_kind`` goes out as, and whether
+    ``upgrade_row`` rewrites some bodies of it: asked of ``upgrade_row`` itself,
+    with a body that it rewrites for such a kind (one with a field ``kind``)."""
+    probe = b'{"kind":null}'
+    kind, body = upgrade_row(stored_kind, probe)
+    return _encoder.encode(kind), body != probe
+
+
 class Subscription:
     """One subscriber of one session; its pump task is owned by the connection."""
 
@@ -83,6 +143,7 @@ class Subscription:
         self.connection = connection
         self.cursor = after_seq
         self._feed = feed
+        self._frames = EventFrames(self.id, session_id)
         self._queue: deque[Item] = deque()
         self._wakeup = trio.Event()
         self._lagged = False
@@ -170,35 +231,36 @@ class Subscription:
 
     async def _fill_to(self, store: Store, last_seq: int) -> None:
         while self.cursor < last_seq:
-            page, _more = await store.read(
-                functools.partial(
-                    read_events,
-                    session_id=self.session_id,
-                    after_seq=self.cursor,
-                    limit=CATCH_UP_PAGE_EVENTS,
-                    max_bytes=CATCH_UP_PAGE_BYTES,
-                )
+            frames, seq = await store.read(
+                functools.partial(self._read_frames, after_seq=self.cursor, last_seq=last_seq)
             )
-            if not page:
+            if not frames:
                 return  # deleted meanwhile
-            for event in page:
-                if event.seq > last_seq:
-                    return  # the rest arrives live (or by the next fill)
-                if event.seq > self.cursor:
-                    await self.connection.wait_outbound_below(CONNECTION_HIGH_WATER_BYTES)
-                    self._send_event(event)
+            await self.connection.wait_outbound_below(CONNECTION_HIGH_WATER_BYTES)
+            self.connection.send_messages(frames)
+            self.cursor = seq
+
+    def _read_frames(
+        self, conn: sqlite3.Connection, *, after_seq: int, last_seq: int
+    ) -> tuple[list[bytes], int]:
+        """The notifications of one page of events after ``after_seq``, up to
+        ``last_seq`` (the rest arrives live, or by the next fill), and the seq of the
+        last. Runs in the store's reader thread (``Store.read``), so encoding a
+        page holds up no trio task."""
+        rows, _more = read_event_rows(
+            conn,
+            self.session_id,
+            after_seq=after_seq,
+            limit=CATCH_UP_PAGE_EVENTS,
+            max_bytes=CATCH_UP_PAGE_BYTES,
+        )
+        if rows and rows[-1][0] > last_seq:
+            rows = [row for row in rows if row[0] <= last_seq]
+        return self._frames.encode_rows(rows), rows[-1][0] if rows else after_seq
 
     def _send_event(self, event: StoredEvent) -> None:
         self.cursor = event.seq
-        self.connection.notify(
-            "agentSession.event",
-            EventNotification(
-                subscription_id=self.id,
-                session_id=self.session_id,
-                seq=event.seq,
-                event=journal_event(event),
-            ),
-        )
+        self.connection.send_message(self._frames.encode(event))
 
     def _send_delta(self, delta: Delta) -> None:
         self.connection.notify(

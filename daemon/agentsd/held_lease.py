@@ -74,9 +74,9 @@ WITHDRAW_TIMEOUT_S = 6 * SETTLE_TIMEOUT_S
 
 LeaseOp = Callable[[StoreConnection], tuple[Lease, list[StoredEvent]]]
 Write = Callable[[LeaseOp], Awaitable[tuple[Lease, list[StoredEvent]]]]
-"""Commits a lease op and returns its result: the supervisor's ``write_events`` for a
-session it holds (which applies and publishes the events), the store's ``write``
-during recovery (nothing is served yet)."""
+"""Commits a lease op and returns its result: the ``write`` of the session's journal
+port (which applies and publishes the events), the store's ``write`` during
+recovery (nothing is served yet)."""
 
 Proof = ChildExit | EndOutcome | None
 """What a lease is settled with: how the close ladder left our own child, how ending
@@ -97,6 +97,7 @@ class HeldLease:
     lease: Lease  # as acquired: its fence and generation; ``session.lease`` is current
     cause: ExitCause = "unexpected"
     failure: RpcError | None = None
+    stderr_tail: str | None = None  # the end of the agent's stderr, when it failed
     proof: ChildExit | None = None  # None until a spawned process was laddered
     settle_error: RpcError | None = None  # why the settle could not be committed
 
@@ -173,7 +174,7 @@ async def open_lease(
         settled = False
         with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
             try:
-                await settle(session, write, held.cause, held.proof, held.failure)
+                await settle(session, write, held.cause, held.proof, held.failure, held.stderr_tail)
                 settled = True
             except RpcError as exc:
                 log.error("session %s: could not record its agent's end: %s", session.id, exc)
@@ -199,6 +200,7 @@ async def settle(
     cause: ExitCause,
     proof: Proof,
     failure: RpcError | None = None,
+    stderr_tail: str | None = None,
 ) -> None:
     """Settle ``session.lease``, which is held, on the end of its child (Rule 1).
 
@@ -218,10 +220,14 @@ async def settle(
     if evidence.proven:
         events: list[Event] = [
             *settle_events(session, cause),
-            exited_event(cause, evidence, failure),
+            exited_event(cause, evidence, failure, stderr_tail),
         ]
         last_exit = ExitInfo(
-            cause=cause, returncode=evidence.returncode, signal=evidence.signal, at=now
+            cause=cause,
+            returncode=evidence.returncode,
+            signal=evidence.signal,
+            at=now,
+            stderr_tail=stderr_tail,
         )
         released, _ = await write(
             lambda conn: lease_rows.lease_released(
@@ -293,16 +299,22 @@ async def _withdraw(session: Session, write: Write, error: StorageUnavailable) -
     session.error = session_error
 
 
-def exited_event(cause: ExitCause, evidence: ExitEvidence, failure: RpcError | None) -> ChildExited:
+def exited_event(
+    cause: ExitCause,
+    evidence: ExitEvidence,
+    failure: RpcError | None,
+    stderr_tail: str | None = None,
+) -> ChildExited:
     """The one ``child.exited``, whoever settles: how the child ended (``returncode``
-    or ``signal`` when it was our own and reaped), the evidence in words, and the
-    failure that ended it, if any."""
+    or ``signal`` when it was our own and reaped), the evidence in words, the
+    failure that ended it, if any, and the end of what it wrote to stderr."""
     return ChildExited(
         cause=cause,
         returncode=evidence.returncode,
         signal=evidence.signal,
         detail=evidence.detail,
         error=None if failure is None else ErrorInfo(kind=failure.kind, message=failure.message),
+        stderr_tail=stderr_tail,
     )
 
 

@@ -1,7 +1,10 @@
 """The Unix socket the daemon listens on.
 
 Rule 1: the socket is created 0600 inside a checked 0700 directory, with no window in
-which it exists with wider permissions (bind under umask 0177, then chmod anyway).
+which it exists at its path with wider permissions: it is bound under a temporary
+name in that directory (which nobody else may enter), chmod-ed, listening, and then
+renamed into place. The process umask is never touched: the socket is bound again
+while agents are being spawned (``agentsd.socket_keeper``), and they inherit it.
 
 Rule 2: an existing socket file is removed only after confirming that nothing answers
 on it; a live daemon there is an error naming the path. A non-socket file is never
@@ -16,6 +19,7 @@ writes to a client's file descriptor directly.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -52,7 +56,9 @@ def _probe(path: Path) -> bool:
 
 
 def bind_socket(path: Path) -> socket.socket:
-    """Bind and listen on ``path`` (blocking; called once at start-up)."""
+    """Bind and listen on ``path`` (blocking: run at start-up, and in a worker thread
+    when the socket is bound again). Raises ``UnsafeDirectory``, ``SocketInUse`` and
+    ``OSError``."""
     ensure_private_dir(path.parent)
     try:
         st = os.lstat(path)
@@ -64,17 +70,20 @@ def bind_socket(path: Path) -> socket.socket:
         if _probe(path):
             raise SocketInUse(f"another daemon is answering on {path}")
         path.unlink()
+    staging = path.parent / f".b{os.getpid()}"  # no longer than most socket names
+    with contextlib.suppress(FileNotFoundError):
+        staging.unlink()  # left by a crash of this pid's predecessor
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)
     try:
-        sock.bind(str(path))
-    except OSError:
+        sock.bind(str(staging))
+        os.chmod(staging, 0o600)
+        sock.listen(LISTEN_BACKLOG)
+        os.rename(staging, path)
+    except BaseException:
         sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            staging.unlink()
         raise
-    finally:
-        os.umask(old_umask)
-    os.chmod(path, 0o600)
-    sock.listen(LISTEN_BACKLOG)
     return sock
 
 

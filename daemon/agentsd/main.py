@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import logging
+import os
 import resource
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import trio
 
 from agentsd import __version__
-from agentsd.config import Config, ConfigError, load_config
+from agentsd.config import MAX_SOCKET_PATH_BYTES, Config, ConfigError, load_config
 from agentsd.listener import SocketInUse
 from agentsd.logging_setup import configure_logging
 from agentsd.paths import AlreadyRunning, UnsafeDirectory
@@ -28,8 +29,8 @@ from agentsd_protocol.paths import default_config_path, default_socket_path, def
 log = logging.getLogger("agentsd")
 
 EXIT_OK = 0
-EXIT_FAILURE = 1  # could not start: another daemon, unsafe directory, bad config
-EXIT_USAGE = 2
+EXIT_FAILURE = 1  # could not start: another daemon, unsafe directory, damaged store
+EXIT_USAGE = 2  # bad options or configuration: nothing was started
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -73,8 +74,19 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         print(f"agentsd: {exc}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
-    state_dir = Path(args.state_dir or config.state_dir or default_state_dir())
-    socket_path = Path(args.socket or config.socket or default_socket_path(state_dir=state_dir))
+    # A relative path on the command line means one under the caller's directory;
+    # the config file's own must be absolute (agentsd.config).
+    state_dir = Path(args.state_dir or config.state_dir or default_state_dir()).absolute()
+    socket_path = Path(
+        args.socket or config.socket or default_socket_path(state_dir=state_dir)
+    ).absolute()
+    if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH_BYTES:
+        print(
+            f"agentsd: socket path {socket_path} is longer than {MAX_SOCKET_PATH_BYTES} bytes "
+            "(the AF_UNIX limit); choose a shorter one with --socket",
+            file=sys.stderr,
+        )
+        sys.exit(EXIT_USAGE)
     upkeep_status = run_upkeep(args, state_dir, socket_path)
     if upkeep_status is not None:
         sys.exit(upkeep_status)

@@ -8,11 +8,12 @@ Rule 2: two requests with one id never run at once: the second waits for the fir
 then replays.
 
 Rule 3: a handler whose own write must be atomic with the ledger entry (``send``
-journals its submission and a provisional entry in one commit) calls
-``record_provisional`` inside that write; otherwise the entry is written after the
-handler succeeded, before the reply. Failed mutations are not recorded: a retry runs
-again. If that entry cannot be written (a full disk) the handler's answer still
-stands, because its own rows are committed; only its replay is lost.
+journals its submission and a provisional entry in one commit) hands a
+``Provisional`` to its journal write, which calls ``record_provisional`` inside it;
+otherwise the entry is written after the handler succeeded, before the reply.
+Failed mutations are not recorded: a retry runs again. If that entry cannot be
+written (a full disk) the handler's answer still stands, because its own rows are
+committed; only its replay is lost.
 
 Rule 4: entries expire after ``TTL_S``; past ``CAPACITY`` live entries new ids are
 refused with ``operation_ledger_full`` (the daemon keeps serving everything else).
@@ -25,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
@@ -33,6 +34,7 @@ import msgspec
 import trio
 
 from agentsd.store.database import StoreConnection
+from agentsd.store.journal import StoredEvent
 from agentsd.store.operations import lookup_operation, purge_operations, record_operation
 from agentsd.store.writer import Store
 from agentsd_protocol.errors import OperationConflict, OperationLedgerFull, StorageUnavailable
@@ -52,6 +54,15 @@ class Operation:
     op_id: str
     method: str
     fingerprint: str
+
+
+@attrs.frozen
+class Provisional:
+    """A ledger entry to commit with the journal write it answers (Rule 3):
+    ``result`` makes the answer a retry replays from the events as stored."""
+
+    operation: Operation
+    result: Callable[[Sequence[StoredEvent]], Any]
 
 
 def fingerprint(method: str, params: msgspec.Struct) -> str:

@@ -7,6 +7,11 @@ refuses to start with a message that says what is wrong and how to fix it.
 Rule 2: one daemon per state directory. The lock is held for the daemon's whole life
 (the kernel drops it when the process dies, so a SIGKILLed daemon leaves no stale
 lock); a second daemon names the first in its error.
+
+Rule 3: the lock file names its holder, one value a line: pid, socket path, and the
+process's start time (clock ticks after boot, /proc/PID/stat field 22). A client
+that cannot reach the socket finds the daemon by it (``agentsctl.daemon``): the pid
+alone could be reused, the pid with its start time cannot.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import fcntl
 import os
 import stat
 from pathlib import Path
+
+from agentsd.procfs import read_start_time
 
 LOCK_NAME = "agentsd.lock"
 
@@ -75,7 +82,9 @@ class StateLock:
                 f"another agentsd is already running on state directory {self.path.parent} ({who})"
             ) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n{self._socket_path}\n".encode(), 0)
+        pid = os.getpid()
+        started = read_start_time(pid)
+        os.pwrite(fd, f"{pid}\n{self._socket_path}\n{started or ''}\n".encode(), 0)
         self._fd = fd
 
     def release(self) -> None:

@@ -19,6 +19,7 @@ from agentsd.leases import Lease
 from agentsd.leftovers import EndOutcome, end_processes
 from agentsd.procfs import current_scanner
 from agentsd.session import Session, derive_conversation
+from agentsd.status_board import StatusBoard
 from agentsd.store import leases as lease_rows
 from agentsd.store import sessions as session_rows
 from agentsd.store.writer import Store
@@ -61,4 +62,6 @@ async def _load(store: Store, lease: Lease) -> Session:
     convo = await store.read(lambda conn: derive_conversation(conn, session_id))
     row = await store.read(lambda conn: session_rows.load_session(conn, session_id))
     assert row is not None  # leases cascade with their session
-    return Session(row=row, head_seq=row.head_seq, conversation=convo, lease=lease)
+    # Nothing is served yet: no watcher to tell of its phase.
+    board = StatusBoard()
+    return Session(row=row, head_seq=row.head_seq, board=board, conversation=convo, lease=lease)

@@ -34,9 +34,10 @@ from agentsd.child import Child, open_child
 from agentsd.child import ChildSpec as ProcessSpec
 from agentsd.held_lease import SETTLE_TIMEOUT_S, HeldLease, open_lease
 from agentsd.leases import Lease
-from agentsd.providers.base import Adapter, LineLink, Provider
-from agentsd.session import Session
+from agentsd.providers.base import Adapter, LineLink, Provider, Resume
+from agentsd.session import Session, had_turns
 from agentsd.sink import Sink
+from agentsd.stderr_log import StderrLog
 from agentsd_protocol.api.events import ChildReady
 from agentsd_protocol.api.session import ExitCause
 from agentsd_protocol.errors import (
@@ -61,6 +62,7 @@ EXIT_EOF_GRACE_S = 0.5
 # 64 KiB plus a partial line, journaled; a slow disk is the reason for the margin)
 # before the reader is stopped: something no scan finds holds the pipe.
 EXIT_DRAIN_S = 10.0
+MAX_QUOTED_CHARS = 500  # of the agent's last stderr line, in a start error's message
 
 
 @attrs.define(eq=False)
@@ -125,34 +127,28 @@ async def run_session(supervisor: Supervisor, session: Session, task: SessionTas
             task.ready.set()
         session.task = None
         task.done.set()
-        supervisor.status_maybe_changed(session)
 
 
 async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> None:
     provider = supervisor.provider(session.row.provider)
-    write = functools.partial(supervisor.write_events, session)
-    async with open_lease(session, write, functools.partial(_refuse_start, task)) as held:
+    async with open_lease(
+        session, session.journal.write, functools.partial(_refuse_start, task)
+    ) as held:
         task.held = held
-        supervisor.status_maybe_changed(session)
+        stderr = StderrLog(
+            supervisor.stderr_path(session.id), supervisor.config.stderr_log_max_bytes
+        )
         failure: RpcError | None = None
-        program = "agent"
         try:
-            environment = await supervisor.agent_env.snapshot()
-            process_spec = _process_spec(supervisor, session, provider, held.lease, environment.env)
-            program = process_spec.argv[0]
-            async with open_child(
-                process_spec, supervisor.ladder, held.child_spawned, held.child_exited
-            ) as child:
-                sink = Sink(supervisor, session, held.lease, task)
-                adapter = provider.adapter(LineLink(child.stdin, child.stdout), sink, session.row)
-                failure = await _attend(supervisor, session, held.lease, task, child, adapter, sink)
-        except RpcError as exc:
-            failure = exc
-        except (OSError, trio.TooSlowError) as exc:
-            failure = _classify_start_failure(exc, program)
+            async with stderr.capture() as stderr_fd:
+                failure = await _run_child(supervisor, session, task, provider, held, stderr_fd)
         finally:
             task.adapter = None
             held.cause = task.stop_cause or ("failed" if failure else "unexpected")
+            if held.cause in ("failed", "unexpected"):
+                # The agent's own words on why it ended (``agentsd.stderr_log`` Rule 2).
+                held.stderr_tail = stderr.tail()
+                failure = _quoting_stderr(failure, held.stderr_tail)
             held.failure = failure
             if failure is not None and not task.ready.is_set():
                 task.start_error = failure
@@ -165,12 +161,56 @@ def _refuse_start(task: SessionTask, error: RpcError) -> None:
         task.ready.set()
 
 
+async def _run_child(
+    supervisor: Supervisor,
+    session: Session,
+    task: SessionTask,
+    provider: Provider,
+    held: HeldLease,
+    stderr_fd: int,
+) -> RpcError | None:
+    """Spawn the agent, handshake and serve it until it ends; the failure that ended
+    it, if any. Raises nothing but cancellation (the stderr reader's nursery is
+    around it)."""
+    program = "agent"
+    try:
+        environment = await supervisor.agent_env.snapshot()
+        process_spec = _process_spec(
+            supervisor, session, provider, held.lease, environment.env, stderr_fd
+        )
+        program = process_spec.argv[0]
+        async with open_child(
+            process_spec, supervisor.ladder, held.child_spawned, held.child_exited
+        ) as child:
+            sink = Sink(session, held.lease, task)
+            adapter = provider.adapter(LineLink(child.stdin, child.stdout), sink, session.row)
+            return await _attend(supervisor, session, held.lease, task, child, adapter, sink)
+    except RpcError as exc:
+        return exc
+    except (OSError, trio.TooSlowError) as exc:
+        return _classify_start_failure(exc, program)
+
+
+def _quoting_stderr(failure: RpcError | None, tail: str | None) -> RpcError | None:
+    """``failure`` with the last line the agent wrote to stderr in its message and
+    the whole tail in its details (``stderrTail``): "exited during its handshake"
+    alone does not say why."""
+    if failure is None or tail is None:
+        return failure
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    last = lines[-1] if len(lines[-1]) <= MAX_QUOTED_CHARS else lines[-1][:MAX_QUOTED_CHARS] + "..."
+    return type(failure)(
+        f"{failure.message}; its stderr ends: {last}", **failure.details, stderrTail=tail
+    )
+
+
 def _process_spec(
     supervisor: Supervisor,
     session: Session,
     provider: Provider,
     lease: Lease,
     base_env: Mapping[str, str],
+    stderr_fd: int,
 ) -> ProcessSpec:
     """What to spawn, over ``base_env`` (``agentsd.agent_env``). A function of its own
     so that nothing it builds on the way (the launch spec, an evolved row) stays
@@ -190,7 +230,7 @@ def _process_spec(
         env={**provider_env, **spec.env, **row.env},
         base_env=base_env,
         token=lease.token,
-        stderr_path=supervisor.stderr_path(session.id),
+        stderr_fd=stderr_fd,
     )
 
 
@@ -198,17 +238,21 @@ async def _handshake(
     supervisor: Supervisor, session: Session, lease: Lease, task: SessionTask, adapter: Adapter
 ) -> None:
     timeout_s = supervisor.config.handshake_timeout_s
+    resume = None
+    if session.row.provider_handle is not None:
+        turns = await supervisor.store.read(lambda conn: had_turns(conn, session.id))
+        resume = Resume(handle=session.row.provider_handle, had_turns=turns)
     try:
         with trio.fail_after(timeout_s):
-            handle = await adapter.handshake(session.row.provider_handle)
+            handle = await adapter.handshake(resume)
     except trio.TooSlowError:
         raise HandshakeTimeout(
             f"the agent did not complete its handshake within {timeout_s:g} s"
         ) from None
+    ready = ChildReady(provider_handle=handle, generation=lease.generation)
     with trio.move_on_after(SETTLE_TIMEOUT_S) as slow:
-        await supervisor.append(
-            session,
-            [ChildReady(provider_handle=handle, generation=lease.generation)],
+        await session.journal.append(
+            [ready] if adapter.superseded is None else [adapter.superseded, ready],
             fence=lease.fence,
             provider_handle=handle,
         )
@@ -220,7 +264,6 @@ async def _handshake(
     task.adapter = adapter
     task.touch()
     task.ready.set()
-    supervisor.status_maybe_changed(session)
 
 
 async def _attend(

@@ -5,7 +5,11 @@ socket is bound only after the previous daemon's children were dealt with.
 
 Rule 2: shutdown is cancellation. SIGTERM, SIGINT and ``daemon.shutdown`` cancel the
 serving scope; connections end, then every session closes concurrently, then the
-socket file is removed and the lock released.
+socket file is removed (if it is still ours) and the lock released.
+
+Rule 5: the socket is the daemon's to keep (``agentsd.socket_keeper``): removed,
+replaced, or its directory created again, it is bound again within seconds, while
+connections already open go on being served.
 
 Rule 3: SIGHUP means what it means to the one who can send it. A daemon with no
 controlling terminal (systemd's ``ExecReload=``, ``agentsctl`` autostart, ``setsid``)
@@ -20,7 +24,7 @@ the first agent start, by at most its bound, and nothing else.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import logging
 import os
 import signal
@@ -35,11 +39,12 @@ from agentsd.agent_env import AgentEnvironment, resolve_mode
 from agentsd.app import App
 from agentsd.config import Config
 from agentsd.connection import Connection, Transport
-from agentsd.listener import TRANSIENT_ACCEPT_ERRNOS, SocketTransport, bind_socket, peer_uid
+from agentsd.listener import TRANSIENT_ACCEPT_ERRNOS, SocketTransport, peer_uid
 from agentsd.operations import Ledger
 from agentsd.paths import StateLock, ensure_private_dir
 from agentsd.providers import provider_registry
 from agentsd.recovery import recover
+from agentsd.socket_keeper import serve_kept_socket
 from agentsd.store.writer import open_store
 from agentsd.supervisor import open_supervisor
 from agentsd.systemd import (
@@ -133,38 +138,30 @@ async def _serve_sessions(
         ) as supervisor:
             app.attach(supervisor, Ledger(store))
             inherited = service.listener()
-            # A socket-activated listener belongs to the socket unit: used as is,
-            # never bound, chmod-ed or unlinked by us.
-            listen_sock = inherited if inherited is not None else bind_socket(app.socket_path)
             notifier = service.notifier
-            try:
-                listener = trio.socket.from_stdlib_socket(listen_sock)
-                with app.serving_scope:
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(_serve_connections, listener, app, nursery)
-                        if service.watchdog_s is not None:
-                            await nursery.start(
-                                run_watchdog, notifier, service.watchdog_s, store.writer_healthy
-                            )
-                        log.info("agentsd %s serving on %s", app.version, app.socket_path)
-                        if app.recovery.summary:
-                            log.info("recovery: %s", app.recovery.summary)
-                        notifier.ready()
-                        nursery.start_soon(_report_status, app, notifier)
-                        task_status.started(app)
-            finally:
-                if inherited is None:
-                    listen_sock.close()
-                    _unlink_socket(app.socket_path)
+            with app.serving_scope:
+                async with trio.open_nursery() as nursery:
+                    serve = functools.partial(_serve_connections, app=app, nursery=nursery)
+                    if inherited is not None:
+                        # A socket-activated listener belongs to the socket unit: used
+                        # as is, never bound, chmod-ed, watched or unlinked by us.
+                        nursery.start_soon(serve, trio.socket.from_stdlib_socket(inherited))
+                    else:
+                        await nursery.start(serve_kept_socket, app.socket_path, serve)
+                    if service.watchdog_s is not None:
+                        await nursery.start(
+                            run_watchdog, notifier, service.watchdog_s, store.writer_healthy
+                        )
+                    log.info("agentsd %s serving on %s", app.version, app.socket_path)
+                    if app.recovery.summary:
+                        log.info("recovery: %s", app.recovery.summary)
+                    notifier.ready()
+                    nursery.start_soon(_report_status, app, notifier)
+                    task_status.started(app)
             running = supervisor.counts().running
             notifier.stopping()
             notifier.status(f"closing {running} running sessions")
             log.info("closing %d running sessions", running)
-
-
-def _unlink_socket(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
 
 
 def has_controlling_terminal() -> bool:
@@ -213,8 +210,10 @@ async def _report_status(app: App, notifier: Notifier) -> None:
 
 
 async def _serve_connections(
-    listener: trio.socket.SocketType, app: App, nursery: trio.Nursery
+    listener: trio.socket.SocketType, *, app: App, nursery: trio.Nursery
 ) -> None:
+    """Accept on ``listener`` until cancelled; each connection runs in ``nursery``,
+    which outlives the listener (``agentsd.socket_keeper`` Rule 3)."""
     my_uid = os.geteuid()
     while True:
         try:

@@ -3,12 +3,17 @@
 Rule 1: ``Session`` is owned by the supervisor; only the session's own task changes
 ``phase``, ``lease`` and ``child`` (and the settle of an unproven exit, under
 ``lock``, while no task runs); handlers change the record under ``lock``. ``phase``
-changes only through ``Session.transition``, by the table in ``agentsd.phase``.
+changes only through ``Session.transition``, by the table in ``agentsd.phase``, which
+tells the status board.
 
 Rule 2: ``status`` is never set directly. It is derived by ``Conversation.apply``
 from journal events, in seq order: ``attention`` while an approval is pending,
 ``working`` while a turn runs or a submission has no dispatch outcome, else ``idle``.
 Replaying the journal tail after a restart gives the same answer.
+
+Rule 3: ``head_seq`` and ``conversation`` change only through the session's journal
+port (``agentsd.session_journal``), after a commit: every writer of the session's
+events goes through that port.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import trio
 
 from agentsd.leases import Lease
 from agentsd.phase import advance, initial_phase
-from agentsd.store.journal import last_seq_of_kind, read_events
+from agentsd.store.journal import has_kind_after, last_seq_of_kind, read_events
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.api.events import (
     ApprovalRequested,
@@ -30,6 +35,7 @@ from agentsd_protocol.api.events import (
     Event,
     Submission,
     SubmissionDispatched,
+    ThreadSuperseded,
     TurnCompleted,
     TurnStarted,
     UnknownEvent,
@@ -47,6 +53,8 @@ from agentsd_protocol.api.session import (
 
 if TYPE_CHECKING:
     from agentsd.runner import SessionTask
+    from agentsd.session_journal import SessionJournal
+    from agentsd.status_board import StatusBoard
 
 
 MAX_RECENT_RESOLUTIONS = 256  # per session; enough for every client racing on recent ones
@@ -124,6 +132,8 @@ class Conversation:
 class Session:
     row: SessionRow
     head_seq: int
+    # Told of every change of phase or status; shared by the daemon's sessions.
+    board: StatusBoard
     lease: Lease | None = None
     _phase: Phase = attrs.field(
         init=False, default=attrs.Factory(lambda self: initial_phase(self.lease), takes_self=True)
@@ -138,6 +148,9 @@ class Session:
     claims: dict[str, ApprovalResolved] = attrs.field(factory=dict)
     deleting: bool = False
     lock: trio.Lock = attrs.field(factory=trio.Lock)
+    # Bound by the supervisor when it registers the session (Rule 3). Recovery
+    # settles sessions of its own, before anything is served, with the store's write.
+    journal: SessionJournal = attrs.field(init=False, repr=False)
 
     @property
     def id(self) -> str:
@@ -158,6 +171,7 @@ class Session:
     def transition(self, new: Phase) -> None:
         """Move to phase ``new``; raises ``PhaseError`` if the table has no such move."""
         self._phase = advance(self._phase, new)
+        self.board.changed(self)
 
     def info(self) -> SessionInfo:
         row = self.row
@@ -194,3 +208,11 @@ def derive_conversation(conn: sqlite3.Connection, session_id: str) -> Conversati
             after = event.seq
         if not more or not page:
             return convo
+
+
+def had_turns(conn: sqlite3.Connection, session_id: str) -> bool:
+    """Whether the session's current provider conversation had a turn: a
+    ``turn.started`` since the last ``thread.superseded`` (which began it), so the
+    provider must have saved it."""
+    began = last_seq_of_kind(conn, session_id, kind_of(ThreadSuperseded))
+    return has_kind_after(conn, session_id, kind_of(TurnStarted), began)

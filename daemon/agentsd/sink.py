@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from agentsd.feed import Delta
 from agentsd.leases import Lease, is_current
 from agentsd.session import Session
 from agentsd_protocol.api.events import (
@@ -38,7 +37,6 @@ from agentsd_protocol.api.events import (
 
 if TYPE_CHECKING:
     from agentsd.runner import SessionTask
-    from agentsd.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -96,16 +94,12 @@ class Sink:
         "_items",
         "_lease",
         "_session",
-        "_supervisor",
         "_task",
         "alarm",
         "snapshot_due",
     )
 
-    def __init__(
-        self, supervisor: Supervisor, session: Session, lease: Lease, task: SessionTask
-    ) -> None:
-        self._supervisor = supervisor
+    def __init__(self, session: Session, lease: Lease, task: SessionTask) -> None:
         self._session = session
         self._lease = lease
         self._task = task
@@ -152,7 +146,7 @@ class Sink:
             case _:
                 pass
         events.append(event)
-        stored = await self._supervisor.append(self._session, events, fence=self._lease.fence)
+        stored = await self._session.journal.append(events, fence=self._lease.fence)
         return stored[-1].seq
 
     def delta(self, item_id: str, text: str) -> None:
@@ -166,15 +160,12 @@ class Sink:
             self.snapshot_due = trio.current_time() + SNAPSHOT_INTERVAL_S
             if self.alarm is not None and self.alarm.deadline > self.snapshot_due:
                 self.alarm.deadline = self.snapshot_due
-        self._supervisor.feed.publish_delta(
-            self._session.id,
-            Delta(item_id=item_id, offset=offset, text=text, after_seq=self._session.head_seq),
-        )
+        self._session.journal.publish_delta(item_id, offset, text)
 
     async def flush_snapshots(self) -> None:
         events = self._snapshots()
         if events and self._current():
-            await self._supervisor.append(self._session, events, fence=self._lease.fence)
+            await self._session.journal.append(events, fence=self._lease.fence)
 
     async def approval_requested(
         self,
@@ -218,8 +209,7 @@ class Sink:
         options = {**self._session.row.options, **changes}
         if options == self._session.row.options:
             return
-        await self._supervisor.append(
-            self._session,
+        await self._session.journal.append(
             [SessionUpdated(options=options, by="agent")],
             fence=self._lease.fence,
             options=options,

@@ -4,10 +4,10 @@ Rule 1: every session task runs in the supervisor's nursery; nothing else spawns
 agent children. Leaving ``open_supervisor`` stops every session concurrently (cause
 ``shutdown``) and returns only when every child was reaped and every lease settled.
 
-Rule 2: every journal append goes through ``append``/``write_events``: the store
-commits first, then the in-memory session (head seq, conversation, status) is
-updated and the events are published to subscribers. Nothing is published that is
-not durable.
+Rule 2: the supervisor is not on the way of a session's events. It binds each
+session it registers to its journal port (``agentsd.session_journal``), through
+which the handlers, the session task and the provider sink write, commit first and
+publish after; and it shares one status board among them (``agentsd.status_board``).
 
 Rule 3: ``start`` and ``delete`` take the session's lock to check-and-act; waiting
 for an agent to become ready or to be reaped happens outside it, so a close is never
@@ -22,10 +22,10 @@ import os
 import stat
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
 import msgspec
@@ -41,15 +41,17 @@ from agentsd.procfs import current_scanner
 from agentsd.providers.base import Provider
 from agentsd.runner import SessionTask, run_session
 from agentsd.session import Session, derive_conversation
+from agentsd.session_journal import SessionJournal
+from agentsd.status_board import StatusBoard
+from agentsd.stderr_log import remove_log
 from agentsd.store import leases as lease_rows
 from agentsd.store import sessions as session_rows
 from agentsd.store.database import StoreConnection
 from agentsd.store.journal import StoredEvent
 from agentsd.store.writer import Store
 from agentsd_protocol.api.daemon import SessionCounts
-from agentsd_protocol.api.events import Event, SessionCreated, decode_event
+from agentsd_protocol.api.events import SessionCreated
 from agentsd_protocol.api.session import ExitCause, ExitInfo, SessionError, SessionInfo
-from agentsd_protocol.api.stream import SessionStatus, StatusNotification
 from agentsd_protocol.errors import (
     CwdNotDirectory,
     CwdNotFound,
@@ -64,15 +66,7 @@ from agentsd_protocol.errors import (
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 HOST_ID_FILE = "host-id"
-
-
-@attrs.define(eq=False)
-class Watch:
-    id: str
-    notify: Callable[[StatusNotification], bool]
 
 
 class Supervisor:
@@ -91,11 +85,10 @@ class Supervisor:
         self.state_dir = state_dir
         self.ladder = config.ladder
         self.feed = Feed()
+        self.board = StatusBoard()
         self.sessions: dict[str, Session] = {}
-        self.watches: dict[str, Watch] = {}
         self._providers = providers
         self._nursery = nursery
-        self._notified: dict[str, tuple[str, str]] = {}
         self.host_id = _host_id(state_dir)
 
     # ---- lookup -------------------------------------------------------------------
@@ -159,87 +152,6 @@ class Supervisor:
             attention=sum(1 for s in sessions if s.status == "attention"),
         )
 
-    # ---- journal ------------------------------------------------------------------
-
-    async def write_events(
-        self,
-        session: Session,
-        op: Callable[[Any], tuple[T, list[StoredEvent]]],
-    ) -> tuple[T, list[StoredEvent]]:
-        """Run a store op that returns ``(value, stored_events)``; after the commit,
-        apply and publish the events."""
-        value, stored = await self.store.write(op)
-        self._after_commit(session, stored)
-        return value, stored
-
-    async def append(
-        self,
-        session: Session,
-        events: Sequence[Event],
-        *,
-        fence: int | None = None,
-        **fields: Any,
-    ) -> list[StoredEvent]:
-        """Journal ``events`` (and update session columns ``fields``) durably; the
-        session's in-memory row takes ``fields`` once they are committed."""
-        fence = session.fence if fence is None else fence
-        now = time.time()
-        if fields:
-            stored = await self.store.write(
-                lambda conn: session_rows.update_session(
-                    conn, session.id, fence, now, events, **fields
-                )
-            )
-        else:
-            stored = await self.store.append(
-                session.id, fence, session_rows.encode_events(events), now
-            )
-        if fields:
-            session.row = attrs.evolve(session.row, **fields)
-        self._after_commit(session, stored)
-        return stored
-
-    def _after_commit(self, session: Session, stored: Sequence[StoredEvent]) -> None:
-        if not stored:
-            return
-        for event in stored:
-            if event.seq > session.head_seq:
-                session.head_seq = event.seq
-            session.conversation.apply(event.seq, decode_event(event.kind, event.body))
-        session.row = attrs.evolve(session.row, updated_at=stored[-1].ts)
-        self.feed.publish(session.id, stored)
-        self.status_maybe_changed(session)
-
-    # ---- watch --------------------------------------------------------------------
-
-    def session_status(self, session: Session) -> SessionStatus:
-        return SessionStatus(
-            session_id=session.id,
-            title=session.row.title,
-            provider=session.row.provider,
-            phase=session.phase,
-            status=session.status,
-            head_seq=session.head_seq,
-        )
-
-    def status_maybe_changed(self, session: Session, *, deleted: bool = False) -> None:
-        key = (session.phase, session.status)
-        if not deleted and self._notified.get(session.id) == key:
-            return
-        if deleted:
-            self._notified.pop(session.id, None)
-        else:
-            self._notified[session.id] = key
-        if not self.watches:
-            return
-        status = self.session_status(session)
-        for watch in tuple(self.watches.values()):
-            ok = watch.notify(
-                StatusNotification(watch_id=watch.id, session=status, deleted=deleted)
-            )
-            if not ok:
-                self.watches.pop(watch.id, None)
-
     # ---- lifecycle ----------------------------------------------------------------
 
     async def load(self) -> None:
@@ -251,7 +163,15 @@ class Supervisor:
                 functools.partial(lease_rows.latest_lease, session_id=row.id)
             )
             # A lease still held (its exit unproven) makes the session exit-unproven.
-            session = Session(row=row, head_seq=row.head_seq, conversation=convo, lease=lease)
+            session = self._bound(
+                Session(
+                    row=row,
+                    head_seq=row.head_seq,
+                    board=self.board,
+                    conversation=convo,
+                    lease=lease,
+                )
+            )
             if row.last_exit is not None:
                 session.last_exit = msgspec.convert(row.last_exit, ExitInfo)
             if row.error is not None:
@@ -289,18 +209,22 @@ class Supervisor:
             updated_at=now,
         )
         created = SessionCreated(provider=provider, cwd=cwd, title=title)
-        session = Session(row=row, head_seq=0)
+        session = self._bound(Session(row=row, head_seq=0, board=self.board))
 
-        def insert(conn: StoreConnection) -> list[StoredEvent]:
+        def insert(conn: StoreConnection) -> tuple[None, list[StoredEvent]]:
             stored = session_rows.insert_session(conn, row, [created])
             if operation is not None and provisional is not None:
                 info = attrs.evolve(session, head_seq=stored[-1].seq).info()
                 record_provisional(conn, operation, provisional(info))
-            return stored
+            return None, stored
 
-        stored = await self.store.write(insert)
+        await session.journal.write(insert)
         self.sessions[row.id] = session
-        self._after_commit(session, stored)
+        return session
+
+    def _bound(self, session: Session) -> Session:
+        """``session``, bound to its journal port."""
+        session.journal = SessionJournal(session, self.store, self.feed)
         return session
 
     async def start(self, session: Session) -> None:
@@ -363,8 +287,12 @@ class Supervisor:
             session.deleting = False
             raise
         self.sessions.pop(session.id, None)
+        try:
+            await trio.to_thread.run_sync(remove_log, self.stderr_path(session.id))
+        except OSError as exc:
+            log.warning("could not remove the stderr log of session %s: %s", session.id, exc)
         self.feed.end_session(session.id, "deleted")
-        self.status_maybe_changed(session, deleted=True)
+        self.board.deleted(session)
 
     async def _retry_unproven(self, session: Session) -> None:
         """End what may remain of the child of the session's held lease and settle
@@ -380,8 +308,7 @@ class Supervisor:
         outcome = report.outcomes.get(identity, EndOutcome.UNPROVEN)
         if outcome is EndOutcome.UNPROVEN:
             raise ExitUnproven(f"the agent of session {session.id} still cannot be proven gone")
-        await settle(session, functools.partial(self.write_events, session), "requested", outcome)
-        self.status_maybe_changed(session)
+        await settle(session, session.journal.write, "requested", outcome)
 
     def stop_all(self, cause: ExitCause) -> None:
         for session in self.sessions.values():

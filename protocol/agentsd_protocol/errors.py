@@ -229,6 +229,14 @@ class AgentUnsupported(RpcError):
     kind = "agent_unsupported"
 
 
+class ResumeFailed(RpcError):
+    """A conversation that had turns could not be resumed: the message carries the
+    agent's own words. agentsd never starts a fresh conversation in its place."""
+
+    code = -32024
+    kind = "resume_failed"
+
+
 def _all_subclasses(cls: type[RpcError]) -> list[type[RpcError]]:
     out: list[type[RpcError]] = []
     for sub in cls.__subclasses__():

@@ -4,7 +4,10 @@
    against the floor for any durable log on this disk, ``os.write`` + ``os.fsync``
    of one record per iteration, in the same directory. Goal: >= 0.7x. Also shown:
    the same SQL run inline on a connection of its own (the writer's memory of
-   heads included), SQLite's share of the cost.
+   heads included), SQLite's share of the cost; and the writer's thread round
+   trip alone (``queue.SimpleQueue`` to a thread, ``run_sync_soon`` back, a
+   parked task rescheduled: what ``handoff`` does, with no SQL), which bounds a
+   lone write at write+fsync / (write+fsync + round trip) even with free SQL.
    The baselines on the store's file use the store's WAL checkpoint interval.
 2. Group-committed appends: ``APPENDERS`` concurrent tasks, each on its own
    session, appending one event per ``write``, then ten per ``write`` (a session
@@ -37,8 +40,10 @@ counts: these machines are shared, and the best round is the least disturbed.
 from __future__ import annotations
 
 import os
+import queue
 import sqlite3
 import tempfile
+import threading
 import time
 from contextlib import closing
 from pathlib import Path
@@ -114,6 +119,30 @@ def _inline_single_commits(path: Path, session_id: str) -> float:
             done += 1
         elapsed = time.perf_counter() - started
     return done / elapsed
+
+
+async def _thread_round_trip_s() -> float:
+    """Seconds per round trip to a thread and back, as the writer's handoff makes
+    one for a lone write: put on a ``queue.SimpleQueue``, ``run_sync_soon`` from
+    the thread, the waiting task rescheduled. No SQL."""
+    token = trio.lowlevel.current_trio_token()
+    inbox: queue.SimpleQueue[trio.lowlevel.Task | None] = queue.SimpleQueue()
+
+    def serve() -> None:
+        while (task := inbox.get()) is not None:
+            token.run_sync_soon(trio.lowlevel.reschedule, task)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        started = time.perf_counter()
+        for _ in range(SINGLE_COMMITS):
+            inbox.put(trio.lowlevel.current_task())
+            await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+        return (time.perf_counter() - started) / SINGLE_COMMITS
+    finally:
+        inbox.put(None)
+        await trio.to_thread.run_sync(thread.join)
 
 
 def _one_page_ceiling(directory: Path) -> float:
@@ -265,7 +294,9 @@ async def _run(directory: Path) -> None:
         ours: list[float] = []
         floor: list[float] = []
         inline: list[float] = []
+        round_trip: list[float] = []
         for _ in range(ROUNDS):
+            round_trip.append(await _thread_round_trip_s())
             floor.append(await trio.to_thread.run_sync(_fsync_baseline, directory))
             ours.append(await _single_commits(store, sessions[0], SINGLE_COMMITS))
             inline.append(
@@ -277,6 +308,13 @@ async def _run(directory: Path) -> None:
             f"write+fsync {best_floor:,.0f}/s: {best_ours / best_floor:.2f}x (goal >= 0.7x); "
             f"same SQL inline without the store {best_inline:,.0f}/s "
             f"({best_inline / best_floor:.2f}x write+fsync)",
+            flush=True,
+        )
+        fsync_s, trip_s = 1 / best_floor, min(round_trip)
+        print(
+            f"writer thread round trip alone (no SQL): {trip_s * 1e6:.0f} us against"
+            f" {fsync_s * 1e6:.0f} us write+fsync: a lone write's ceiling"
+            f" {fsync_s / (fsync_s + trip_s):.2f}x write+fsync",
             flush=True,
         )
 

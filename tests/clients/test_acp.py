@@ -124,6 +124,20 @@ def test_a_submission_is_a_user_message_unless_this_bridge_sent_it() -> None:
     assert translator.event(mine) == []
 
 
+def test_a_superseded_conversation_and_an_agents_last_words_are_shown_as_notes() -> None:
+    """Notes from agentsd, set apart as thoughts; an exit on request says nothing."""
+    translator = UpdateTranslator()
+    superseded = ev("thread.superseded", previousHandle="th-1", handle="th-2", reason="never saved")
+    crashed = ev("child.exited", cause="unexpected", returncode=1, stderrTail="panic: boom\n")
+    closed = ev("child.exited", cause="requested", returncode=0)
+    notes = [wire(translator.event(e)) for e in (superseded, crashed, closed)]
+    assert [[(u["sessionUpdate"], u["content"]["text"]) for u in n] for n in notes] == [
+        [("agent_thought_chunk", "A new conversation (th-2) took the place of th-1: never saved")],
+        [("agent_thought_chunk", "The agent exited; its stderr ends:\npanic: boom\n")],
+        [],
+    ]
+
+
 @settings(max_examples=100, deadline=None)  # a shared machine; no per-example deadline
 @given(
     text=hs.text(min_size=1, max_size=60),

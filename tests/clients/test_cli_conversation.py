@@ -773,6 +773,38 @@ def test_the_transcript_ends_partial_text_before_other_lines() -> None:
     assert out.getvalue() == "thinking about\n! agent error: boom\nother\n it\n"
 
 
+def test_the_transcript_says_why_the_agent_ended_and_why_its_conversation_changed() -> None:
+    out = io.StringIO()
+    transcript = Transcript(out)
+    transcript.event(
+        _event(
+            1,
+            "thread.superseded",
+            previousHandle="th-1",
+            handle="th-2",
+            reason="codex never saved thread th-1, which had no turn",
+        )
+    )
+    transcript.event(
+        _event(
+            2,
+            "child.exited",
+            cause="failed",
+            returncode=1,
+            error={"kind": "agent_exited", "message": "it exited"},
+            stderrTail="warming up\n\x1b[31merror: bad flag\n",
+        )
+    )
+    assert out.getvalue().splitlines() == [
+        "-- new conversation th-2 in place of th-1: codex never saved thread th-1, which had "
+        "no turn",
+        "-- agent exited: failed, code 1, agent_exited: it exited",
+        "  its stderr ends:",
+        "  | warming up",
+        "  | \\x1b[31merror: bad flag",
+    ]
+
+
 # -- usage ------------------------------------------------------------------------
 
 

@@ -90,11 +90,9 @@ class JsonLines:
         return frame
 
 
-def mock_spec(
-    token: str, options: dict[str, Any] | None = None, stderr_path: Path | None = None
-) -> ChildSpec:
+def mock_spec(token: str, options: dict[str, Any] | None = None) -> ChildSpec:
     env = {"AGENTSD_MOCK_OPTIONS": json.dumps(options or {})}
-    return ChildSpec(argv=MOCK_AGENT, cwd="/", env=env, token=token, stderr_path=stderr_path)
+    return ChildSpec(argv=MOCK_AGENT, cwd="/", env=env, token=token)
 
 
 async def ignore_identity(identity: ChildIdentity) -> None:
@@ -233,21 +231,27 @@ async def test_children_do_not_inherit_descriptors(make_token: MakeToken, tmp_pa
     assert str(tmp_path / "inheritable") not in targets
 
 
-async def test_stderr_is_appended_to_the_given_file(make_token: MakeToken, tmp_path: Path) -> None:
+async def test_stderr_goes_to_the_given_descriptor_which_stays_the_callers(
+    make_token: MakeToken, tmp_path: Path
+) -> None:
     exits: list[ChildExit] = []
-    log = tmp_path / "agent.stderr"
-    log.write_text("earlier run\n")
+    read_fd, write_fd = os.pipe()
     spec = ChildSpec(
         argv=[sys.executable, "-c", "import sys; sys.stderr.write('this run\\n')"],
         cwd=str(tmp_path),
         env={},
         token=make_token(),
-        stderr_path=log,
+        stderr_fd=write_fd,
     )
-    with trio.fail_after(15):
-        async with open_child(spec, QUICK, ignore_identity, exits.append) as child:
-            assert await child.wait() == 0
-    assert log.read_text() == "earlier run\nthis run\n"
+    try:
+        with trio.fail_after(15):
+            async with open_child(spec, QUICK, ignore_identity, exits.append) as child:
+                assert await child.wait() == 0
+        os.fstat(write_fd)  # still open: the caller closes it
+        os.close(write_fd)
+        assert os.read(read_fd, 100) == b"this run\n"
+    finally:
+        os.close(read_fd)
     assert exits == [ExitProof(returncode=0, signal=None, stragglers_killed=0)]
 
 

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from agentsd.config import Config, ConfigError, Ladder, load_config
-from tests.daemon_process import make_temp_dir, run_daemon
+from agentsd.config import Config, ConfigError, Ladder, check_config, load_config
+from tests.daemon_process import (
+    DaemonProcess,
+    daemon_env,
+    make_temp_dir,
+    run_daemon,
+    wait_until_serving,
+)
 
 EXIT_USAGE = 2  # agentsd.main: bad options or configuration
 
@@ -148,3 +156,102 @@ def test_an_unknown_provider_in_the_config_is_refused(tmp_path: Path) -> None:
     result = run_daemon(["--config", str(config), "--state-dir", str(tmp_path / "state")])
     assert result.returncode == 2
     assert "nosuch" in result.stderr
+
+
+# ---- every value is checked at load (issue 18: nonsense config was accepted) ----------------
+
+# (TOML text, the dotted key, the value as shown, a piece of the allowed range)
+NONSENSE = [
+    pytest.param("handshake_timeout_s = -1\n", "handshake_timeout_s", "-1", "more than 0",
+                 id="negative-handshake-timeout"),
+    pytest.param("handshake_timeout_s = nan\n", "handshake_timeout_s", "nan", "more than 0",
+                 id="nan-handshake-timeout"),
+    pytest.param("idle_timeout_s = inf\n", "idle_timeout_s", "inf", "at most 2592000",
+                 id="infinite-idle-timeout"),
+    pytest.param("[ladder]\nterm_grace_s = -0.5\n", "ladder.term_grace_s", "-0.5", "at least 0",
+                 id="negative-ladder-grace"),
+    pytest.param("[ladder]\nkill_wait_s = 0\n", "ladder.kill_wait_s", "0", "at least 0.1",
+                 id="zero-kill-wait"),
+    pytest.param("max_frame_bytes = 0\n", "max_frame_bytes", "0", "at least 4096",
+                 id="zero-max-frame-bytes"),
+    pytest.param('[providers.mock]\nenv = { "A=B" = "1" }\n', "providers.mock.env", "'A=B'",
+                 "without '='", id="env-key-with-equals"),
+    pytest.param('[providers.mock]\nenv = { "A\\u0000B" = "1" }\n', "providers.mock.env",
+                 "'A\\x00B'", "NUL", id="env-key-with-nul"),
+    pytest.param('[providers.mock]\nenv = { "" = "1" }\n', "providers.mock.env", "''",
+                 "non-empty", id="empty-env-key"),
+    pytest.param('socket = "run/agentsd.sock"\n', "socket", "'run/agentsd.sock'", "absolute",
+                 id="relative-socket-path"),
+    pytest.param('state_dir = "state"\n', "state_dir", "'state'", "absolute",
+                 id="relative-state-dir"),
+    pytest.param("[providers.mock]\ncommand = []\n", "providers.mock.command", "[]",
+                 "non-empty list", id="empty-command"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "key", "shown", "allowed"), NONSENSE)
+def test_a_value_out_of_its_range_is_refused_naming_key_value_and_range(
+    base: Path, text: str, key: str, shown: str, allowed: str
+) -> None:
+    path = write(base, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, required=True)
+    message = str(info.value)
+    assert f"{key} = " in message, message
+    assert shown in message, message
+    assert allowed in message, message
+
+
+@pytest.mark.parametrize(("text", "key", "shown", "allowed"), NONSENSE)
+def test_the_daemon_refuses_nonsense_config_at_start_with_exit_2(
+    base: Path, text: str, key: str, shown: str, allowed: str
+) -> None:
+    path = write(base, text)
+    assert_usage_error(base, "--config", str(path), needles=[key, shown, allowed])
+
+
+def test_a_huge_bad_value_is_quoted_as_a_bounded_excerpt(base: Path) -> None:
+    path = write(base, f'state_dir = "{"x" * 1_000_000}"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path, required=True)
+    message = str(info.value)
+    assert len(message) < 500, len(message)
+    assert "… (1000000 bytes)" in message
+
+
+def test_the_edges_of_each_range_are_accepted(base: Path) -> None:
+    path = write(
+        base,
+        "handshake_timeout_s = 3600\nmax_frame_bytes = 4096\nidle_timeout_s = 0.5\n"
+        "[ladder]\neof_grace_s = 0\nterm_grace_s = 0\nkill_wait_s = 0.1\nproof_rounds = 0\n",
+    )
+    config = load_config(path, required=True)
+    assert config.ladder.term_grace_s == 0
+    assert config.max_frame_bytes == 4096
+
+
+def test_the_defaults_pass_their_own_checks() -> None:
+    assert list(check_config(Config())) == []
+
+
+def test_a_socket_path_too_long_for_af_unix_is_refused(base: Path) -> None:
+    long_socket = "/tmp/" + "s" * 120 + ".sock"
+    assert_usage_error(base, "--socket", long_socket, needles=["107 bytes", "AF_UNIX"])
+
+
+def test_a_relative_socket_option_is_taken_under_the_current_directory(base: Path) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agentsd", "--socket", "rel.sock", "--state-dir", "st"],
+        cwd=base, env=daemon_env(base), stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        daemon = DaemonProcess(base / "rel.sock", base / "st", process, base / "no.log")
+        wait_until_serving(daemon)
+        _pid, socket_path, *_ = (base / "st" / "agentsd.lock").read_text().split("\n")
+        assert socket_path == str(base / "rel.sock")
+        assert daemon.stop() == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -39,14 +39,16 @@ from agentsd.connection import (
 from agentsd.feed import CONNECTION_HIGH_WATER_BYTES, MAX_QUEUED
 from agentsd.operations import Ledger
 from agentsd.providers import provider_registry
-from agentsd.store.journal import StoredEvent
+from agentsd.store.journal import StoredEvent, read_events
 from agentsd.store.writer import open_store
 from agentsd.supervisor import open_supervisor
 from agentsd_protocol.framing import FrameDecoder, Framing, encode_frame
+from tests.daemon.test_feed_frames import old_notification
 
 # Far beyond every timeout under test: reached (in fake time) only when the
 # behaviour under test is broken and a test would otherwise wait forever.
 GUARD_S = 1000.0
+CATCH_UP_GUARD_S = 60.0  # real time, for a test that reads the store
 PING = {"jsonrpc": "2.0", "id": 1, "method": "daemon.ping"}
 
 Stream = trio.StapledStream[Any, Any]
@@ -440,3 +442,51 @@ async def test_a_slow_reader_holds_the_outbound_queue_at_its_high_water_mark(
         assert end["method"] == "agentSession.lagged", end
         assert seqs == list(range(head + 1, end["params"]["resumeAfterSeq"] + 1))
         assert served.connection.closed_reason is None
+
+
+# ---- catch-up (feed Rule 4) ------------------------------------------------------------
+
+
+async def test_a_caught_up_stream_is_frame_for_frame_what_one_message_per_event_sent(
+    autojump_clock: trio.testing.MockClock, daemon: Daemon
+) -> None:
+    """More events than a catch-up page holds, bodies of every size up to 64 KiB, so
+    pages split into several writes; each framing."""
+    store = daemon.app.supervisor.store
+    session = daemon.app.supervisor.get(daemon.session_id)
+    sizes = [0, 10, 200, 4000, 65536]
+    items = [
+        ("agent.warning", msgspec.json.encode({"source": "test", "message": "x" * sizes[n % 5]}))
+        for n in range(3000)
+    ]
+    # Catch-up reads the store in its thread, in real time: no jumps meanwhile.
+    autojump_clock.autojump_threshold = math.inf
+    await store.append(daemon.session_id, 0, items, time.time())
+    stored, _ = await store.read(
+        lambda conn: read_events(conn, daemon.session_id, limit=10_000, max_bytes=1 << 30)
+    )
+    session.head_seq = stored[-1].seq
+    for framing in Framing:
+        with trio.fail_after(CATCH_UP_GUARD_S):
+            served = connect(daemon, framing)
+            await served.peer.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": "sub",
+                    "method": "agentSession.subscribe",
+                    "params": {"sessionId": daemon.session_id, "afterSeq": 0},
+                }
+            )
+            reply: Any = await served.peer.recv()
+            subscription_id = reply["result"]["subscriptionId"]
+            expected = b"".join(
+                encode_frame(framing, old_notification(subscription_id, daemon.session_id, e))
+                for e in stored
+            )
+            reply_frame = encode_frame(framing, msgspec.json.encode(reply))
+            while len(served.peer.received) < len(reply_frame) + len(expected):
+                assert await served.peer.receive_some(1 << 20), "the connection closed"
+            received = bytes(served.peer.received)
+            assert received[len(reply_frame) :] == expected
+            await served.peer.stream.aclose()
+            await served.done.wait()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -33,6 +34,20 @@ from agentsd_protocol.api.stream import DeltaNotification, EventNotification, La
 from tests.polling import eventually
 
 SESSION = "s1"
+NOTIFICATION_TYPES: dict[str, type[Any]] = {
+    "agentSession.event": EventNotification,
+    "agentSession.delta": DeltaNotification,
+    "agentSession.lagged": LaggedNotification,
+}
+
+
+class Notification(msgspec.Struct, frozen=True):
+    jsonrpc: str
+    method: str
+    params: msgspec.Raw
+
+
+_notification_decoder = msgspec.json.Decoder(Notification)
 
 
 class FakeConnection:
@@ -46,6 +61,17 @@ class FakeConnection:
 
     def notify(self, method: str, params: object) -> bool:
         self.sent.append((method, params))
+        return True
+
+    def send_message(self, body: bytes) -> bool:
+        message = _notification_decoder.decode(body)
+        params_type = NOTIFICATION_TYPES[message.method]
+        self.sent.append((message.method, msgspec.json.decode(message.params, type=params_type)))
+        return True
+
+    def send_messages(self, bodies: Sequence[bytes]) -> bool:
+        for body in bodies:
+            self.send_message(body)
         return True
 
     async def wait_outbound_below(self, limit: int) -> None:

@@ -16,6 +16,7 @@ from agentsd.child import ExitProof, ExitUnproven
 from agentsd.held_lease import Proof, settle
 from agentsd.leftovers import EndOutcome
 from agentsd.session import Session
+from agentsd.status_board import StatusBoard
 from agentsd.store import leases as lease_rows
 from agentsd.store import sessions as session_rows
 from agentsd.store.journal import read_events
@@ -38,7 +39,7 @@ async def held_session(store: Store, session_id: str) -> Session:
     lease, _ = await store.write(
         lambda conn: lease_rows.acquire_lease(conn, session_id, time.time())
     )
-    return Session(row=row, head_seq=1, lease=lease)
+    return Session(row=row, head_seq=1, board=StatusBoard(), lease=lease)
 
 
 async def journal(store: Store, session_id: str) -> list[tuple[str, dict[str, Any]]]:

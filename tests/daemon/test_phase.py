@@ -12,6 +12,7 @@ from agentsd import leases
 from agentsd.leases import ExitEvidence, Identity
 from agentsd.phase import TRANSITIONS, PhaseError, advance, initial_phase
 from agentsd.session import Session
+from agentsd.status_board import StatusBoard
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.api.session import Phase
 
@@ -32,7 +33,7 @@ def a_session(lease: leases.Lease | None = None) -> Session:
         created_at=0.0,
         updated_at=0.0,
     )
-    return Session(row=row, head_seq=0, lease=lease)
+    return Session(row=row, head_seq=0, board=StatusBoard(), lease=lease)
 
 
 def test_the_table_names_every_phase_and_only_phases() -> None:

@@ -422,7 +422,7 @@ async def test_fencing_events_from_a_previous_child_are_not_journaled(
             await sup.start(session)
             first = session.lease
             assert first is not None
-            stale = Sink(sup, session, first, SessionTask())
+            stale = Sink(session, first, SessionTask())
             await sup.close(session)
             await sup.start(session)
             assert session.fence == first.fence + 1
@@ -431,7 +431,7 @@ async def test_fencing_events_from_a_previous_child_are_not_journaled(
             stale.delta("item-x", "old text")
             await stale.flush_snapshots()
             assert session.lease is not None
-            current = Sink(sup, session, session.lease, SessionTask())
+            current = Sink(session, session.lease, SessionTask())
             await current.emit(AgentError(message="from the current child"))
             events = await journal(store, session.id)
             assert [b["message"] for _, k, b in events if k == "agent.error"] == [

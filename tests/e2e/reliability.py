@@ -97,19 +97,23 @@ class PingProbe:
     the block runs; ``check()`` asserts every ping answered within ``PING_BOUND_S``.
 
     A ping slower than the bound is recorded, not raised, so the report says by how
-    much; the socket timeout only ends a probe whose daemon is gone.
+    much; the socket timeout only ends a probe whose daemon is gone. Entering waits
+    for the first answer, so a block that ends quickly on a loaded machine still
+    proved one ping instead of racing the probe's start.
     """
 
     def __init__(self, socket_path: Path) -> None:
         self._socket_path = socket_path
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._first = threading.Event()  # the first ping answered, or the probe failed
         self.pings = 0
         self.max_s = 0.0
         self.failures: list[str] = []
 
     def __enter__(self) -> PingProbe:
         self._thread.start()
+        self._first.wait(IO_TIMEOUT_S)
         return self
 
     def __exit__(
@@ -129,9 +133,12 @@ class PingProbe:
                     client.ping()
                     self.max_s = max(self.max_s, time.monotonic() - started)
                     self.pings += 1
+                    self._first.set()
                     self._stop.wait(PROBE_INTERVAL_S)
         except (OSError, AssertionError) as exc:
             self.failures.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            self._first.set()
 
     def check(self) -> None:
         """Every ping so far answered within the bound (and there were some)."""

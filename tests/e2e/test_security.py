@@ -11,8 +11,8 @@ the state directory), a symlink at the socket path, and the modes of the files t
 hold secrets.
 
 Agents: a child holds no descriptor of the daemon's (no listener or client socket, no
-database, WAL, shared-memory or lock file): only its stdin and stdout pipes and its
-stderr log, and neither does a grandchild.
+database, WAL, shared-memory or lock file): only its stdin, stdout and stderr pipes,
+and neither does a grandchild.
 
 Paths: a session's ``cwd`` is the one path a method hands to the OS. It must be
 absolute, free of NUL, and must not resolve (``..`` and symlinks followed) to the
@@ -207,12 +207,11 @@ def test_agent_children_inherit_no_daemon_descriptor(
             assert not leaked, f"pid {pid} holds daemon sockets {leaked}"
             database = {fd: t for fd, t in fds.items() if Path(t).name in DATABASE_FILES}
             assert not database, f"pid {pid} holds the daemon's files {database}"
-        # The child: exactly its two pipes and its stderr log (the mock opens nothing
-        # it keeps). The grandchild: /dev/null, which it opened itself (and kept open
+        # The child: exactly its three pipes (the mock opens nothing it keeps). The
+        # grandchild: /dev/null, which it opened itself (and kept open
         # besides 0, 1 and 2).
         assert sorted(child_fds) == [0, 1, 2], child_fds
-        assert child_fds[0].startswith("pipe:") and child_fds[1].startswith("pipe:"), child_fds
-        assert child_fds[2] == str(daemon.state_dir / "logs" / f"{session_id}.stderr.log")
+        assert all(child_fds[fd].startswith("pipe:") for fd in (0, 1, 2)), child_fds
         assert set(grandchild_fds.values()) == {"/dev/null"}, grandchild_fds
         result(client.call("agentSession.delete", {"sessionId": session_id}))
         wait_until(

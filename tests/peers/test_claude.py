@@ -634,17 +634,81 @@ def test_close_then_send_resumes_natively(
 
 
 @needs_claude
-def test_close_before_any_message_then_send(
+def test_close_before_any_message_then_send_supersedes_the_unsaved_session(
     daemon: DaemonProcess, fake: FakeAnthropic, home: Path
 ) -> None:
     """Claude Code writes a transcript only once a message was sent: a session
-    stopped before that starts again under the same id, without ``--resume``."""
+    stopped before that has nothing to resume, and a fresh session id takes its
+    place, journaled with the reason."""
     with conversation(daemon, fake.claude_env(home), home / "work") as convo:
         handle = convo.info()["providerHandle"]
         convo.call("agentSession.close")
         assert convo.send("Hello")["dispatch"] == "accepted"
         assert convo.wait_for("turn.completed")["body"]["outcome"] == "completed"
-        assert convo.info()["providerHandle"] == handle
+        [superseded] = convo.of_kind("thread.superseded")
+        assert superseded["previousHandle"] == handle != superseded["handle"]
+        assert "no transcript" in superseded["reason"]
+        assert convo.info()["providerHandle"] == superseded["handle"]
+        assert [b["providerHandle"] for b in convo.of_kind("child.ready")] == [
+            handle,
+            superseded["handle"],
+        ]
+
+
+@needs_claude
+def test_a_session_never_prompted_is_superseded_after_a_daemon_restart(
+    fake: FakeAnthropic, home: Path
+) -> None:
+    state = make_temp_dir()
+    env = fake.claude_env(home)
+    try:
+        with (
+            running_daemon(state_dir=state) as first,
+            Client(first.socket, timeout_s=CALL_TIMEOUT_S) as client,
+        ):
+            created = client.call(
+                "agentSession.create",
+                {"provider": "claude", "cwd": str(home / "work"), "env": env},
+            )
+            handle = Conversation(client, created["sessionId"]).info()["providerHandle"]
+        fake.script(TextReply("After the restart."))
+        with (
+            running_daemon(state_dir=state) as second,
+            Client(second.socket, timeout_s=CALL_TIMEOUT_S) as client,
+        ):
+            convo = Conversation(client, created["sessionId"])
+            assert convo.send("Are you there?")["dispatch"] == "accepted"
+            assert convo.wait_for("turn.completed")["body"]["outcome"] == "completed"
+            [superseded] = convo.of_kind("thread.superseded")
+            assert superseded["previousHandle"] == handle
+            assert convo.info()["providerHandle"] == superseded["handle"] != handle
+            client.call("agentSession.delete", {"sessionId": created["sessionId"]})
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
+@needs_claude
+def test_a_lost_transcript_of_a_session_with_turns_is_resume_failed(
+    daemon: DaemonProcess, fake: FakeAnthropic, home: Path
+) -> None:
+    env = fake.claude_env(home)
+    fake.script(TextReply("Noted."))
+    with conversation(daemon, env, home / "work") as convo:
+        convo.send("Remember this")
+        convo.wait_for("turn.completed")
+        handle = convo.info()["providerHandle"]
+        convo.call("agentSession.close")
+        [transcript] = Path(env["CLAUDE_CONFIG_DIR"]).glob(f"projects/*/{handle}.jsonl")
+        transcript.unlink()
+        sent = convo.send("What was it?")
+        assert sent["dispatch"] == "rejected", sent
+        assert sent["reason"].startswith(
+            f"resume_failed: claude has no transcript of session {handle}"
+        )
+        assert convo.of_kind("thread.superseded") == []
+        info = convo.info()
+        assert info["providerHandle"] == handle
+        assert info["error"]["kind"] == "resume_failed"
 
 
 @needs_claude
@@ -769,6 +833,12 @@ def ok(request_id, version="2.1.0"):
     send({"type": "control_response", "response": {"subtype": "success",
           "request_id": request_id, "response": {"claude_code_version": version}}})
 session = sys.argv[sys.argv.index("--session-id") + 1] if "--session-id" in sys.argv else None
+if mode == "forgets" and "--resume" in sys.argv:
+    resumed = sys.argv[sys.argv.index("--resume") + 1]
+    sys.stdin.readline()
+    send({"type": "result", "subtype": "error_during_execution", "is_error": True,
+          "errors": [f"No conversation found with session ID: {resumed}"]})
+    sys.exit(1)
 for line in sys.stdin:
     msg = json.loads(line)
     if msg.get("type") == "control_request" and msg["request"]["subtype"] == "initialize":
@@ -818,6 +888,26 @@ def test_bad_handshakes_are_journaled_with_their_kind(
     assert exited and exited[-1]["body"]["error"]["kind"] == kind
     if mode == "old":
         assert "1.0.3" in error.message and "2.0.0" in error.message
+
+
+def test_a_resume_the_cli_refuses_is_resume_failed_with_its_words(
+    daemon: DaemonProcess, home: Path
+) -> None:
+    with conversation(
+        daemon, {"HOME": str(home)}, home / "work", command=fake_cli("forgets")
+    ) as convo:
+        handle = convo.info()["providerHandle"]
+        convo.call("agentSession.close")
+        # A transcript to resume, which the CLI then does not find.
+        (home / ".claude" / "projects" / "p").mkdir(parents=True)
+        (home / ".claude" / "projects" / "p" / f"{handle}.jsonl").write_text("{}\n")
+        sent = convo.send("hi")
+        assert sent["dispatch"] == "rejected", sent
+        assert sent["reason"].startswith(
+            f"resume_failed: claude could not resume session {handle}: "
+            f"No conversation found with session ID: {handle}"
+        )
+        assert convo.info()["providerHandle"] == handle
 
 
 def test_handshake_timeout(home: Path) -> None:

@@ -24,7 +24,7 @@ import trio.testing
 from trio.testing import wait_all_tasks_blocked
 
 from agentsctl.client import Client
-from agentsd.providers.base import Dispatch, LineLink, Submission
+from agentsd.providers.base import Dispatch, LineLink, Resume, Submission
 from agentsd.providers.codex import CodexAdapter
 from agentsd.providers.codex_events import MAX_OUTPUT_BYTES, error_kind, item_completed
 from agentsd.providers.codex_options import CodexOptions, parse_options, parse_version
@@ -34,10 +34,10 @@ from agentsd_protocol.errors import (
     AgentExited,
     AgentNotFound,
     AgentProtocolError,
-    AgentStartFailed,
     AgentUnsupported,
     HandshakeTimeout,
     InvalidParams,
+    ResumeFailed,
 )
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
 from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
@@ -406,6 +406,105 @@ def test_a_daemon_killed_mid_turn_leaves_no_codex_and_the_next_send_resumes(
         shutil.rmtree(base, ignore_errors=True)
 
 
+def superseded_events(client: Client, sid: str) -> list[dict[str, Any]]:
+    history = client.call("agentSession.history", {"sessionId": sid, "limit": 1000})
+    return [e["body"] for e in history["events"] if e["kind"] == "thread.superseded"]
+
+
+def test_a_thread_never_prompted_is_superseded_after_a_close_and_the_turn_runs(
+    client: Client,
+    peer_daemon: DaemonProcess,
+    fake: FakeOpenAI,
+    codex_env: dict[str, str],
+    workdir: Path,
+    deadline: Deadline,
+) -> None:
+    fake.script(TextReply("Now I am here."))
+    session = create_codex(client, workdir, codex_env)
+    sid, old_thread = session["sessionId"], session["providerHandle"]
+    client.call("agentSession.close", {"sessionId": sid})
+    with Follower(peer_daemon, sid, deadline) as follower:
+        result = send(client, sid, "Hello?")
+        assert result["dispatch"] == "accepted", result
+        follower.wait_for("turn.completed", lambda b: b["turnId"] == result["turnId"])
+    [superseded] = superseded_events(client, sid)
+    new_thread = superseded["handle"]
+    assert superseded["previousHandle"] == old_thread != new_thread
+    assert f"no rollout found for thread id {old_thread}" in superseded["reason"]
+    info = client.call("agentSession.get", {"sessionId": sid})["session"]
+    assert info["providerHandle"] == new_thread
+    ready = [e["body"]["providerHandle"] for e in follower.events if e["kind"] == "child.ready"]
+    assert ready == [old_thread, new_thread]
+
+
+def test_a_thread_never_prompted_is_superseded_after_a_daemon_restart(
+    fake: FakeOpenAI, codex_env: dict[str, str], workdir: Path
+) -> None:
+    deadline = Deadline()
+    base = make_temp_dir()
+    state = base / "state"
+    fake.script(TextReply("After the restart."), TextReply("And again."))
+    try:
+        with (
+            running_daemon(state_dir=state) as daemon,
+            Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client,
+        ):
+            session = create_codex(client, workdir, codex_env)
+            sid, old_thread = session["sessionId"], session["providerHandle"]
+        with (
+            running_daemon(state_dir=state) as daemon,
+            Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client,
+        ):
+            with Follower(daemon, sid, deadline) as follower:
+                result = send(client, sid, "Are you there?")
+                assert result["dispatch"] == "accepted", result
+                follower.wait_for("turn.completed", lambda b: b["turnId"] == result["turnId"])
+            [superseded] = superseded_events(client, sid)
+            assert superseded["previousHandle"] == old_thread
+            assert "no rollout found" in superseded["reason"]
+            # The new thread had a turn: the next start resumes it, no new supersede.
+            client.call("agentSession.close", {"sessionId": sid})
+            result = send(client, sid, "Still there?")
+            assert result["dispatch"] == "accepted", result
+            assert len(superseded_events(client, sid)) == 1
+            info = client.call("agentSession.get", {"sessionId": sid})["session"]
+            assert info["providerHandle"] == superseded["handle"]
+            client.call("agentSession.close", {"sessionId": sid})
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_lost_thread_that_had_turns_is_resume_failed_with_codex_words(
+    client: Client,
+    peer_daemon: DaemonProcess,
+    fake: FakeOpenAI,
+    codex_env: dict[str, str],
+    codex_home: Path,
+    workdir: Path,
+    deadline: Deadline,
+) -> None:
+    fake.script(TextReply("The only answer."))
+    session = create_codex(client, workdir, codex_env)
+    sid, thread_id = session["sessionId"], session["providerHandle"]
+    with Follower(peer_daemon, sid, deadline) as follower:
+        send(client, sid, "The first question")
+        follower.wait_for("turn.completed")
+    client.call("agentSession.close", {"sessionId": sid})
+    shutil.rmtree(codex_home)  # Codex's state is gone: rollouts and their index
+    fake.write_codex_home(codex_home)
+    result = send(client, sid, "The second question")
+    assert result["dispatch"] == "rejected", result
+    assert result["reason"].startswith("resume_failed: codex lost thread")
+    assert f"no rollout found for thread id {thread_id}" in result["reason"]
+    history = client.call("agentSession.history", {"sessionId": sid, "limit": 1000})
+    [*_, exited] = [e["body"] for e in history["events"] if e["kind"] == "child.exited"]
+    assert exited["error"]["kind"] == "resume_failed"
+    assert superseded_events(client, sid) == []
+    info = client.call("agentSession.get", {"sessionId": sid})["session"]
+    assert info["providerHandle"] == thread_id
+    assert info["error"]["kind"] == "resume_failed"
+
+
 # -- failures ------------------------------------------------------------------------------
 
 
@@ -612,27 +711,77 @@ async def test_a_resume_that_lands_on_another_thread_is_a_protocol_error() -> No
     async with trio.open_nursery() as nursery:
         nursery.start_soon(codex.serve_handshake, "agentsd/0.163.0", "another-thread")
         with pytest.raises(AgentProtocolError, match="resumed thread another-thread instead"):
-            await codex.adapter.handshake(THREAD)
+            await codex.adapter.handshake(Resume(handle=THREAD, had_turns=True))
+
+
+NO_ROLLOUT = {"code": -32600, "message": f"no rollout found for thread id {THREAD}"}
+
+
+async def refuse_resume(codex: ScriptedCodex, error: dict[str, Any]) -> dict[str, Any]:
+    """Serve a handshake whose ``thread/resume`` Codex answers with ``error``; then
+    answer a ``thread/start``, if one comes, and return its params."""
+    init = await codex.expect("initialize")
+    await codex.reply(init, {"userAgent": "agentsd/0.163.0"})
+    await codex.expect("initialized")
+    resume = await codex.expect("thread/resume")
+    assert resume["params"]["threadId"] == THREAD
+    await codex.peer.send({"id": resume["id"], "error": error})
+    start = await codex.expect("thread/start")
+    await codex.reply(start, {"thread": {"id": "new-thread"}})
+    params: dict[str, Any] = start["params"]
+    return params
 
 
 @within_timeout
-async def test_a_refused_resume_fails_the_start_with_codex_reason() -> None:
-    codex = ScriptedCodex(RecordingSink(), provider_handle=THREAD)
+async def test_a_thread_codex_never_saved_and_without_turns_is_superseded() -> None:
+    codex = ScriptedCodex(RecordingSink(), provider_handle=THREAD, model="gpt-x")
+    started: dict[str, Any] = {}
 
-    async def refuse_resume() -> None:
-        init = await codex.expect("initialize")
-        await codex.reply(init, {"userAgent": "agentsd/0.163.0"})
-        await codex.expect("initialized")
-        resume = await codex.expect("thread/resume")
-        assert resume["params"]["threadId"] == THREAD
-        await codex.peer.send(
-            {"id": resume["id"], "error": {"code": -32600, "message": "no rollout found"}}
-        )
+    async def serve() -> None:
+        started.update(await refuse_resume(codex, NO_ROLLOUT))
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(refuse_resume)
-        with pytest.raises(AgentStartFailed, match=r"could not resume .*no rollout found"):
-            await codex.adapter.handshake(THREAD)
+        nursery.start_soon(serve)
+        handle = await codex.adapter.handshake(Resume(handle=THREAD, had_turns=False))
+    assert handle == "new-thread"
+    # A plain start with the session's options, no threadId.
+    assert started == {"cwd": "/tmp", **parse_options({"model": "gpt-x"}).thread_params()}
+    superseded = codex.adapter.superseded
+    assert superseded is not None
+    assert (superseded.previous_handle, superseded.handle) == (THREAD, "new-thread")
+    assert "never saved" in superseded.reason
+    assert f"no rollout found for thread id {THREAD}" in superseded.reason
+
+
+@pytest.mark.parametrize(
+    ("error", "had_turns", "words"),
+    [
+        (NO_ROLLOUT, True, r"lost thread .* which had turns.*no rollout found for thread id"),
+        (
+            {"code": -32600, "message": "invalid session id: invalid character"},
+            False,
+            r"could not resume thread .*: invalid session id: invalid character",
+        ),
+        (
+            {"code": -32603, "message": f"no rollout found for thread id {THREAD}"},
+            False,
+            r"could not resume thread .*: no rollout found",
+        ),
+    ],
+    ids=["lost-with-turns", "other-error", "other-code"],
+)
+@within_timeout
+async def test_a_resume_that_fails_otherwise_is_resume_failed_with_codex_words(
+    error: dict[str, Any], had_turns: bool, words: str
+) -> None:
+    codex = ScriptedCodex(RecordingSink(), provider_handle=THREAD)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(refuse_resume, codex, error)
+        with pytest.raises(ResumeFailed, match=words) as raised:
+            await codex.adapter.handshake(Resume(handle=THREAD, had_turns=had_turns))
+        nursery.cancel_scope.cancel()  # no thread/start ever came
+    assert raised.value.kind == "resume_failed"
+    assert codex.adapter.superseded is None
 
 
 @within_timeout

@@ -452,7 +452,13 @@ class Bridge:
         return Answer(acp.EmptyResult(), binding.editor_ready)
 
     async def _list(self, params: acp.ListSessionsParams) -> acp.ListSessionsResult:
-        listed = await self.client.call(methods.LIST, s.ListParams())
+        sessions: list[s.SessionInfo] = []
+        cursor: str | None = None
+        while True:  # a page at a time: the daemon bounds each by bytes
+            page = await self.client.call(methods.LIST, s.ListParams(cursor=cursor, brief=True))
+            sessions += page.sessions
+            if (cursor := page.next_cursor) is None:
+                break
         return acp.ListSessionsResult(
             sessions=[
                 acp.SessionListing(
@@ -463,7 +469,7 @@ class Bridge:
                         info.updated_at, datetime.UTC
                     ).isoformat(),
                 )
-                for info in listed.sessions
+                for info in sessions
                 if params.cwd is None or info.cwd == params.cwd
             ]
         )

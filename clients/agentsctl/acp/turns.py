@@ -166,8 +166,8 @@ class TurnTracker:
                 if self.approvals.pop(approval_id, None) is None:
                     return []
                 return [ApprovalClosed(approval_id, decision, by)]
-            case ChildExited(cause=cause):
-                return self._exited(cause)
+            case ChildExited() as exited:
+                return self._exited(exited)
             case _:
                 return []
 
@@ -220,17 +220,20 @@ class TurnTracker:
                 prompt.completed[turn_id] = done.outcome
         return actions
 
-    def _exited(self, cause: str) -> list[Action]:
+    def _exited(self, exited: ChildExited) -> list[Action]:
         self.open_turn = None
+        why = f"the agent exited ({exited.cause}) before the turn ended"
+        if exited.error is not None:
+            why += f": {exited.error.message}"
+        if exited.stderr_tail:
+            why += f"\nits stderr ends:\n{exited.stderr_tail.strip()}"
         actions: list[Action] = [
             ApprovalClosed(approval_id, "cancelled", "daemon") for approval_id in self.approvals
         ]
         self.approvals.clear()
         for prompt in list(self.prompts.values()):
             if not prompt.finished and prompt.client_message_id is not None:
-                failure = PromptFailed(
-                    f"the agent exited ({cause}) before the turn ended", "agent_exited"
-                )
+                failure = PromptFailed(why, "agent_exited")
                 actions += self._finish(prompt, failure)
         return actions
 

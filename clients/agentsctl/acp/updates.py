@@ -40,6 +40,7 @@ from agentsd_protocol.api.events import (
     ItemStarted,
     ItemUpdated,
     Submission,
+    ThreadSuperseded,
     TurnCompleted,
     TurnStarted,
 )
@@ -99,11 +100,28 @@ class UpdateTranslator:
             case TurnCompleted(turn_id=turn_id, outcome=outcome):
                 self._turn_id = None
                 return self._settle(turn_id, outcome)
-            case ChildExited():
+            case ChildExited(stderr_tail=tail):
                 self._turn_id = None
-                return self._settle(None, "exited")
+                return self._settle(None, "exited") + self._notice(
+                    journal_event.seq,
+                    f"The agent exited; its stderr ends:\n{tail}" if tail else None,
+                )
+            case ThreadSuperseded(previous_handle=previous, handle=handle, reason=reason):
+                return self._notice(
+                    journal_event.seq,
+                    f"A new conversation ({handle}) took the place of {previous}: {reason}",
+                )
             case _:
                 return []
+
+    def _notice(self, seq: int, text: str | None) -> list[acp.SessionUpdate]:
+        """A note from agentsd about the session, not the agent's words: shown as a
+        thought, which editors set apart from the conversation."""
+        if text is None:
+            return []
+        return [
+            acp.AgentThoughtChunk(content=acp.TextContent(text=text), message_id=f"agentsd-{seq}")
+        ]
 
     def delta(self, delta: DeltaNotification) -> list[acp.SessionUpdate]:
         item = self._items.get(delta.item_id)

@@ -14,27 +14,20 @@ answers get ``already_resolved`` with the winner.
 from __future__ import annotations
 
 import logging
-import sqlite3
-import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from agentsd.operations import record_provisional
+from agentsd.operations import Provisional
 from agentsd.providers.base import Dispatch, Submission
 from agentsd.session import Session
-from agentsd.store import sessions as session_rows
-from agentsd.store.database import StoreConnection
-from agentsd.store.journal import StoredEvent, bodies_of_kind
 from agentsd_protocol.api import conversation as api
-from agentsd_protocol.api.conversation import DispatchOutcome
 from agentsd_protocol.api.events import (
     ApprovalResolved,
     InterruptRequested,
     SubmissionDispatched,
     body_fields,
-    kind_of,
 )
 from agentsd_protocol.api.events import Submission as SubmissionEvent
 from agentsd_protocol.errors import (
@@ -52,9 +45,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_PROMPT_BYTES = 1024 * 1024  # a prompt is typed or pasted; files go through the agent's tools
-
-_dispatched_decoder = msgspec.json.Decoder(SubmissionDispatched)
-_resolved_decoder = msgspec.json.Decoder(ApprovalResolved)
 
 
 async def _deliver(supervisor: Supervisor, session: Session, cmid: str, text: str) -> Dispatch:
@@ -77,7 +67,7 @@ async def _deliver(supervisor: Supervisor, session: Session, cmid: str, text: st
         turn_id=dispatch.turn_id,
     )
     try:
-        await supervisor.append(session, [dispatched])
+        await session.journal.append([dispatched])
     except StorageUnavailable as exc:
         # The submission is durable and the agent may have it: an error reply now
         # would invite a retry that sends it twice. Its outcome stays unjournaled, so
@@ -117,16 +107,11 @@ async def handle_send(call: Call, params: api.SendParams) -> api.SendResult:
         operation_id=None if operation is None else operation.op_id,
     )
 
-    def write(conn: StoreConnection) -> tuple[None, list[StoredEvent]]:
-        stored = session_rows.update_session(
-            conn, session.id, session.fence, time.time(), [submission]
-        )
-        if operation is not None:
-            pending = Dispatch(outcome="unknown", reason="delivery not confirmed yet")
-            record_provisional(conn, operation, _result(cmid, stored[0].seq, pending))
-        return None, stored
-
-    _, stored = await supervisor.write_events(session, write)
+    provisional = None
+    if operation is not None:
+        pending = Dispatch(outcome="unknown", reason="delivery not confirmed yet")
+        provisional = Provisional(operation, lambda stored: _result(cmid, stored[0].seq, pending))
+    stored = await session.journal.append([submission], provisional=provisional)
     dispatch = await _deliver(supervisor, session, cmid, params.text)
     return _result(cmid, stored[0].seq, dispatch)
 
@@ -142,9 +127,13 @@ async def _retry_unknown(call: Call, session: Session, params: api.SendParams) -
             f"Invalid params: no send with clientOperationId {operation.op_id!r} to retry"
         )
     previous = msgspec.json.decode(recorded, type=api.SendResult)
-    outcome = await supervisor.store.read(
-        lambda conn: _dispatch_outcome(conn, session.id, previous.client_message_id)
+    cmid = previous.client_message_id
+    # The durable outcome: the last ``submission.dispatched`` for it, ``unknown``
+    # when none was journaled (the daemon died before it could be).
+    dispatched = await session.journal.latest(
+        SubmissionDispatched, lambda event: event.client_message_id == cmid
     )
+    outcome = "unknown" if dispatched is None else dispatched.outcome
     if outcome != "unknown":
         # Delivered or refused for certain: never re-sent.
         return api.SendResult(
@@ -155,16 +144,6 @@ async def _retry_unknown(call: Call, session: Session, params: api.SendParams) -
         )
     dispatch = await _deliver(supervisor, session, previous.client_message_id, params.text)
     return _result(previous.client_message_id, previous.seq, dispatch)
-
-
-def _dispatch_outcome(conn: sqlite3.Connection, session_id: str, cmid: str) -> DispatchOutcome:
-    """The durable outcome of a submission: the last ``submission.dispatched`` for it;
-    ``unknown`` when none was journaled (the daemon died before it could be)."""
-    for raw in bodies_of_kind(conn, session_id, kind_of(SubmissionDispatched)):
-        dispatched = _dispatched_decoder.decode(raw)
-        if dispatched.client_message_id == cmid:
-            return dispatched.outcome
-    return "unknown"
 
 
 async def handle_interrupt(call: Call, params: api.InterruptParams) -> api.InterruptResult:
@@ -182,7 +161,7 @@ async def handle_interrupt(call: Call, params: api.InterruptParams) -> api.Inter
             interrupted=False, reason=f"turn {params.turn_id} is not the running turn"
         )
     turn_id = convo.turn_id
-    await supervisor.append(session, [InterruptRequested(turn_id=turn_id)])
+    await session.journal.append([InterruptRequested(turn_id=turn_id)])
     interrupted = await adapter.interrupt(turn_id)
     return api.InterruptResult(
         interrupted=interrupted, reason=None if interrupted else "the turn had already ended"
@@ -203,8 +182,8 @@ async def handle_respond(call: Call, params: api.RespondParams) -> api.RespondRe
         )
     approval = convo.approvals.get(approval_id)
     if approval is None:
-        older = await supervisor.store.read(
-            lambda conn: _find_resolution(conn, session.id, approval_id)
+        older = await session.journal.latest(
+            ApprovalResolved, lambda event: event.approval_id == approval_id
         )
         if older is not None:
             raise AlreadyResolved(
@@ -221,7 +200,7 @@ async def handle_respond(call: Call, params: api.RespondParams) -> api.RespondRe
     resolution = ApprovalResolved(approval_id=approval_id, decision=params.decision, by="client")
     session.claims[approval_id] = resolution  # the claim: first answer wins from here
     try:
-        stored = await supervisor.append(session, [resolution])
+        stored = await session.journal.append([resolution])
     finally:
         # Committed (now in the conversation's resolutions) or failed (nobody won).
         session.claims.pop(approval_id, None)
@@ -231,16 +210,6 @@ async def handle_respond(call: Call, params: api.RespondParams) -> api.RespondRe
         await adapter.answer_approval(approval.native_id, params.decision)
         task.touch()  # type: ignore[union-attr]
     return api.RespondResult(approval_id=approval_id, decision=params.decision, seq=stored[0].seq)
-
-
-def _find_resolution(
-    conn: sqlite3.Connection, session_id: str, approval_id: str
-) -> ApprovalResolved | None:
-    for raw in bodies_of_kind(conn, session_id, kind_of(ApprovalResolved)):
-        resolved = _resolved_decoder.decode(raw)
-        if resolved.approval_id == approval_id:
-            return resolved
-    return None
 
 
 HANDLERS: dict[str, Any] = {

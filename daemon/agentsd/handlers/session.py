@@ -3,38 +3,81 @@ and its agent's life."""
 
 from __future__ import annotations
 
+import bisect
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from agentsd_protocol.api import conversation as capi
 from agentsd_protocol.api import session as api
 from agentsd_protocol.api.events import SessionUpdated
-from agentsd_protocol.errors import InvalidParams
+from agentsd_protocol.display import excerpt
+from agentsd_protocol.errors import InvalidParams, RpcError
 
 if TYPE_CHECKING:
     from agentsd.connection import Call
+    from agentsd.session import Session
 
 MAX_TITLE_CHARS = 500  # a status-bar label, not a document
+
+_encoder = msgspec.json.Encoder()
 
 
 def _check_title(title: str | None) -> None:
     if title is not None and len(title) > MAX_TITLE_CHARS:
-        raise InvalidParams(f"Invalid params: title longer than {MAX_TITLE_CHARS} characters")
+        raise InvalidParams(
+            f"Invalid params: title longer than {MAX_TITLE_CHARS} characters "
+            f"({excerpt(title, 40)})",
+            limit="title",
+        )
 
 
-def _check_launch(env: dict[str, str], command: list[str] | None) -> None:
-    for key, value in env.items():
+def _check_size(what: str, size: int, max_bytes: int) -> None:
+    if size > max_bytes:
+        raise InvalidParams(
+            f"Invalid params: {what} is {size} bytes, more than {max_bytes}",
+            limit=what,
+            maxBytes=max_bytes,
+            bytes=size,
+        )
+
+
+def _check_create(params: api.CreateParams) -> None:
+    """The limits of ``agentsd_protocol.api.session``, checked before anything is
+    stored; bad input is quoted by a bounded excerpt."""
+    if len(params.provider) > api.MAX_PROVIDER_CHARS:
+        raise InvalidParams(f"Invalid params: unknown provider {excerpt(params.provider)}")
+    _check_size("cwd", len(params.cwd.encode()), api.MAX_CWD_BYTES)
+    _check_title(params.title)
+    for key, value in params.env.items():
         if not key or "=" in key or "\0" in key or "\0" in value:
-            raise InvalidParams(f"Invalid params: bad environment variable name or value {key!r}")
-    if command is not None and (not command or any(not a or "\0" in a for a in command)):
-        raise InvalidParams("Invalid params: command must be a non-empty list of non-empty strings")
+            raise InvalidParams(
+                f"Invalid params: bad environment variable name or value {excerpt(key)}"
+            )
+        _check_size("env entry", len(key.encode()) + len(value.encode()) + 2, api.MAX_ARG_BYTES)
+    env_bytes = sum(len(k.encode()) + len(v.encode()) + 2 for k, v in params.env.items())
+    _check_size("env", env_bytes, api.MAX_ENV_BYTES)
+    command = params.command
+    if command is not None:
+        if not command or any(not a or "\0" in a for a in command):
+            raise InvalidParams(
+                "Invalid params: command must be a non-empty list of non-empty strings"
+            )
+        for word in command:
+            _check_size("command argument", len(word.encode()) + 1, api.MAX_ARG_BYTES)
+        _check_size("command", sum(len(a.encode()) + 1 for a in command), api.MAX_COMMAND_BYTES)
+    _check_size("options", len(_encoder.encode(params.options)), api.MAX_OPTIONS_BYTES)
 
 
 async def handle_create(call: Call, params: api.CreateParams) -> api.CreateResult:
+    """Store the session, then (``start``) start its agent. A start that fails
+    raises its error with ``data.sessionId`` naming the stored session, so the id is
+    never lost; a retry with the same ``clientOperationId`` replays the stored
+    session (``phase`` stopped, ``error`` set)."""
+    _check_create(params)
     supervisor = call.app.supervisor
     supervisor.provider(params.provider)
     cwd = supervisor.check_cwd(params.cwd)
-    _check_title(params.title)
-    _check_launch(params.env, params.command)
 
     def provisional(session_info: api.SessionInfo) -> Any:
         return api.CreateResult(
@@ -56,7 +99,10 @@ async def handle_create(call: Call, params: api.CreateParams) -> api.CreateResul
         provisional=provisional,
     )
     if params.start:
-        await supervisor.start(session)
+        try:
+            await supervisor.start(session)
+        except RpcError as exc:
+            raise type(exc)(exc.message, **{**exc.details, "sessionId": session.id}) from None
     info = session.info()
     return api.CreateResult(
         session_id=session.id,
@@ -72,13 +118,55 @@ async def handle_get(call: Call, params: api.GetParams) -> api.GetResult:
 
 
 async def handle_list(call: Call, params: api.ListParams) -> api.ListResult:
-    sessions = [
-        s.info()
-        for s in call.app.supervisor.sessions.values()
-        if (params.state is None or s.phase == params.state)
-        and (params.provider is None or s.row.provider == params.provider)
-    ]
-    return api.ListResult(sessions=sessions)
+    """One page of sessions in creation order (``api.ListParams``): never more than
+    ``LIST_PAGE_BYTES`` of them, unless one alone is larger, never none while some
+    remain."""
+    limit = params.limit if params.limit is not None else api.MAX_LIST_LIMIT
+    if not 1 <= limit <= api.MAX_LIST_LIMIT:
+        raise InvalidParams(f"Invalid params: limit must be from 1 to {api.MAX_LIST_LIMIT}")
+    after = _parse_cursor(params.cursor)
+    matching = sorted(
+        (
+            s
+            for s in call.app.supervisor.sessions.values()
+            if (params.state is None or s.phase == params.state)
+            and (params.provider is None or s.row.provider == params.provider)
+        ),
+        key=_position,
+    )
+    start = bisect.bisect_right([_position(s) for s in matching], after) if after else 0
+    page: list[api.SessionInfo] = []
+    used = 0
+    for session in matching[start:]:
+        info = session.info()
+        if params.brief:
+            info = msgspec.structs.replace(info, env={}, options={}, command=None)
+        size = len(_encoder.encode(info))
+        if page and (len(page) >= limit or used + size > api.LIST_PAGE_BYTES):
+            return api.ListResult(sessions=page, next_cursor=_cursor(page[-1]))
+        page.append(info)
+        used += size
+    return api.ListResult(sessions=page)
+
+
+def _position(session: Session) -> tuple[float, str]:
+    return (session.row.created_at, session.id)
+
+
+def _cursor(info: api.SessionInfo) -> str:
+    return f"{info.created_at!r}/{info.session_id}"
+
+
+def _parse_cursor(cursor: str | None) -> tuple[float, str] | None:
+    if cursor is None:
+        return None
+    created_at, _, session_id = cursor.partition("/")
+    try:
+        return (float(created_at), session_id)
+    except ValueError:
+        raise InvalidParams(
+            f"Invalid params: cursor {excerpt(cursor)} is not one this daemon gave"
+        ) from None
 
 
 async def handle_start(call: Call, params: api.StartParams) -> api.StartResult:
@@ -113,7 +201,7 @@ async def handle_set_options(call: Call, params: capi.SetOptionsParams) -> capi.
         fields["options"] = params.options
     if fields:
         updated = SessionUpdated(title=params.title, options=params.options)
-        await supervisor.append(session, [updated], **fields)
+        await session.journal.append([updated], **fields)
     return capi.SetOptionsResult(session=session.info())
 
 

@@ -6,8 +6,6 @@ import itertools
 from typing import TYPE_CHECKING, Any
 
 from agentsd.feed import Subscription, journal_event
-from agentsd.store.journal import read_events
-from agentsd.supervisor import Watch
 from agentsd_protocol.api import stream as api
 from agentsd_protocol.errors import InvalidParams, SubscriptionNotFound
 
@@ -35,15 +33,8 @@ async def handle_history(call: Call, params: api.HistoryParams) -> api.HistoryRe
         after = 0
     before = None if params.before_seq is None else min(params.before_seq, MAX_SEQ)
     after = None if after is None else min(after, MAX_SEQ)
-    events, more = await supervisor.store.read(
-        lambda conn: read_events(
-            conn,
-            session.id,
-            after_seq=after,
-            before_seq=before,
-            limit=params.limit,
-            max_bytes=MAX_HISTORY_BYTES,
-        )
+    events, more = await session.journal.history(
+        after_seq=after, before_seq=before, limit=params.limit, max_bytes=MAX_HISTORY_BYTES
     )
     return api.HistoryResult(
         events=[journal_event(e) for e in events], has_more=more, head_seq=session.head_seq
@@ -93,14 +84,13 @@ async def handle_watch(call: Call, params: api.WatchParams) -> api.WatchResult:
     supervisor = call.app.supervisor
     connection = call.connection
     watch_id = f"watch-{next(_watch_ids)}"
-    watch = Watch(id=watch_id, notify=lambda n: connection.notify("agentSession.status", n))
-    snapshot = [supervisor.session_status(s) for s in supervisor.sessions.values()]
-    supervisor.watches[watch_id] = watch
-
-    def unwatch() -> None:
-        supervisor.watches.pop(watch_id, None)
-
-    connection.on_close.append(unwatch)
+    board = supervisor.board
+    snapshot = board.watch(
+        watch_id,
+        lambda note: connection.notify("agentSession.status", note),
+        supervisor.sessions.values(),
+    )
+    connection.on_close.append(lambda: board.unwatch(watch_id))
     return api.WatchResult(watch_id=watch_id, sessions=snapshot)
 
 

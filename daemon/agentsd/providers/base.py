@@ -6,6 +6,7 @@ an ``Adapter`` speaks to one running child. The session task owns both:
     spec = provider.launch(session, state_dir, env)  # what to spawn
     adapter = provider.adapter(link, sink, session)
     handle = await adapter.handshake(resume)       # under the handshake deadline
+    adapter.superseded                             # set when a fresh conversation replaced resume
     await adapter.run()                            # translate frames until EOF
     # meanwhile, from RPC handlers: send / interrupt / answer_approval
 
@@ -14,6 +15,17 @@ journals (with the fence check) and fans out.
 
 Rule 2: an agent request the adapter cannot record or does not understand gets a
 safe refusal, never silence.
+
+Rule 3 (framing): a line that is not a frame is journaled and skipped, as one bad
+line need not end a healthy agent; ``MAX_BAD_LINES`` of them in a row, or one line
+past ``MAX_LINE_BYTES``, is an agent that no longer speaks its protocol, and its
+adapter's ``run`` raises ``AgentProtocolError``: the session ends with that one
+error, never a loop of them.
+
+Rule 4 (resume): the journal, not the provider, says whether a conversation must
+exist (``Resume.had_turns``). A provider that never saved a conversation without a
+turn gets a fresh one in its place (``Adapter.superseded``); one that lost a
+conversation with turns is ``ResumeFailed``, never a silent fresh start.
 """
 
 from __future__ import annotations
@@ -29,10 +41,11 @@ import trio
 from agentsd.store.journal import bounded_payload
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.api.conversation import DispatchOutcome
-from agentsd_protocol.api.events import BoundedPayload, Event
+from agentsd_protocol.api.events import BoundedPayload, Event, ThreadSuperseded
 from agentsd_protocol.errors import AgentProtocolError
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a tool result can be big; a line past this is broken
+MAX_BAD_LINES = 32  # non-frame lines in a row: past this the output is not the protocol
 # One read holds ~1000 short lines (streaming deltas). Handling them all without a
 # checkpoint would let a flooding agent hold the event loop, and fill every
 # subscriber's queue by a thousand items before its pump runs once (invariant 8).
@@ -46,6 +59,15 @@ _encoder = msgspec.json.Encoder()  # stateless; one for every link
 class LaunchSpec:
     argv: list[str]
     env: Mapping[str, str] = attrs.field(factory=dict)  # merged over the daemon's env
+
+
+@attrs.frozen
+class Resume:
+    """A start that resumes the provider conversation ``handle``. ``had_turns``: the
+    journal shows a turn under it, so the provider must have saved it (Rule 4)."""
+
+    handle: str
+    had_turns: bool
 
 
 @attrs.frozen
@@ -104,10 +126,13 @@ class LineLink:
     """Newline-delimited JSON over the child's pipes, with a bound on line length.
 
     ``receive`` returns None at end of output. Sending after the child died raises
-    ``trio.BrokenResourceError``.
+    ``trio.BrokenResourceError``. A line past ``MAX_LINE_BYTES`` breaks the link for
+    good (``broken``): where the next line starts cannot be known, so every later
+    read raises the same ``AgentProtocolError``.
     """
 
     __slots__ = (
+        "_broken",
         "_buf",
         "_lines_since_checkpoint",
         "_receive_stream",
@@ -123,6 +148,12 @@ class LineLink:
         self._scan_from = 0
         self._send_lock = trio.Lock()
         self._lines_since_checkpoint = 0
+        self._broken: AgentProtocolError | None = None
+
+    @property
+    def broken(self) -> bool:
+        """Whether an overlong line lost the framing (nothing more can be read)."""
+        return self._broken is not None
 
     async def send(self, message: Any) -> None:
         data = _encoder.encode(message) + b"\n"
@@ -130,6 +161,8 @@ class LineLink:
             await self._send_stream.send_all(data)
 
     async def receive_line(self) -> bytes | None:
+        if self._broken is not None:
+            raise self._broken
         if self._lines_since_checkpoint >= LINES_PER_CHECKPOINT:
             # Before a line is taken: a cancellation here loses nothing.
             self._lines_since_checkpoint = 0
@@ -146,9 +179,12 @@ class LineLink:
                 continue
             self._scan_from = len(self._buf)
             if len(self._buf) > MAX_LINE_BYTES:
-                raise AgentProtocolError(
-                    f"the agent wrote a line longer than {MAX_LINE_BYTES} bytes"
+                self._buf = bytearray()  # never read again: free it
+                self._broken = AgentProtocolError(
+                    f"the agent wrote a line longer than {MAX_LINE_BYTES} bytes; "
+                    "its output cannot be read any further"
                 )
+                raise self._broken
             data = await self._receive_stream.receive_some(READ_BYTES)
             self._lines_since_checkpoint = 0  # receive_some is a checkpoint
             if not data:
@@ -181,14 +217,20 @@ class Adapter(abc.ABC):
 
     __slots__ = ()  # a subclass may declare its own: one adapter lives per session
 
+    superseded: ThreadSuperseded | None = None
+    """Set by ``handshake`` when the provider never saved ``resume.handle`` and a fresh
+    conversation took its place (Rule 4); the runner journals it with the new handle."""
+
     @abc.abstractmethod
-    async def handshake(self, resume_handle: str | None) -> str:
-        """Initialize the agent (resuming natively when ``resume_handle`` is given) and
-        return the provider handle to store. Raise an ``RpcError`` on failure."""
+    async def handshake(self, resume: Resume | None) -> str:
+        """Initialize the agent (resuming natively when ``resume`` is given) and
+        return the provider handle to store. Raise an ``RpcError`` on failure:
+        ``ResumeFailed`` when a conversation that had turns cannot be resumed."""
 
     @abc.abstractmethod
     async def run(self) -> None:
-        """Read and translate frames until the agent's output ends."""
+        """Read and translate frames until the agent's output ends. Raises
+        ``AgentProtocolError`` once the framing is broken beyond repair (Rule 3)."""
 
     @abc.abstractmethod
     async def send(self, submission: Submission) -> Dispatch:

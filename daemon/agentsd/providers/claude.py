@@ -12,11 +12,13 @@ so ``launch`` picks it and the adapter learns it from the provider. The runner c
 the same fence; ``_launched`` carries the id between the two and is keyed by
 session id and fence so that a stale entry is never used.
 
-Rule 2 (resume only what exists): a session keeps its id for life. ``--resume``
-needs the conversation's transcript, which Claude Code writes only once a message
-was sent; a session stopped before its first message is started again with
-``--session-id`` and the same id. Which one applies is decided from the transcript
-file (``$CLAUDE_CONFIG_DIR/projects/*/<id>.jsonl``).
+Rule 2 (resume only what exists): ``--resume`` needs the conversation's transcript
+(``$CLAUDE_CONFIG_DIR/projects/*/<id>.jsonl``), which Claude Code writes only once a
+message was sent; without one it answers "No conversation found with session ID".
+An id with a transcript is resumed. One without is replaced by a fresh id
+(``--session-id``), and the adapter's handshake decides from the journal: a
+conversation that never had a turn is superseded, one that had turns is
+``ResumeFailed`` (base Rule 4).
 
 ``session.command`` replaces the program only: the protocol flags are always
 appended, since the adapter depends on every one of them.
@@ -182,6 +184,7 @@ class Launched:
 
     fence: int
     session_id: str
+    replaces: str | None = None  # the session's id, which has no transcript (Rule 2)
 
 
 class ClaudeProvider(Provider):
@@ -210,7 +213,7 @@ class ClaudeProvider(Provider):
             chosen = Launched(session.fence, handle)
             flags += ["--resume", handle]
         else:
-            chosen = Launched(session.fence, handle or str(uuid.uuid4()))
+            chosen = Launched(session.fence, str(uuid.uuid4()), replaces=handle)
             flags += ["--session-id", chosen.session_id]
         self._launched[session.id] = chosen
         return LaunchSpec(argv=[*program, *PROTOCOL_FLAGS, *flags])
@@ -221,4 +224,4 @@ class ClaudeProvider(Provider):
             # Rule 1 broken: a bug, not the agent's doing. Refusing to guess keeps a
             # wrong id from ever becoming the provider handle.
             raise AgentStartFailed(f"claude for session {session.id} was not launched by agentsd")
-        return ClaudeAdapter(link, sink, session_id=launched.session_id)
+        return ClaudeAdapter(link, sink, session_id=launched.session_id, replaces=launched.replaces)

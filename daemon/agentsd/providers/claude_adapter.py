@@ -7,7 +7,8 @@ Facts this module relies on, checked against Claude Code 2.1.332 (the one bundle
   carrying ``claude_code_version`` and ``pid``. ``system/init`` (with the session id)
   comes only with each user message, never at start.
 - ``--resume`` of an unknown id answers with a ``result`` (``errors: ["No
-  conversation found ..."]``) instead of the initialize response, and exits 1.
+  conversation found with session ID: <id>"]``) instead of the initialize response,
+  and exits 1 (2.1.197 and 2.1.332).
 - A ``user`` frame carrying a ``uuid`` is reported at once by ``command_lifecycle
   {command_uuid, state: queued}`` and later ``started`` / ``completed`` /
   ``cancelled``; the ``--replay-user-messages`` echo (``isReplay: true``, same
@@ -51,7 +52,7 @@ import attrs
 import msgspec
 import trio
 
-from agentsd.providers.base import Adapter, Dispatch, LineLink, SessionSink, Submission
+from agentsd.providers.base import Adapter, Dispatch, LineLink, Resume, SessionSink, Submission
 from agentsd.providers.claude_events import (
     is_auth_retry,
     result_error_text,
@@ -61,12 +62,19 @@ from agentsd.providers.claude_events import (
 from agentsd.providers.claude_items import Items
 from agentsd.providers.claude_permissions import Permissions
 from agentsd.providers.programs import CLAUDE
-from agentsd_protocol.api.events import AgentError, ErrorInfo, TurnCompleted, TurnStarted
+from agentsd_protocol.api.events import (
+    AgentError,
+    ErrorInfo,
+    ThreadSuperseded,
+    TurnCompleted,
+    TurnStarted,
+)
 from agentsd_protocol.errors import (
     AgentExited,
     AgentProtocolError,
     AgentStartFailed,
     AgentUnsupported,
+    ResumeFailed,
     RpcError,
 )
 
@@ -121,10 +129,13 @@ class ClaudeAdapter(Adapter):
     wait for, a turn, a control request), and the question ``answer_approval``
     takes out of ``Permissions``."""
 
-    def __init__(self, link: LineLink, sink: SessionSink, *, session_id: str) -> None:
+    def __init__(
+        self, link: LineLink, sink: SessionSink, *, session_id: str, replaces: str | None = None
+    ) -> None:
         self._link = link
         self._sink = sink
         self.session_id = session_id  # chosen at launch; system/init must agree
+        self._replaces = replaces  # the id without a transcript it was launched over
         self._ids = itertools.count(1)
         self._controls: dict[str, _Control] = {}
         self._closed = False
@@ -164,11 +175,10 @@ class ClaudeAdapter(Adapter):
 
     # -- the handshake ----------------------------------------------------------------
 
-    async def handshake(self, resume_handle: str | None) -> str:
-        if resume_handle is not None and resume_handle != self.session_id:
-            raise AgentStartFailed(
-                f"claude was launched for session {self.session_id}, not {resume_handle}"
-            )
+    async def handshake(self, resume: Resume | None) -> str:
+        resuming = resume is not None and self._replaces is None
+        if resume is not None:
+            self._replace(resume)
         control = await self._control({"subtype": "initialize", "hooks": None})
         while not control.done.is_set():
             frame = await self._receive(strict=True)
@@ -178,9 +188,12 @@ class ClaudeAdapter(Adapter):
                     "directory says why)"
                 )
             if frame.get("type") == "result":
-                raise AgentStartFailed(
-                    f"claude could not open session {self.session_id}: {result_error_text(frame)}"
-                )
+                words = result_error_text(frame)
+                if resuming:
+                    raise ResumeFailed(
+                        f"claude could not resume session {self.session_id}: {words}"
+                    )
+                raise AgentStartFailed(f"claude could not open session {self.session_id}: {words}")
             await self._handle(frame)
         if control.error is not None:
             raise AgentStartFailed(f"claude refused initialize: {control.error}")
@@ -196,6 +209,29 @@ class ClaudeAdapter(Adapter):
                 minimum=oldest,
             )
         return self.session_id
+
+    def _replace(self, resume: Resume) -> None:
+        """Check ``resume`` against the launch: it resumes ``session_id``, or it has no
+        transcript and was replaced (``claude`` Rule 2), which supersedes it when it
+        never had a turn. Raises ``ResumeFailed`` when it had turns."""
+        if resume.handle == self.session_id and self._replaces is None:
+            return
+        if resume.handle != self._replaces:
+            raise AgentStartFailed(
+                f"claude was launched for session {self.session_id}, not {resume.handle}"
+            )
+        if resume.had_turns:
+            raise ResumeFailed(
+                f"claude has no transcript of session {resume.handle}, which had turns "
+                f"(no {resume.handle}.jsonl under its config directory's projects/); agentsd "
+                "will not start a new conversation in its place"
+            )
+        self.superseded = ThreadSuperseded(
+            previous_handle=resume.handle,
+            handle=self.session_id,
+            reason=f"claude never saved session {resume.handle}, which had no turn: "
+            "it has no transcript",
+        )
 
     # -- the reader -------------------------------------------------------------------
 

@@ -6,8 +6,11 @@ line. Facts this module relies on, checked against ``codex-cli 0.163.0``:
 - ``initialize {clientInfo, capabilities}`` answers ``{userAgent: "<name>/<version>
   (...)", codexHome, ...}``; the ``initialized`` notification follows. Notifications
   may arrive before any response (``configWarning``).
-- ``thread/start`` and ``thread/resume {threadId}`` answer ``{thread: {id, ...}}``;
-  resuming an unknown thread is an error response ("no rollout found ...").
+- ``thread/start`` and ``thread/resume {threadId}`` answer ``{thread: {id, ...}}``.
+  Codex writes a thread's rollout only at its first turn: resuming a thread that
+  never had one (or an unknown id) is the error -32600 ``no rollout found for thread
+  id <id>``. The code is the generic invalid-request one (also "invalid session id"),
+  so only the message tells it (``never_saved``); checked on 0.163.0 and 0.171.0.
 - ``turn/start`` answers at once with ``{turn: {id, status: "inProgress"}}``, before
   ``turn/started``; ``turn/steer`` needs ``expectedTurnId`` and answers ``{turnId}``.
 - ``turn/interrupt`` answers only once the turn has stopped (just before
@@ -36,11 +39,13 @@ import trio
 
 import agentsd
 from agentsd.providers.base import (
+    MAX_BAD_LINES,
     Adapter,
     Dispatch,
     LaunchSpec,
     LineLink,
     Provider,
+    Resume,
     SessionSink,
     Submission,
 )
@@ -70,6 +75,7 @@ from agentsd_protocol.api.events import (
     AgentError,
     AgentWarning,
     ThreadStatus,
+    ThreadSuperseded,
     TurnDiff,
     TurnStarted,
 )
@@ -79,11 +85,13 @@ from agentsd_protocol.errors import (
     AgentProtocolError,
     AgentStartFailed,
     AgentUnsupported,
+    ResumeFailed,
     RpcError,
 )
 
 log = logging.getLogger(__name__)
 
+NO_ROLLOUT = "no rollout found for thread id "  # codex-rs thread-store read_thread.rs
 ACK_TIMEOUT_S = 20.0  # turn/start answers in milliseconds; past this delivery is unknown
 INTERRUPT_TIMEOUT_S = 10.0  # codex answers once the turn stopped; it may never answer
 DELTA_METHODS = frozenset(
@@ -100,6 +108,16 @@ OPT_OUT = [
     "item/reasoning/textDelta",
     "rawResponseItem/completed",
 ]
+
+
+def never_saved(error: Any) -> bool:
+    """Whether a ``thread/resume`` error says Codex never saved the thread."""
+    if not isinstance(error, dict):
+        return False
+    message = error.get("message")
+    return (
+        error.get("code") == -32600 and isinstance(message, str) and message.startswith(NO_ROLLOUT)
+    )
 
 
 # -- the provider ----------------------------------------------------------------------
@@ -154,12 +172,13 @@ class CodexAdapter(Adapter):
 
     # -- the handshake ----------------------------------------------------------------
 
-    async def handshake(self, resume_handle: str | None) -> str:
+    async def handshake(self, resume: Resume | None) -> str:
         """``initialize``, ``initialized``, then ``thread/start`` or ``thread/resume``;
         returns the thread id. Raises ``AgentExited`` (EOF), ``AgentProtocolError``
         (garbage, a refused initialize, a resume landing on another thread),
-        ``AgentUnsupported`` (too old a Codex) or ``AgentStartFailed`` (Codex refused
-        the thread, e.g. an unknown thread id). The runner bounds it in time."""
+        ``AgentUnsupported`` (too old a Codex), ``AgentStartFailed`` (Codex refused a
+        new thread) or ``ResumeFailed`` (Codex refused to resume a thread it saved, or
+        lost one that had turns). The runner bounds it in time."""
         init = await self._handshake_call(
             "initialize",
             {
@@ -195,38 +214,71 @@ class CodexAdapter(Adapter):
         await self._rpc.notify("initialized")
 
         params = {"cwd": self._session.cwd, **self._options.thread_params()}
-        if resume_handle is None:
-            call = await self._handshake_call("thread/start", params)
-            if call.error is not None:
-                raise AgentStartFailed(
-                    f"codex could not start a thread: {error_message(call.error)}"
-                )
+        superseded_because = None
+        if resume is None:
+            call = await self._start_thread(params)
         else:
-            # excludeTurns: the daemon has the history; a long thread is megabytes.
-            params.update(threadId=resume_handle, excludeTurns=True)
-            call = await self._handshake_call("thread/resume", params)
-            if call.error is not None:
-                raise AgentStartFailed(
-                    f"codex could not resume thread {resume_handle}: {error_message(call.error)}"
-                )
+            call, superseded_because = await self._resume_thread(resume, params)
         thread = call.result.get("thread") if isinstance(call.result, dict) else None
         thread_id = thread.get("id") if isinstance(thread, dict) else None
         if not isinstance(thread_id, str) or not thread_id:
             raise AgentProtocolError(f"codex answered {call.method} without a thread id")
-        if resume_handle is not None and thread_id != resume_handle:
-            raise AgentProtocolError(f"codex resumed thread {thread_id} instead of {resume_handle}")
+        if call.method == "thread/resume" and resume is not None and thread_id != resume.handle:
+            raise AgentProtocolError(f"codex resumed thread {thread_id} instead of {resume.handle}")
+        if resume is not None and superseded_because is not None:
+            self.superseded = ThreadSuperseded(
+                previous_handle=resume.handle, handle=thread_id, reason=superseded_because
+            )
         self._thread_id = thread_id
         return thread_id
+
+    async def _start_thread(self, params: dict[str, Any]) -> Call:
+        call = await self._handshake_call("thread/start", params)
+        if call.error is not None:
+            raise AgentStartFailed(f"codex could not start a thread: {error_message(call.error)}")
+        return call
+
+    async def _resume_thread(
+        self, resume: Resume, params: dict[str, Any]
+    ) -> tuple[Call, str | None]:
+        """``thread/resume``, and None; or, for a thread Codex never saved and that had
+        no turn, ``thread/start`` and why it replaces the old one (base Rule 4).
+        Raises ``ResumeFailed`` when the thread cannot be resumed otherwise."""
+        # excludeTurns: the daemon has the history; a long thread is megabytes.
+        call = await self._handshake_call(
+            "thread/resume", {**params, "threadId": resume.handle, "excludeTurns": True}
+        )
+        if call.error is None:
+            return call, None
+        words = error_message(call.error)
+        if not never_saved(call.error):
+            raise ResumeFailed(f"codex could not resume thread {resume.handle}: {words}")
+        if resume.had_turns:
+            raise ResumeFailed(
+                f"codex lost thread {resume.handle}, which had turns; agentsd will not start "
+                f"a new thread in its place: {words}"
+            )
+        log.info("codex never saved thread %s (it had no turn); starting a new one", resume.handle)
+        reason = f"codex never saved thread {resume.handle}, which had no turn: {words}"
+        return await self._start_thread(params), reason
 
     # -- the reader -------------------------------------------------------------------
 
     async def run(self) -> None:
+        bad_lines = 0  # in a row (base Rule 3)
         try:
             while (frame := await self._rpc.receive()) is not None:
                 if isinstance(frame, Garbage):
+                    bad_lines += 1
+                    if bad_lines > MAX_BAD_LINES:
+                        raise AgentProtocolError(
+                            f"{frame.describe()}: {bad_lines} such lines in a row, so its "
+                            "output is not JSON-RPC"
+                        )
                     # Journaled and skipped: one bad line need not end a healthy agent.
                     await self._protocol_error(frame.describe())
                 else:
+                    bad_lines = 0
                     await self._handle(frame)
         finally:
             self._rpc.close()

@@ -13,11 +13,13 @@ import msgspec
 import trio
 
 from agentsd.providers.base import (
+    MAX_BAD_LINES,
     Adapter,
     Dispatch,
     LaunchSpec,
     LineLink,
     Provider,
+    Resume,
     SessionSink,
     Submission,
 )
@@ -60,7 +62,16 @@ class MockProvider(Provider):
 
 
 class MockAdapter(Adapter):
-    __slots__ = ("_acked_turns", "_acks", "_link", "_open_items", "_sink", "_starting", "_turn_id")
+    __slots__ = (
+        "_acked_turns",
+        "_acks",
+        "_bad_lines",
+        "_link",
+        "_open_items",
+        "_sink",
+        "_starting",
+        "_turn_id",
+    )
 
     def __init__(self, link: LineLink, sink: SessionSink) -> None:
         self._link = link
@@ -71,8 +82,11 @@ class MockAdapter(Adapter):
         self._turn_id: str | None = None
         # Items that streamed text, as a dict: an empty set costs four empty dicts.
         self._open_items: dict[str, None] = {}
+        self._bad_lines = 0  # in a row (base Rule 3)
 
-    async def handshake(self, resume_handle: str | None) -> str:
+    async def handshake(self, resume: Resume | None) -> str:
+        # The mock resumes any handle: one it never saved starts empty.
+        resume_handle = None if resume is None else resume.handle
         await self._link.send({"type": "initialize", "handle": resume_handle})
         reply = await self._link.receive()
         if reply is None:
@@ -92,11 +106,20 @@ class MockAdapter(Adapter):
                 try:
                     frame = await self._link.receive()
                 except AgentProtocolError as exc:
+                    if self._link.broken:
+                        raise  # base Rule 3: nothing more can be read
+                    self._bad_lines += 1
+                    if self._bad_lines > MAX_BAD_LINES:
+                        raise AgentProtocolError(
+                            f"{exc.message}: {self._bad_lines} such lines in a row, so its "
+                            "output is not the mock protocol"
+                        ) from None
                     # One bad line is reported and skipped; the agent may still be healthy.
                     await self._sink.emit(AgentError(message=exc.message))
                     continue
                 if frame is None:
                     return
+                self._bad_lines = 0
                 await self._translate(frame)
         finally:
             # Acked, but their turn.started will never come: the agent did take them.

@@ -30,6 +30,7 @@ from agentsd.store.memory import UnknownSession
 
 __all__ = [
     "Append",
+    "EventRow",
     "StoredEvent",
     "UnknownSession",
     "append_events",
@@ -37,6 +38,7 @@ __all__ = [
     "bounded_payload",
     "insert_rows",
     "last_seq_of_kind",
+    "read_event_rows",
     "read_events",
 ]
 
@@ -57,6 +59,10 @@ class StoredEvent(msgspec.Struct, frozen=True, gc=False):
     fence: int
     kind: str
     body: bytes
+
+
+EventRow = tuple[int, float, int, str, bytes]
+"""A stored event's (seq, ts, fence, kind, body) as SQLite returns it."""
 
 
 # Rows per INSERT statement, at most. Rows are inserted with one multi-row INSERT
@@ -170,6 +176,29 @@ def read_events(
     behind the byte bound). An unknown session reads as empty.
     Raises ``ValueError`` for a limit below 1, a negative max_bytes, or both bounds.
     """
+    rows, more = read_event_rows(
+        conn,
+        session_id,
+        after_seq=after_seq,
+        before_seq=before_seq,
+        limit=limit,
+        max_bytes=max_bytes,
+    )
+    return [StoredEvent(session_id, *row) for row in rows], more
+
+
+def read_event_rows(
+    conn: sqlite3.Connection,
+    session_id: str,
+    *,
+    after_seq: int | None = None,
+    before_seq: int | None = None,
+    limit: int,
+    max_bytes: int,
+) -> tuple[list[EventRow], bool]:
+    """As ``read_events``, the rows as SQLite returns them: for a reader that turns
+    each into something else at once (a catch-up page into notifications) and need
+    not build a ``StoredEvent`` per row first."""
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     if max_bytes < 0:
@@ -192,20 +221,20 @@ def read_events(
     # One row beyond the limit tells whether more exist; rows are fetched lazily so
     # bodies past the byte bound are never loaded.
     cursor = conn.execute(query, (session_id, bound, limit + 1))
-    page: list[StoredEvent] = []
+    page: list[EventRow] = []
     append = page.append
     budget = max_bytes
     more = False
     try:
-        for seq, ts, fence, kind, body in cursor:
-            budget -= len(body)
+        for row in cursor:
+            budget -= len(row[4])
             if budget < 0 and page:
                 more = True
                 break
             if len(page) == limit:
                 more = True
                 break
-            append(StoredEvent(session_id, seq, ts, fence, kind, body))
+            append(row)
     finally:
         # Reset the statement now rather than when the cursor is collected: an
         # unfinished statement would hold the read transaction's snapshot busy.
@@ -222,6 +251,15 @@ def last_seq_of_kind(conn: sqlite3.Connection, session_id: str, kind: str) -> in
         (session_id, kind),
     ).fetchone()
     return int(row[0])
+
+
+def has_kind_after(conn: sqlite3.Connection, session_id: str, kind: str, after_seq: int) -> bool:
+    """Whether the session has an event of ``kind`` past ``after_seq``."""
+    row = conn.execute(
+        "SELECT 1 FROM events WHERE session_id = ? AND seq > ? AND kind = ? LIMIT 1",
+        (session_id, after_seq, kind),
+    ).fetchone()
+    return row is not None
 
 
 def bodies_of_kind(conn: sqlite3.Connection, session_id: str, kind: str) -> Iterator[bytes]:

@@ -259,13 +259,16 @@ class ChildReady(EventStruct, tag="child.ready", frozen=True, kw_only=True):
 
 class ChildExited(EventStruct, tag="child.exited", frozen=True, kw_only=True):
     """The child is proven gone and its lease released. ``detail`` says how the
-    proof was had (recovery); ``error`` is the failure that ended it."""
+    proof was had (recovery); ``error`` is the failure that ended it;
+    ``stderr_tail`` is the end of what the agent wrote to stderr (at most 4 KiB), kept
+    when it exited unexpectedly or failed, the words that say why."""
 
     cause: ExitCause
     returncode: int | None = None
     signal: int | None = None
     detail: str | None = None
     error: ErrorInfo | None = None
+    stderr_tail: str | None = None
 
 
 class ExitUnproven(EventStruct, tag="exit.unproven", frozen=True, kw_only=True):
@@ -318,6 +321,18 @@ class UsageUpdated(EventStruct, tag="usage.updated", frozen=True, kw_only=True):
     model_context_window: int | None = None
 
 
+class ThreadSuperseded(EventStruct, tag="thread.superseded", frozen=True, kw_only=True):
+    """The provider never saved the conversation ``previous_handle`` (it had no turn:
+    Codex writes a thread's rollout, Claude Code its transcript, at the first one), so
+    a fresh one, ``handle``, took its place; ``reason`` says how that was known, in
+    the provider's words where it gave any. Journaled with the ``child.ready`` that
+    carries the new handle."""
+
+    previous_handle: str
+    handle: str
+    reason: str
+
+
 class ThreadStatus(EventStruct, tag="thread.status", frozen=True, kw_only=True):
     """The agent's own thread status (Codex), journaled when it changes."""
 
@@ -350,6 +365,7 @@ Event = (
     | AgentWarning
     | UsageUpdated
     | ThreadStatus
+    | ThreadSuperseded
 )
 """Every event the daemon writes."""
 

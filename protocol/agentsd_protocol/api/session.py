@@ -1,10 +1,30 @@
-"""Wire types of the ``agentSession.*`` methods and notifications."""
+"""Wire types of the ``agentSession.*`` methods and notifications.
+
+Limits (the daemon refuses a create past one with ``invalid_params``, whose data
+names it: ``limit``, ``maxBytes``, ``bytes``). Each keeps a stored session starting
+and listable: the kernel refuses to ``exec`` one environment string or argument
+longer than 32 pages (``MAX_ARG_STRLEN``), and every reply must fit a client's frame
+bound (``agentsd_protocol.framing.DEFAULT_MAX_FRAME_BYTES``).
+"""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
 from agentsd_protocol.api.base import MutationParams, Params, Result
+
+MAX_ARG_BYTES = 128 * 1024 - 1  # one KEY=VALUE or argument with its NUL: MAX_ARG_STRLEN
+MAX_ENV_BYTES = 256 * 1024  # all of a session's env (KEY=VALUE NUL each)
+MAX_COMMAND_BYTES = 256 * 1024  # all of a session's command (each argument with its NUL)
+MAX_OPTIONS_BYTES = 64 * 1024  # a session's options, as JSON: models, modes, flags
+MAX_CWD_BYTES = 4096  # PATH_MAX
+MAX_PROVIDER_CHARS = 100  # a name from the daemon's registry or config
+
+# A list page holds at most this many bytes of sessions (and at least one session),
+# half of a client's default frame bound: no number or size of sessions can make a
+# reply too large to read.
+LIST_PAGE_BYTES = 4 * 1024 * 1024
+MAX_LIST_LIMIT = 1000  # sessions per page a client may ask for
 
 Phase = Literal["stopped", "starting", "running", "stopping", "exit-unproven"]
 Status = Literal["idle", "working", "attention"]
@@ -21,10 +41,13 @@ class ChildInfo(Result, frozen=True, kw_only=True):
 
 
 class ExitInfo(Result, frozen=True, kw_only=True):
+    """How the agent last ended; ``stderr_tail`` as in ``child.exited``."""
+
     cause: ExitCause
     returncode: int | None = None
     signal: int | None = None
     at: float
+    stderr_tail: str | None = None
 
 
 class SessionError(Result, frozen=True, kw_only=True):
@@ -82,12 +105,20 @@ class GetResult(Result, frozen=True, kw_only=True):
 
 
 class ListParams(Params, frozen=True, kw_only=True):
+    """Sessions in creation order, a page at a time: at most ``limit`` (default: as
+    many as fit ``LIST_PAGE_BYTES``), after ``cursor`` (a previous ``nextCursor``).
+    ``brief`` leaves out ``env``, ``options`` and ``command`` (empty in the reply)."""
+
     state: Phase | None = None
     provider: str | None = None
+    limit: int | None = None
+    cursor: str | None = None
+    brief: bool = False
 
 
 class ListResult(Result, frozen=True, kw_only=True):
     sessions: list[SessionInfo]
+    next_cursor: str | None = None  # None: this page is the last
 
 
 class StartParams(MutationParams, frozen=True, kw_only=True):

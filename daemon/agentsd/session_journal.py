@@ -1,0 +1,150 @@
+"""A session's journal port: the one way into and out of a session's journal.
+
+Every writer of a session's events holds the same port, ``session.journal``: the
+handlers, the session task, the provider sink, and the settle of a lease
+(``agentsd.held_lease`` takes its ``write``). A request thus flows handler ->
+session -> store -> feed, and nothing returns to the supervisor on the way.
+
+Rule 1 (durable first): the store commits first. Only then, in this order and with
+no await in between, does the port advance the session's head seq, apply the events
+to its conversation (which derives its status), take the committed columns into its
+in-memory row, publish the events to subscribers, and tell the status board. So
+nothing is published that is not durable, and a reply sent after ``append`` returns
+is sent after the commit (DESIGN.md invariant 6). A caller cancelled once its write
+was queued may have committed without publishing; the feed fills such a gap from the
+store (``agentsd.feed`` Rule 1).
+
+Rule 2: the port reads the journal only through named store functions, so no
+handler holds SQL or a connection.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import attrs
+
+from agentsd.feed import Delta, Feed
+from agentsd.operations import Provisional, record_provisional
+from agentsd.store import sessions as session_rows
+from agentsd.store.database import StoreConnection
+from agentsd.store.journal import StoredEvent, bodies_of_kind, read_events
+from agentsd.store.writer import Store
+from agentsd_protocol.api.events import Event, EventStruct, decode_event, kind_of
+
+if TYPE_CHECKING:
+    import sqlite3
+
+    from agentsd.session import Session
+
+T = TypeVar("T")
+E = TypeVar("E", bound=EventStruct)
+
+
+class SessionJournal:
+    """The journal port of one session; built by the supervisor when it registers
+    the session, and shared by everything that writes for that session."""
+
+    __slots__ = ("_feed", "_session", "_store")
+
+    def __init__(self, session: Session, store: Store, feed: Feed) -> None:
+        self._session = session
+        self._store = store
+        self._feed = feed
+
+    async def append(
+        self,
+        events: Sequence[Event],
+        *,
+        fence: int | None = None,
+        provisional: Provisional | None = None,
+        **fields: Any,
+    ) -> list[StoredEvent]:
+        """Journal ``events`` under ``fence`` (default: the session's), with the
+        session columns ``fields`` and the ledger's ``provisional`` entry in the same
+        commit; returns the events as stored. Raises what the store raises
+        (``StorageUnavailable``), and then nothing changed, durably or in memory."""
+        session = self._session
+        session_id = session.id
+        fence = session.fence if fence is None else fence
+        now = time.time()
+        if fields or provisional is not None:
+
+            def op(conn: StoreConnection) -> list[StoredEvent]:
+                stored = session_rows.update_session(conn, session_id, fence, now, events, **fields)
+                if provisional is not None:
+                    record_provisional(conn, provisional.operation, provisional.result(stored))
+                return stored
+
+            stored = await self._store.write(op)
+        else:
+            items = session_rows.encode_events(events)
+            stored = await self._store.append(session_id, fence, items, now)
+        if fields:
+            session.row = attrs.evolve(session.row, **fields)
+        self._committed(stored)
+        return stored
+
+    async def write(
+        self, op: Callable[[StoreConnection], tuple[T, list[StoredEvent]]]
+    ) -> tuple[T, list[StoredEvent]]:
+        """Commit ``op``, a store op that changes other rows too (a lease, the
+        session's own row) and returns ``(value, events it journaled)``; then apply
+        and publish those events (Rule 1). Raises what the store raises."""
+        value, stored = await self._store.write(op)
+        self._committed(stored)
+        return value, stored
+
+    def publish_delta(self, item_id: str, offset: int, text: str) -> None:
+        """Hand streaming text to subscribers at once; it is journaled later, as a
+        snapshot, by whoever streams it (``agentsd.sink``)."""
+        session = self._session
+        delta = Delta(item_id=item_id, offset=offset, text=text, after_seq=session.head_seq)
+        self._feed.publish_delta(session.id, delta)
+
+    async def latest(self, event_type: type[E], match: Callable[[E], bool]) -> E | None:
+        """The session's newest journaled event of ``event_type`` for which
+        ``match`` holds, or None. ``match`` runs in the store's reading thread: a
+        pure test of the event."""
+        session_id = self._session.id
+        kind = kind_of(event_type)
+
+        def find(conn: sqlite3.Connection) -> E | None:
+            for body in bodies_of_kind(conn, session_id, kind):
+                event = decode_event(kind, body)
+                if isinstance(event, event_type) and match(event):
+                    return event
+            return None
+
+        return await self._store.read(find)
+
+    async def history(
+        self, *, after_seq: int | None, before_seq: int | None, limit: int, max_bytes: int
+    ) -> tuple[list[StoredEvent], bool]:
+        """One page of the session's journal (``agentsd.store.journal.read_events``)."""
+        session_id = self._session.id
+        return await self._store.read(
+            lambda conn: read_events(
+                conn,
+                session_id,
+                after_seq=after_seq,
+                before_seq=before_seq,
+                limit=limit,
+                max_bytes=max_bytes,
+            )
+        )
+
+    def _committed(self, stored: Sequence[StoredEvent]) -> None:
+        """Rule 1, once ``stored`` is durable."""
+        if not stored:
+            return
+        session = self._session
+        for event in stored:
+            if event.seq > session.head_seq:
+                session.head_seq = event.seq
+            session.conversation.apply(event.seq, decode_event(event.kind, event.body))
+        session.row = attrs.evolve(session.row, updated_at=stored[-1].ts)
+        self._feed.publish(session.id, stored)
+        session.board.changed(session)
