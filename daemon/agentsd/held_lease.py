@@ -16,8 +16,9 @@ proof it keeps the lease held, journals ``exit.unproven``, and the session is
 
 Rule 2 (one story): `settle` is the only writer of ``child.exited`` (one shape,
 `exited_event`) and of ``exit.unproven``, for the session task, the retry of an
-unproven exit (``Supervisor``) and recovery at start-up; `_evidence` is the only
-place that puts a proof into words.
+unproven exit (``Supervisor``) and recovery at start-up, with one exception:
+`_withdraw` settles a reservation the session task never learned of (Rule 4), in
+the same shape; `_evidence` is the only place that puts a proof into words.
 
 Rule 3 (bounded, shielded): `open_lease` acquires and settles under a shield with a
 time bound. A store that refuses the settle, or is too slow, leaves the lease held
