@@ -95,6 +95,7 @@ def run_doctor(args: argparse.Namespace, target: Target) -> int:
     checks += check_agent_env(daemon_status)
     checks.append(check_private_dir("state dir", state_dir))
     checks.append(check_database(os.path.join(state_dir, DATABASE_NAME)))
+    checks.append(check_storage(daemon_status))
     checks.append(check_linger())
     checks.append(check_service())
     ok = all(check.status != "fail" for check in checks)
@@ -470,6 +471,26 @@ def check_database(path: str) -> Check:
         status="ok",
         detail=f"{path}: schema version {version}, {journal_mode} journal{counted}",
         facts=facts,
+    )
+
+
+def check_storage(status: dict[str, Any] | None) -> Check:
+    """Whether the running daemon can make writes durable (its ``daemon.status``):
+    a state directory deleted, moved or made read-only under it stops every write."""
+    if status is None:
+        return Check(name="storage", status="skip", detail="no daemon answers to report it")
+    storage = status.get("storage")
+    if not isinstance(storage, dict):
+        return Check(name="storage", status="skip", detail="this daemon does not report it")
+    if storage.get("state") == "ok":
+        return Check(name="storage", status="ok", detail="the daemon's writes are durable")
+    return Check(
+        name="storage",
+        status="fail",
+        detail=f"the daemon refuses writes: {storage.get('detail', '')}",
+        hint="put the state directory back where it was, or make it writable again: "
+        "writes resume by themselves; otherwise restart the daemon",
+        facts=dict(storage),
     )
 
 

@@ -71,6 +71,10 @@ class App:
     def request_shutdown(self) -> None:
         self.serving_scope.cancel()
 
+    def storage_unavailable(self) -> str | None:
+        """Why writes are refused now (``Store.unavailable``), or None."""
+        return None if self._supervisor is None else self._supervisor.store.unavailable()
+
     def session_counts(self) -> SessionCounts:
         return SessionCounts() if self._supervisor is None else self._supervisor.counts()
 

@@ -21,6 +21,10 @@ Rules this module keeps (DESIGN.md sections 2 and 6):
 6. No PR_SET_PDEATHSIG: trio spawns from a worker thread and the signal would fire
    when that thread exits. Crash safety is recovery at start
    (``agentsd.leftovers.end_processes``).
+7. The child's own exit is learned from the process (`Child.wait`: trio waits on
+   its pidfd), never from its stdout closing: a process it started in the
+   background may hold that open for ever. `Child.end_remains` then ends what it
+   left running, so its output ends too.
 """
 
 from __future__ import annotations
@@ -35,7 +39,14 @@ import attrs
 import trio
 
 from agentsd.config import Ladder
-from agentsd.leftovers import ChildIdentity, Remains, prove_gone, signal_and_wait, unproven_reason
+from agentsd.leftovers import (
+    ChildIdentity,
+    Remains,
+    end_remains,
+    prove_gone,
+    signal_and_wait,
+    unproven_reason,
+)
 from agentsd.procfs import (
     SPAWN_TOKEN_ENV,
     ProcScanFailed,
@@ -120,10 +131,34 @@ class Child:
     process: trio.Process
     stdin: trio.abc.SendStream
     stdout: trio.abc.ReceiveStream
+    ladder: Ladder
+    scanner: ProcScanner
+    # Processes of its group, or carrying its token, that `end_remains` signalled;
+    # the close ladder counts them among its stragglers.
+    signalled: set[tuple[int, int]] = attrs.field(factory=set)
 
     async def wait(self) -> int:
-        """Wait for the child itself to exit (and reap it); its returncode."""
+        """Wait for the child itself to exit (and reap it); its returncode.
+
+        This is the process's own exit (trio waits on its pidfd), not the end of its
+        output: a process it started may hold its stdout open long after it died."""
         return await self.process.wait()
+
+    async def end_remains(self) -> None:
+        """After `wait` returned: end what the child left running in its group or
+        carrying its token (SIGTERM, then SIGKILL, through verified pidfds, as the
+        close ladder would), so that nothing holds its pipes any more. Shielded,
+        so that what it signals is counted even when the end of the output it
+        causes cancels the caller, and bounded by the ladder; never raises. The
+        close ladder still proves exit afterwards."""
+        assert self.process.returncode is not None, "end_remains is for a reaped child"
+        remains = [Remains(pgid=self.identity.pgid, token=self.identity.token, leader=None)]
+        ladder = self.ladder
+        bound_s = ladder.term_grace_s + (ladder.proof_rounds + 2) * (
+            ladder.scan_timeout_s + ladder.kill_wait_s
+        )
+        with trio.move_on_after(bound_s, shield=True):
+            self.signalled.update(await end_remains(remains, ladder, self.scanner))
 
 
 @asynccontextmanager
@@ -160,6 +195,7 @@ async def open_child(
     """
     scanner = scanner if scanner is not None else current_scanner()
     process = await _spawn(spec)
+    signalled: set[tuple[int, int]] = set()  # (pid, start time) signalled individually
     # From here on nothing may stand between the spawn and the try: the ladder
     # must run even if the very next checkpoint is cancelled.
     try:
@@ -173,7 +209,13 @@ async def open_child(
             pid=process.pid, pgid=process.pid, start_time=start_time, token=spec.token
         )
         child = Child(
-            identity=identity, process=process, stdin=process.stdin, stdout=process.stdout
+            identity=identity,
+            process=process,
+            stdin=process.stdin,
+            stdout=process.stdout,
+            ladder=ladder,
+            scanner=scanner,
+            signalled=signalled,
         )
         await on_spawned(identity)
         yield child
@@ -182,7 +224,7 @@ async def open_child(
         # process was spawned and may run: never that nothing was.
         outcome: ChildExit = ExitUnproven(f"the close ladder of {_describe(process)} failed")
         try:
-            outcome = await _close(process, spec.token, ladder, scanner)
+            outcome = await _close(process, spec.token, ladder, scanner, signalled)
         finally:
             on_exit(outcome)
 
@@ -223,11 +265,15 @@ def _spawn_limiter() -> trio.CapacityLimiter:
 
 
 async def _close(
-    process: trio.Process, token: str, ladder: Ladder, scanner: ProcScanner
+    process: trio.Process,
+    token: str,
+    ladder: Ladder,
+    scanner: ProcScanner,
+    signalled: set[tuple[int, int]],
 ) -> ChildExit:
-    """The close ladder. Shielded, every step bounded, never raises."""
+    """The close ladder. Shielded, every step bounded, never raises. ``signalled``
+    holds the processes signalled individually so far; it counts the stragglers."""
     pgid = process.pid
-    signalled: set[tuple[int, int]] = set()  # (pid, start time) signalled individually
     with trio.CancelScope(shield=True):
         assert process.stdin is not None and process.stdout is not None
         await process.stdin.aclose()

@@ -1,7 +1,7 @@
 """The held lease: the outer ``async with`` of the session task (DESIGN.md section 2),
 and the one path by which a lease whose child ended is settled.
 
-    async with open_lease(session, write) as held:   # fence + 1, durable, before any spawn
+    async with open_lease(session, write, refused) as held:  # fence + 1, durable, before spawn
         async with open_child(spec, ladder, held.child_spawned, held.child_exited):
             ...                                       # identity durable before handshake
         # open_child's exit: the shielded, bounded ladder; the child is reaped
@@ -16,16 +16,24 @@ proof it keeps the lease held, journals ``exit.unproven``, and the session is
 
 Rule 2 (one story): `settle` is the only writer of ``child.exited`` (one shape,
 `exited_event`) and of ``exit.unproven``, for the session task, the retry of an
-unproven exit (``Supervisor``) and recovery at start-up; `_evidence` is the only
-place that puts a proof into words.
+unproven exit (``Supervisor``) and recovery at start-up, with one exception:
+`_withdraw` settles a reservation the session task never learned of (Rule 4), in
+the same shape; `_evidence` is the only place that puts a proof into words.
 
 Rule 3 (bounded, shielded): `open_lease` acquires and settles under a shield with a
 time bound. A store that refuses the settle, or is too slow, leaves the lease held
 durably as it was: the session is ``exit-unproven`` and ``settle_error`` says why.
+
+Rule 4 (slow storage is slow storage): every durable write of a start has the same
+bound. An acquisition that takes longer fails the start with
+``StorageUnavailable`` at once (``refused``), and the reservation, which may still
+commit after the caller gave up, is withdrawn by a write queued behind it (the
+writer keeps order), so no ``reserved`` lease is left behind.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -58,7 +66,12 @@ from agentsd_protocol.errors import RpcError, StorageUnavailable
 
 log = logging.getLogger(__name__)
 
-SETTLE_TIMEOUT_S = 10.0  # a release is one small commit; this covers a slow disk
+# A durable write of a start or an end (acquire, identity, ready, release) is one
+# small commit, milliseconds on a healthy disk; longer than this is slow storage.
+SETTLE_TIMEOUT_S = 10.0
+# How long a start that gave up on its acquisition waits for the reservation to be
+# withdrawn: the acquisition's own commit, then the withdrawal's, on slow storage.
+WITHDRAW_TIMEOUT_S = 6 * SETTLE_TIMEOUT_S
 
 LeaseOp = Callable[[StoreConnection], tuple[Lease, list[StoredEvent]]]
 Write = Callable[[LeaseOp], Awaitable[tuple[Lease, list[StoredEvent]]]]
@@ -94,9 +107,15 @@ class HeldLease:
         handshake. Raises what the store raises; the child is laddered all the same."""
         lease = self.lease
         ident = Identity(pid=identity.pid, pgid=identity.pgid, start_time=identity.start_time)
-        live, _ = await self.write(
-            lambda conn: lease_rows.lease_live(conn, lease, ident, time.time())
-        )
+        with trio.move_on_after(SETTLE_TIMEOUT_S) as slow:
+            live, _ = await self.write(
+                lambda conn: lease_rows.lease_live(conn, lease, ident, time.time())
+            )
+        if slow.cancelled_caught:
+            # It may still commit; the settle, queued behind it, releases the lease.
+            raise StorageUnavailable(
+                f"storage too slow: recording the agent took over {SETTLE_TIMEOUT_S:g} s"
+            )
         self.session.lease = live
         self.session.child = ChildInfo(
             pid=identity.pid,
@@ -110,13 +129,17 @@ class HeldLease:
 
 
 @asynccontextmanager
-async def open_lease(session: Session, write: Write) -> AsyncIterator[HeldLease]:
+async def open_lease(
+    session: Session, write: Write, refused: Callable[[RpcError], None]
+) -> AsyncIterator[HeldLease]:
     """Acquire the session's next lease and yield it held; settle it on exit.
 
     Entering takes fence + 1 and reserves the lease durably, before anything is
     spawned (shielded, at most ``SETTLE_TIMEOUT_S``); the session goes ``starting``.
-    It raises what the store raises (``StorageUnavailable``, ``trio.TooSlowError``),
-    and then nothing is held.
+    It raises what the store raises (``StorageUnavailable``), and then nothing is
+    held. When the store takes longer (Rule 4), ``refused`` hears
+    ``StorageUnavailable`` at once, the reservation is withdrawn (shielded, at most
+    ``WITHDRAW_TIMEOUT_S``) and then that error is raised.
 
     Exit runs whatever ended the body, after it: so after the child nested inside was
     laddered. The session goes ``stopping``, then `settle` runs with the held lease's
@@ -127,8 +150,19 @@ async def open_lease(session: Session, write: Write) -> AsyncIterator[HeldLease]
     """
     # Shielded: once the fence is taken durably, this task must learn it, so that
     # the lease is settled below even if a close arrived meanwhile.
-    with trio.CancelScope(shield=True), trio.fail_after(SETTLE_TIMEOUT_S):
-        lease, _ = await write(lambda conn: lease_rows.acquire_lease(conn, session.id, time.time()))
+    with trio.CancelScope(shield=True):
+        with trio.move_on_after(SETTLE_TIMEOUT_S) as slow:
+            lease, _ = await write(
+                lambda conn: lease_rows.acquire_lease(conn, session.id, time.time())
+            )
+        if slow.cancelled_caught:
+            error = StorageUnavailable(
+                f"storage too slow: reserving the agent's lease took over "
+                f"{SETTLE_TIMEOUT_S:g} s; nothing was started, retry later"
+            )
+            refused(error)
+            await _withdraw(session, write, error)
+            raise error
     session.lease = lease
     session.row = attrs.evolve(session.row, fence=lease.fence)
     session.error = None
@@ -223,6 +257,47 @@ async def settle(
         session.lease = held
         session.error = error
         session.transition("exit-unproven")
+
+
+async def _withdraw(session: Session, write: Write, error: StorageUnavailable) -> None:
+    """Release the reservation of an acquisition the caller gave up on, if it
+    committed (Rule 4): queued behind it, this runs after it. Shielded by the
+    caller; at most ``WITHDRAW_TIMEOUT_S``. Never raises."""
+    known = session.fence
+    evidence = _evidence(None, "failed")
+    now = time.time()
+    last_exit = ExitInfo(cause="failed", at=now)
+    session_error = SessionError(kind=error.kind, message=error.message, at=now)
+    op = functools.partial(
+        lease_rows.withdraw_reservation,
+        session_id=session.id,
+        known_fence=known,
+        evidence=evidence,
+        now=now,
+        events=[exited_event("failed", evidence, error)],
+        last_exit=msgspec.to_builtins(last_exit),
+        error=msgspec.to_builtins(session_error),
+    )
+    with trio.move_on_after(WITHDRAW_TIMEOUT_S) as late:
+        try:
+            withdrawn, _ = await write(op)
+        except lease_rows.NoReservation:
+            return  # the acquisition never committed
+        except RpcError as exc:
+            log.error("session %s: could not withdraw its lease reservation: %s", session.id, exc)
+            return
+    if late.cancelled_caught:
+        log.error(
+            "session %s: storage too slow to withdraw a lease reservation in %g s; "
+            "recovery settles it at the next daemon start",
+            session.id,
+            WITHDRAW_TIMEOUT_S,
+        )
+        return
+    session.lease = withdrawn
+    session.row = attrs.evolve(session.row, fence=withdrawn.fence)
+    session.last_exit = last_exit
+    session.error = session_error
 
 
 def exited_event(

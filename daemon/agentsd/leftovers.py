@@ -36,6 +36,7 @@ __all__ = [
     "EndReport",
     "Remains",
     "end_processes",
+    "end_remains",
     "prove_gone",
     "signal_and_wait",
     "unproven_reason",
@@ -127,6 +128,23 @@ async def prove_gone(
             return live, killed
         killed |= await signal_and_wait(stragglers, signal.SIGKILL, ladder.kill_wait_s)
     raise AssertionError("unreachable: the last round returns")
+
+
+async def end_remains(
+    targets: Sequence[Remains], ladder: Ladder, scanner: ProcScanner
+) -> set[tuple[int, int]]:
+    """End what lives of ``targets``: SIGTERM, up to ``term_grace_s``, then SIGKILL as
+    in `prove_gone`. Every process is signalled through a verified pidfd. Returns
+    who was signalled; what it could not end is left for the caller's own proof.
+    Bounded by the ladder; never raises."""
+    live = await _scan_live(targets, ladder, scanner)
+    if live is None:
+        return set()
+    termed = await signal_and_wait(
+        [p for procs in live for p in procs], signal.SIGTERM, ladder.term_grace_s
+    )
+    _, killed = await prove_gone(targets, ladder, scanner)
+    return termed | killed
 
 
 def unproven_reason(live: list[list[ProcInfo]] | None, ladder: Ladder) -> str | None:

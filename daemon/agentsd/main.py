@@ -20,7 +20,10 @@ from agentsd.paths import AlreadyRunning, UnsafeDirectory
 from agentsd.providers import provider_registry
 from agentsd.server import ServiceManager, serve_daemon
 from agentsd.store.database import SchemaTooNew
+from agentsd.store.integrity import DatabaseDamaged
 from agentsd.systemd import SystemdEnvError
+from agentsd.upkeep import add_arguments, run_upkeep
+from agentsd_protocol.errors import StorageUnavailable
 from agentsd_protocol.paths import default_config_path, default_socket_path, default_state_dir
 
 log = logging.getLogger("agentsd")
@@ -45,6 +48,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--config", help="config file (default $XDG_CONFIG_HOME/agentsd/config.toml)"
     )
     parser.add_argument("--version", action="version", version=f"agentsd {__version__}")
+    add_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -83,6 +87,9 @@ def main(argv: list[str] | None = None) -> None:
             file=sys.stderr,
         )
         sys.exit(EXIT_USAGE)
+    upkeep_status = run_upkeep(args, state_dir, socket_path)
+    if upkeep_status is not None:
+        sys.exit(upkeep_status)
     level = (args.log_level or config.log_level).upper()
     if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
         print(f"agentsd: unknown log level {args.log_level!r}", file=sys.stderr)
@@ -98,7 +105,14 @@ def main(argv: list[str] | None = None) -> None:
     refusals: list[BaseException] = []
     try:
         trio.run(_run, config, socket_path, state_dir, service)
-    except* (AlreadyRunning, UnsafeDirectory, SocketInUse, SchemaTooNew) as group:
+    except* (
+        AlreadyRunning,
+        UnsafeDirectory,
+        SocketInUse,
+        SchemaTooNew,
+        DatabaseDamaged,
+        StorageUnavailable,
+    ) as group:
         # Raised inside the daemon's nurseries, these arrive wrapped in (nested)
         # exception groups; a plain except would let a traceback through.
         refusals.extend(_leaves(group))

@@ -21,6 +21,7 @@ journaled, recorded on the session and reported to whoever waits for the start.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -30,8 +31,8 @@ import attrs
 import msgspec
 import trio
 
+from agentsd.child import Child, open_child
 from agentsd.child import ChildSpec as ProcessSpec
-from agentsd.child import open_child
 from agentsd.held_lease import SETTLE_TIMEOUT_S, HeldLease, open_lease
 from agentsd.leases import Lease
 from agentsd.providers.base import Adapter, LineLink, Provider, Resume
@@ -47,6 +48,7 @@ from agentsd_protocol.errors import (
     AgentStartFailed,
     HandshakeTimeout,
     RpcError,
+    StorageUnavailable,
 )
 
 if TYPE_CHECKING:
@@ -54,6 +56,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# After the agent exited, how long its output may take to end by itself before what
+# it left running is ended: everything it wrote is in the pipe already, and an
+# agent whose descendants are gone reaches end of output at once.
+EXIT_EOF_GRACE_S = 0.5
+# After that, how long reading what remains in the pipe may take (at most a pipe's
+# 64 KiB plus a partial line, journaled; a slow disk is the reason for the margin)
+# before the reader is stopped: something no scan finds holds the pipe.
+EXIT_DRAIN_S = 10.0
 MAX_QUOTED_CHARS = 500  # of the agent's last stderr line, in a start error's message
 
 
@@ -123,7 +133,9 @@ async def run_session(supervisor: Supervisor, session: Session, task: SessionTas
 
 async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> None:
     provider = supervisor.provider(session.row.provider)
-    async with open_lease(session, session.journal.write) as held:
+    async with open_lease(
+        session, session.journal.write, functools.partial(_refuse_start, task)
+    ) as held:
         task.held = held
         stderr = StderrLog(
             supervisor.stderr_path(session.id), supervisor.config.stderr_log_max_bytes
@@ -142,6 +154,13 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
             held.failure = failure
             if failure is not None and not task.ready.is_set():
                 task.start_error = failure
+
+
+def _refuse_start(task: SessionTask, error: RpcError) -> None:
+    """Tell whoever waits for the start, now; the task goes on cleaning up."""
+    if not task.ready.is_set():
+        task.start_error = error
+        task.ready.set()
 
 
 async def _run_child(
@@ -167,8 +186,9 @@ async def _run_child(
         ) as child:
             sink = Sink(session, held.lease, task)
             adapter = provider.adapter(LineLink(child.stdin, child.stdout), sink, session.row)
-            await _handshake(supervisor, session, held.lease, task, adapter, process_spec)
-            return await _serve(supervisor, session, task, adapter, sink)
+            return await _attend(
+                supervisor, session, held.lease, task, child, adapter, sink, process_spec
+            )
     except RpcError as exc:
         return exc
     except (OSError, trio.TooSlowError) as exc:
@@ -250,27 +270,47 @@ async def _handshake(
     if session.child is not None:
         session.child = msgspec.structs.replace(session.child, agent_version=version)
     ready = ChildReady(provider_handle=handle, generation=lease.generation, agent_version=version)
-    await session.journal.append(
-        [ready] if adapter.superseded is None else [adapter.superseded, ready],
-        fence=lease.fence,
-        provider_handle=handle,
-    )
+    with trio.move_on_after(SETTLE_TIMEOUT_S) as slow:
+        await session.journal.append(
+            [ready] if adapter.superseded is None else [adapter.superseded, ready],
+            fence=lease.fence,
+            provider_handle=handle,
+        )
+    if slow.cancelled_caught:
+        raise StorageUnavailable(
+            f"storage too slow: recording the agent ready took over {SETTLE_TIMEOUT_S:g} s"
+        )
     session.transition("running")
     task.adapter = adapter
     task.touch()
     task.ready.set()
 
 
-async def _serve(
-    supervisor: Supervisor, session: Session, task: SessionTask, adapter: Adapter, sink: Sink
+async def _attend(
+    supervisor: Supervisor,
+    session: Session,
+    lease: Lease,
+    task: SessionTask,
+    child: Child,
+    adapter: Adapter,
+    sink: Sink,
+    spec: ProcessSpec,
 ) -> RpcError | None:
-    """Translate the agent's output until it ends or the task is stopped. Returns the
-    failure that ended it, if any; never raises anything but cancellation, so the
-    nursery below never wraps an error in a group.
+    """Handshake, then translate the agent's output until it ends or the task is
+    stopped. Returns the failure that ended it, if any; never raises anything but
+    cancellation, so the nursery below never wraps an error in a group.
 
-    Two tasks per live agent: a child task reads the agent, and the session task
-    itself keeps the session's time (``_keep_time``) instead of waiting idle in the
-    nursery: each task parked per session costs memory, at hundreds of sessions."""
+    The child itself is watched meanwhile (``watch_exit``): its exit, not the end of
+    its output, is what says it is gone, since a process it started in the
+    background may hold its stdout for ever. Once it exited, its output gets
+    ``EXIT_EOF_GRACE_S`` to end on its own, then what it left running is ended
+    (``Child.end_remains``), which ends the output; should something no scan can
+    find still hold it after ``EXIT_DRAIN_S``, the reader is stopped.
+
+    Three tasks per live agent: a child task reads the agent, one waits for its
+    exit, and the session task itself keeps the session's time (``_keep_time``)
+    instead of waiting idle in the nursery: each task parked per session costs
+    memory, at hundreds of sessions."""
     failure: list[RpcError] = []
 
     async def read_agent() -> None:
@@ -284,16 +324,50 @@ async def _serve(
             task.stop_cause = "failed" if failure else "unexpected"
         nursery.cancel_scope.cancel()
 
+    async def watch_exit() -> None:
+        returncode = await child.wait()
+        if task.stop_cause is None:
+            log.warning("session %s: its agent %s", session.id, _exit_status(returncode))
+            if task.ready.is_set():
+                task.stop_cause = "unexpected"
+        await trio.sleep(EXIT_EOF_GRACE_S)
+        await child.end_remains()
+        await trio.sleep(EXIT_DRAIN_S)
+        log.warning("session %s: its agent's output did not end after it exited", session.id)
+        if not task.ready.is_set():
+            failure.append(
+                AgentExited(f"the agent {_exit_status(returncode)} during its handshake")
+            )
+        nursery.cancel_scope.cancel()
+
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(read_agent)
-        await _keep_time(supervisor, session, task, sink)
-    task.adapter = None
-    with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
+        nursery.start_soon(watch_exit)
         try:
-            await sink.flush_snapshots()
+            await _handshake(supervisor, session, lease, task, adapter, spec)
         except RpcError as exc:
-            log.warning("could not journal the last streamed text: %s", exc.message)
+            failure.append(exc)
+            nursery.cancel_scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            failure.append(AgentExited("the agent exited during its handshake"))
+            nursery.cancel_scope.cancel()
+        else:
+            nursery.start_soon(read_agent)
+            await _keep_time(supervisor, session, task, sink)
+            nursery.cancel_scope.cancel()
+    task.adapter = None
+    if task.ready.is_set():
+        with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
+            try:
+                await sink.flush_snapshots()
+            except RpcError as exc:
+                log.warning("could not journal the last streamed text: %s", exc.message)
     return failure[0] if failure else None
+
+
+def _exit_status(returncode: int) -> str:
+    if returncode < 0:
+        return f"was killed by signal {-returncode}"
+    return f"exited with status {returncode}"
 
 
 async def _keep_time(

@@ -146,6 +146,21 @@ def test_with_a_running_daemon_everything_needed_passes(
         assert checks[f"{program.name} (daemon)"]["status"] == "ok"
     assert checks["linger"]["status"] in LEVELS
     assert checks["service"]["status"] in LEVELS
+    assert checks["storage"]["status"] == "ok"
+
+
+def test_a_state_dir_made_read_only_under_the_daemon_fails_storage(
+    daemon: DaemonProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    daemon.state_dir.chmod(0o500)
+    try:
+        code, checks = doctor(capsys, daemon.socket, daemon.state_dir)
+    finally:
+        daemon.state_dir.chmod(0o700)
+    assert code == EXIT_DAEMON_ERROR
+    storage = checks["storage"]
+    assert storage["status"] == "fail", storage
+    assert "not writable" in storage["detail"] and storage["hint"]
 
 
 def test_the_human_report_has_one_line_per_check_and_a_verdict(

@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from agentsd import child as child_module
+from agentsd import held_lease
 from agentsd.child import ChildSpec as ProcessSpec
 from agentsd.config import Config, Ladder, ProviderConfig
 from agentsd.procfs import (
@@ -536,3 +537,102 @@ async def test_reap_before_release_keeps_the_lease_of_an_unidentified_agent_not_
             assert session.lease is not None and not session.lease.held
             kinds = [k for _, k, _ in await journal(store, session.id)]
             assert kinds[-2:] == ["child.exited", "lease.released"]
+
+
+async def test_exit_is_seen_when_the_agent_exits_while_a_background_child_holds_its_stdout(
+    store: Store, tmp_path: Path
+) -> None:
+    """The agent crashes; a process it started keeps its stdout open, so its output
+    never ends by itself. The session task learns the exit from the process, ends
+    what it left running, and records the crash as it was: ``unexpected``, with
+    its status. A later close finds nothing to do and changes nothing."""
+    with trio.fail_after(60):
+        async with await _supervisor(store, tmp_path, make_config()) as sup:
+            session = await create(sup, tmp_path, crashAfterS=0.5, holdPipes=True)
+            await sup.start(session)
+            task = session.task
+            assert task is not None and session.lease is not None
+            token = session.lease.token
+            await eventually(lambda: len(token_carriers(token)) >= 2)  # agent + its child
+            await task.done.wait()
+            assert session.phase == "stopped"
+            assert session.last_exit is not None
+            assert session.last_exit.cause == "unexpected"
+            assert session.last_exit.returncode == 3
+            assert session.lease is not None and not session.lease.held
+            assert token_carriers(token) == []
+            assert not await sup.close(session)
+            assert session.last_exit.cause == "unexpected"
+            exited = [b for _, k, b in await journal(store, session.id) if k == "child.exited"]
+            assert exited == [
+                {
+                    "cause": "unexpected",
+                    "returncode": 3,
+                    "detail": "1 stragglers killed",
+                }
+            ]
+            # Nothing stays wedged: the next start runs a fresh agent.
+            session.row = attrs.evolve(session.row, options={})
+            await sup.start(session)
+            assert session.info().phase == "running"
+            await sup.close(session)
+            assert_contiguous(await journal(store, session.id))
+
+
+async def test_exit_is_seen_when_the_agent_exits_during_its_handshake_holding_its_stdout(
+    store: Store, tmp_path: Path
+) -> None:
+    """The same crash before the handshake completed fails the start with
+    ``agent_exited`` at once, not ``handshake_timeout`` when the deadline expires."""
+    with trio.fail_after(60):
+        config = make_config(handshake_timeout_s=30.0)
+        async with await _supervisor(store, tmp_path, config) as sup:
+            session = await create(
+                sup, tmp_path, crashAfterS=0.2, holdPipes=True, hangHandshake=True
+            )
+            started = trio.current_time()
+            with pytest.raises(AgentExited):
+                await sup.start(session)
+            assert trio.current_time() - started < 10.0
+            assert session.phase == "stopped"
+            assert session.last_exit is not None and session.last_exit.returncode == 3
+            assert session.lease is not None and token_carriers(session.lease.token) == []
+
+
+async def test_slow_storage_fails_a_start_as_storage_unavailable_and_leaves_no_reservation(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The acquisition commits only after its bound: the start is told
+    ``storage_unavailable`` at the bound, and the reservation that committed late
+    is withdrawn, so the next start works."""
+    bound_s = 0.5
+    slow = [True]
+    original = lease_rows.acquire_lease
+
+    def slow_acquire(*args: Any, **kwargs: Any) -> Any:
+        if slow[0]:
+            time.sleep(3 * bound_s)  # in the writer's thread: the commit is late
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(held_lease, "SETTLE_TIMEOUT_S", bound_s)
+    monkeypatch.setattr(lease_rows, "acquire_lease", slow_acquire)
+    with trio.fail_after(60):
+        async with await _supervisor(store, tmp_path, make_config()) as sup:
+            session = await create(sup, tmp_path)
+            started = time.monotonic()
+            with pytest.raises(StorageUnavailable, match="storage too slow"):
+                await sup.start(session)
+            assert time.monotonic() - started < 2 * bound_s
+            task = session.task
+            assert task is not None
+            await task.done.wait()
+            held = await store.read(lambda conn: lease_rows.load_held_leases(conn))
+            assert held == []
+            assert session.lease is not None and session.lease.state.value == "released"
+            assert session.error is not None and session.error.kind == "storage_unavailable"
+            slow[0] = False
+            await sup.start(session)
+            assert session.info().phase == "running"
+            await sup.close(session)
+            kinds = [k for _, k, _ in await journal(store, session.id)]
+            assert kinds.count("lease.acquired") == 2 and kinds.count("lease.released") == 2

@@ -32,7 +32,14 @@ async def handle_status(call: Call, params: api.StatusParams) -> api.StatusResul
         sessions=app.session_counts(),
         recovery=app.recovery,
         agent_env=_agent_env(app.agent_env),
+        storage=_storage(app.storage_unavailable()),
     )
+
+
+def _storage(problem: str | None) -> api.Storage:
+    if problem is None:
+        return api.Storage()
+    return api.Storage(state="unavailable", detail=problem)
 
 
 async def handle_reload_env(call: Call, params: api.ReloadEnvParams) -> api.ReloadEnvResult:

@@ -6,7 +6,10 @@ heavy imports, because tests start hundreds of them.
 Options arrive as a JSON object in ``AGENTSD_MOCK_OPTIONS`` (all optional):
 ``ignoreSigterm``, ``ignoreEof`` (keep running after stdin EOF), ``hangHandshake``,
 ``spawnGrandchild`` (a setsid() grandchild that sleeps forever and keeps the
-environment, hence the spawn token), ``crashAfterS`` (``os._exit(3)``),
+environment, hence the spawn token), ``holdPipes`` (a background child in our
+process group that keeps our stdin, stdout and stderr open and sleeps forever, as a
+shell's ``cmd &`` does: our exit then closes no pipe), ``crashAfterS``
+(``os._exit(3)``),
 ``floodStdout`` (N extra one-character deltas per turn, as fast as possible),
 ``invalidOutput`` (a non-JSON line right after ``initialized``), ``chunks`` (5),
 ``chunkDelayS`` (0.01), ``replyText``, ``stateDir`` (conversations for resume),
@@ -69,6 +72,7 @@ class Options:
         self.ignore_eof = _get(raw, "ignoreEof", bool, False)
         self.hang_handshake = _get(raw, "hangHandshake", bool, False)
         self.spawn_grandchild = _get(raw, "spawnGrandchild", bool, False)
+        self.hold_pipes = _get(raw, "holdPipes", bool, False)
         self.crash_after_s = _get(raw, "crashAfterS", float, None)
         self.flood_stdout = _get(raw, "floodStdout", int, 0)
         self.invalid_output = _get(raw, "invalidOutput", bool, False)
@@ -396,6 +400,17 @@ def _spawn_grandchild() -> None:
         os._exit(0)
 
 
+def _hold_pipes() -> None:
+    """Fork a process that stays in our group, keeps our pipes and sleeps forever."""
+    if os.fork() != 0:
+        return
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        os._exit(0)
+
+
 def _read_stdin(inbox: queue.Queue[bytes | None]) -> None:
     """Feed stdin lines to ``inbox``, then None at EOF.
 
@@ -424,6 +439,8 @@ def main() -> int:
     options = Options(raw)
     if options.spawn_grandchild:
         _spawn_grandchild()  # before any thread exists: fork is only safe then
+    if options.hold_pipes:
+        _hold_pipes()
     if options.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if options.crash_after_s is not None:

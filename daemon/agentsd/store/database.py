@@ -16,6 +16,9 @@ Rule 4: every connection this module returns is a ``StoreConnection``, which car
 its writer's memory (``memory``). The store's functions keep that memory in step with
 the tables, so events, sessions and ledger entries are written only through them and
 only through that one connection (one daemon per state directory).
+
+Rule 5: a read-write open checks an existing file first (``integrity``) and refuses
+a damaged one with ``DatabaseDamaged``, leaving it exactly as it was.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentsd.store.integrity import check_at_start
 from agentsd.store.memory import WriterMemory
 
 __all__ = [
@@ -275,9 +279,15 @@ def open_database(path: Path, *, readonly: bool = False) -> StoreConnection:
     from any thread, one thread at a time (``check_same_thread=False``). The caller
     closes it.
 
-    Raises ``SchemaTooNew`` (file untouched) if the file's schema is newer than
-    ``SCHEMA_VERSION``, and ``sqlite3.Error`` if SQLite cannot open or migrate it.
+    Read-write, an existing file first passes the start-up check of
+    ``agentsd.store.integrity``.
+
+    Raises ``DatabaseDamaged`` (file untouched) if that check fails, ``SchemaTooNew``
+    (file untouched) if the file's schema is newer than ``SCHEMA_VERSION``, and
+    ``sqlite3.Error`` if SQLite cannot open or migrate it.
     """
+    if not readonly:
+        check_at_start(path)
     if path.exists():
         found = _probe_version(path)
         if found > SCHEMA_VERSION:

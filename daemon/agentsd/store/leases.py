@@ -29,6 +29,10 @@ _LEASE_COLUMNS = (
 )
 
 
+class NoReservation(Exception):
+    """``withdraw_reservation`` found no reservation to withdraw."""
+
+
 def _row_to_lease(row: tuple[Any, ...]) -> Lease:
     identity = None
     if row[5] is not None:
@@ -166,6 +170,25 @@ def lease_released(
     all_events = [*events, LeaseReleased(fence=lease.fence)]
     stored = update_session(conn, lease.session_id, lease.fence, now, all_events, **session_fields)
     return released, stored
+
+
+def withdraw_reservation(
+    conn: StoreConnection,
+    *,
+    session_id: str,
+    known_fence: int,
+    evidence: ExitEvidence,
+    now: float,
+    events: Events,
+    **session_fields: Any,
+) -> tuple[Lease, list[StoredEvent]]:
+    """Release the session's latest lease if it is a reservation above
+    ``known_fence`` (one taken by a start that gave up waiting for it), with
+    ``events``. Raises ``NoReservation`` (nothing written) otherwise."""
+    lease = latest_lease(conn, session_id)
+    if lease is None or lease.state is not ClaimState.RESERVED or lease.fence <= known_fence:
+        raise NoReservation(session_id)
+    return lease_released(conn, lease, evidence, now, events, **session_fields)
 
 
 def lease_unproven(

@@ -12,7 +12,10 @@ and a few multi-row INSERTs, and a batch costs one thread handoff and one trio
 wakeup.
 
 Rule 2: a caller's ``write`` returns only after the COMMIT of its batch returned, so
-"acknowledged" always means "durable" (``synchronous=FULL``).
+"acknowledged" always means "durable" (``synchronous=FULL``), and only while the
+database is still where it was opened (``location``): a batch committed while its
+state directory was deleted, moved or made read-only is refused with
+``StorageUnavailable`` instead.
 
 Rule 3: an op's own failure rolls back its savepoint only and reaches that caller
 unchanged; a failure of the transaction itself (BEGIN, COMMIT, or SQLite discarding
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -58,6 +62,7 @@ from agentsd.store.database import StoreConnection, open_database
 from agentsd.store.failures import batch_failed, translate
 from agentsd.store.handoff import Request, WriterThread
 from agentsd.store.journal import Append, StoredEvent, insert_rows
+from agentsd.store.location import Location
 from agentsd_protocol.errors import ShuttingDown, StorageUnavailable
 
 __all__ = [
@@ -70,6 +75,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 # Ops waiting for the writer. Enough to absorb a burst from hundreds of sessions
 # while a batch commits; small enough that a flood blocks its producer quickly
@@ -105,8 +112,13 @@ class Store:
     batch (see ``writer_healthy``).
     """
 
-    def __init__(self, write_conn: StoreConnection, read_conn: sqlite3.Connection) -> None:
+    def __init__(
+        self, write_conn: StoreConnection, read_conn: sqlite3.Connection, location: Location
+    ) -> None:
         self._write_conn = write_conn
+        self._location = location
+        # What the last batch found wrong with the location (writer thread only).
+        self._misplaced: str | None = None
         self._read_conn = read_conn
         self._send, self._receive = trio.open_memory_channel[Request[Any]](QUEUE_CAPACITY)
         # A dedicated limiter: the reader never waits for a token of trio's shared
@@ -232,6 +244,11 @@ class Store:
     def queued_writes(self) -> int:
         """Ops waiting for the writer, not counting the batch being committed."""
         return self._send.statistics().current_buffer_used + len(self._collected)
+
+    def unavailable(self) -> str | None:
+        """Why writes are refused now (the database is not where it was opened, or
+        its directory is read-only), or None. A few ``stat`` calls."""
+        return self._location.problem()
 
     def writer_healthy(self, *, stall_s: float = WRITER_STALL_S) -> bool:
         """False when work is pending and the writer has not made progress for more
@@ -393,6 +410,11 @@ class Store:
             if rows:
                 insert_rows(conn, rows)
             if savepoints or ok:
+                if self._misplaced_now() is not None:
+                    self._rollback_quietly()
+                    memory.rollback_to(0)
+                    self._refuse_batch(batch, "the write was rolled back")
+                    return None
                 conn.execute("COMMIT")
         except sqlite3.Error as exc:
             # An INSERT of appends, SAVEPOINT, RELEASE, ROLLBACK TO or COMMIT failed:
@@ -406,7 +428,28 @@ class Store:
             memory.rollback_to(0)
             raise
         memory.commit()
+        if ok and self._misplaced_now() is not None:
+            # It changed during the COMMIT: what committed may not last (Rule 2).
+            self._refuse_batch(batch, "this write may not survive a restart")
         return ok
+
+    def _misplaced_now(self) -> str | None:
+        """The location's problem (writer thread), logged when it appears or clears."""
+        problem = self._location.problem()
+        if problem != self._misplaced:
+            if problem is None:
+                log.warning("storage is available again; writes resume")
+            else:
+                log.error("storage unavailable: %s; writes are refused", problem)
+            self._misplaced = problem
+        return problem
+
+    def _refuse_batch(self, batch: list[Request[Any]], outcome: str) -> None:
+        for request in batch:
+            if request.ok or request.error is None:
+                request.fail(
+                    StorageUnavailable(f"storage unavailable: {self._misplaced}; {outcome}")
+                )
 
     def _rollback_quietly(self) -> None:
         if not self._write_conn.in_transaction:
@@ -471,7 +514,7 @@ async def _open_connection(path: Path, *, readonly: bool) -> StoreConnection:
         translated = translate(exc)
         if translated is exc:
             raise
-        raise translated from exc
+        raise StorageUnavailable(f"{path}: {translated}") from exc
 
 
 @asynccontextmanager
@@ -491,7 +534,7 @@ async def open_store(path: Path) -> AsyncIterator[Store]:
     write_conn = await _open_connection(path, readonly=False)
     try:
         read_conn = await _open_connection(path, readonly=True)
-        store = Store(write_conn, read_conn)
+        store = Store(write_conn, read_conn, Location.of(path))
         try:
             body_error: BaseException | None = None
             try:

@@ -35,6 +35,15 @@ class SessionCounts(Result, frozen=True, kw_only=True):
     attention: int = 0
 
 
+class Storage(Result, frozen=True, kw_only=True):
+    """Whether the daemon can make writes durable. ``state`` is ``ok`` or
+    ``unavailable`` (every mutation fails with ``storage_unavailable``; ``detail``
+    says why: the state directory was deleted, moved or made read-only)."""
+
+    state: str = "ok"
+    detail: str = ""
+
+
 class AgentProgram(Result, frozen=True, kw_only=True):
     """Where one provider's program resolves in the agents' environment."""
 
@@ -79,6 +88,7 @@ class StatusResult(Result, frozen=True, kw_only=True):
     sessions: SessionCounts = SessionCounts()
     recovery: RecoveryReport = RecoveryReport()
     agent_env: AgentEnv | None = None
+    storage: Storage = Storage()
 
 
 class ShutdownParams(Empty, frozen=True, kw_only=True):
