@@ -175,6 +175,7 @@ COMMANDS = (
     Command("close", "end a session's agent; keep its record and journal", f"{_S}:run_close", f"{_S}:configure_session_id", section="sessions"),
     Command("rm", "close a session, then delete its record and journal", f"{_S}:run_rm", f"{_S}:configure_session_id", section="sessions"),
     Command("send", "send a prompt; prints its seq and whether the agent took it", f"{_C}:run_send", f"{_C}:configure_send", section="conversation"),
+    Command("queue", "the prompts held behind the running turn: list, --withdraw, --edit, --send-now, --resume", f"{_C}:run_queue", f"{_C}:configure_queue", section="conversation"),
     Command("attach", "follow a session live and answer its approvals; Ctrl-C detaches", "agentsctl.attach:run_attach", "agentsctl.attach:configure_attach", section="conversation"),
     Command("log", "a session's journal (--follow: then stream it)", f"{_C}:run_log", f"{_C}:configure_log", section="conversation"),
     Command("interrupt", "interrupt the running turn", f"{_C}:run_interrupt", f"{_C}:configure_interrupt", section="conversation"),

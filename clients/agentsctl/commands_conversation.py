@@ -1,4 +1,4 @@
-"""Conversation commands: ``send``, ``interrupt``, ``approve`` and ``log``.
+"""Conversation commands: ``send``, ``queue``, ``interrupt``, ``approve`` and ``log``.
 
 Each command is a ``configure_*`` and a ``run_*`` named by a row of
 ``agentsctl.cli.COMMANDS``; mutations go through ``agentsctl.mutation.mutate``.
@@ -24,6 +24,7 @@ from agentsctl.render import Transcript, print_json, print_jsonl
 from agentsd_protocol import methods
 from agentsd_protocol.api import conversation as c
 from agentsd_protocol.api import stream as st
+from agentsd_protocol.display import excerpt
 from agentsd_protocol.errors import AlreadyResolved
 
 if TYPE_CHECKING:
@@ -46,10 +47,35 @@ def add_json_option(parser: argparse.ArgumentParser) -> None:
 def configure_send(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (
         "Prints `seq N: OUTCOME`: the prompt's journal seq, and accepted, rejected or\n"
-        "unknown (journaled, delivery unconfirmed; never re-sent by itself). Exits 1 unless\n"
-        "accepted. The agent is started (resuming its conversation) if it is not running."
+        "unknown (journaled, delivery unconfirmed; never re-sent by itself), or queued.\n"
+        "Exits 1 unless accepted or queued. The agent is started (resuming its\n"
+        "conversation) if it is not running. While a turn runs, the prompt steers it\n"
+        "(the default), or waits behind it (--queue), or interrupts it (--interrupt)."
     )
     add_session_argument(parser)
+    delivery = parser.add_mutually_exclusive_group()
+    delivery.add_argument(
+        "--steer",
+        dest="delivery",
+        action="store_const",
+        const="steer",
+        default="steer",
+        help="fold it into the running turn (the default)",
+    )
+    delivery.add_argument(
+        "--queue",
+        dest="delivery",
+        action="store_const",
+        const="queue",
+        help="hold it until the running turn (and every prompt queued before) ended",
+    )
+    delivery.add_argument(
+        "--interrupt",
+        dest="delivery",
+        action="store_const",
+        const="interrupt",
+        help="interrupt the running turn, then send it as the next one",
+    )
     parser.add_argument(
         "text",
         nargs="+",
@@ -59,9 +85,11 @@ def configure_send(parser: argparse.ArgumentParser) -> None:
     add_json_option(parser)
 
 
-def send_prompt(target: Target, session_id: str, text: str) -> c.SendResult:
+def send_prompt(
+    target: Target, session_id: str, text: str, delivery: c.Delivery = "steer"
+) -> c.SendResult:
     """``agentSession.send`` as a mutation (a fresh operation id, one retry)."""
-    params = c.SendParams(session_id=session_id, text=text)
+    params = c.SendParams(session_id=session_id, text=text, delivery=delivery)
     return mutate(target, methods.SEND, params)
 
 
@@ -72,6 +100,10 @@ def report_send(result: c.SendResult, *, quiet: bool = False) -> int:
     its delivery unconfirmed, and never re-sent by itself) exits 1 with an error
     line on stderr.
     """
+    if result.queued:
+        if not quiet:
+            print(f"seq {result.seq}: queued as {result.client_message_id}", flush=True)
+        return EXIT_OK
     turn = f", turn {result.turn_id}" if result.turn_id else ""
     reason = f": {result.reason}" if result.reason else ""
     if not quiet:
@@ -93,10 +125,82 @@ def run_send(args: argparse.Namespace, target: Target) -> int:
         text = sys.stdin.read()
     if not text.strip():
         raise UsageError("the prompt is empty")
-    result = send_prompt(target, args.session_id, text)
+    result = send_prompt(target, args.session_id, text, args.delivery)
     if args.json:
         print_json(result)
     return report_send(result, quiet=args.json)
+
+
+# -- queue ------------------------------------------------------------------------
+
+
+def configure_queue(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (
+        "Lists the prompts held behind the running turn as `N. PROMPT_ID TEXT`, in the\n"
+        "order they are sent (N counts from 1). A queue paused by a daemon restart or an\n"
+        "interrupt waits for --resume."
+    )
+    add_session_argument(parser)
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--withdraw", metavar="N", help="take prompt N (or its id) out, unsent")
+    action.add_argument("--send-now", metavar="N", help="send prompt N (or its id) now, as a steer")
+    action.add_argument("--edit", nargs=2, metavar=("N", "TEXT"), help="replace prompt N's text")
+    action.add_argument("--resume", action="store_true", help="resume a paused queue")
+    add_json_option(parser)
+
+
+def _prompt_id(target: Target, session_id: str, ref: str) -> str:
+    """A prompt's id from ``ref``: its position in the listed queue, or its id."""
+    if not ref.isdigit():
+        return ref
+    listed = _list_queue(target, session_id)
+    index = int(ref) - 1
+    if not 0 <= index < len(listed.prompts):
+        raise UsageError(f"the queue has no prompt {ref} (it holds {len(listed.prompts)})")
+    return listed.prompts[index].prompt_id
+
+
+def _list_queue(target: Target, session_id: str) -> c.QueueResult:
+    with target.client() as client:
+        return client.call(methods.QUEUE, c.QueueParams(session_id=session_id))
+
+
+def run_queue(args: argparse.Namespace, target: Target) -> int:
+    """List, withdraw, edit, send now or resume the session's queued prompts."""
+    sid = args.session_id
+    params = c.QueueParams(session_id=sid)
+    if args.withdraw is not None:
+        params = c.QueueParams(
+            session_id=sid, action="withdraw", prompt_id=_prompt_id(target, sid, args.withdraw)
+        )
+    elif args.send_now is not None:
+        params = c.QueueParams(
+            session_id=sid, action="sendNow", prompt_id=_prompt_id(target, sid, args.send_now)
+        )
+    elif args.edit is not None:
+        ref, text = args.edit
+        params = c.QueueParams(
+            session_id=sid, action="edit", prompt_id=_prompt_id(target, sid, ref), text=text
+        )
+    elif args.resume:
+        params = c.QueueParams(session_id=sid, action="resume")
+    result = (
+        _list_queue(target, sid)
+        if params.action == "list"
+        else (mutate(target, methods.QUEUE, params))
+    )
+    if args.json:
+        print_json(result)
+        return EXIT_OK
+    if result.withdrawn is not None:
+        print(f"withdrawn: {result.withdrawn.text}")
+    if result.paused is not None:
+        print(f"paused ({result.paused}): `agentsctl queue {sid} --resume` sends them")
+    for number, prompt in enumerate(result.prompts, 1):
+        print(f"{number}. {prompt.prompt_id} {excerpt(prompt.text, 70)}")
+    if result.sent is not None:
+        return report_send(result.sent)
+    return EXIT_OK
 
 
 # -- interrupt --------------------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Any
 from agentsd.connection import Call
 from agentsd.handlers import conversation as conversation_handlers
 from agentsd.handlers import daemon as daemon_handlers
+from agentsd.handlers import queue as queue_handlers
 from agentsd.handlers import session as session_handlers
 from agentsd.handlers import stream as stream_handlers
 from agentsd.operations import MAX_OPERATION_ID_CHARS, Operation, fingerprint
@@ -25,6 +26,7 @@ HANDLERS: dict[str, Handler] = {
     **daemon_handlers.HANDLERS,
     **session_handlers.HANDLERS,
     **conversation_handlers.HANDLERS,
+    **queue_handlers.HANDLERS,
     **stream_handlers.HANDLERS,
 }
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 import attrs
@@ -33,6 +33,7 @@ import trio
 
 from agentsd.child import Child, open_child
 from agentsd.child import ChildSpec as ProcessSpec
+from agentsd.delivery import drain_queue
 from agentsd.held_lease import SETTLE_TIMEOUT_S, HeldLease, open_lease
 from agentsd.leases import Lease
 from agentsd.providers.base import Adapter, LineLink, Provider, Resume
@@ -81,6 +82,35 @@ class SessionTask:
     stop_cause: ExitCause | None = None
     adapter: Adapter | None = None
     last_activity: float = attrs.field(factory=time.monotonic)
+    # While the agent is served: where the queue's head is sent from, and whether a
+    # send of it runs (``wake_queue``).
+    _queue_sender: tuple[trio.Nursery, Callable[[], Awaitable[None]]] | None = None
+    _draining: bool = False
+
+    def serve_queue(
+        self, sender: tuple[trio.Nursery, Callable[[], Awaitable[None]]] | None
+    ) -> None:
+        """Send queued prompts with ``sender``'s function from its nursery (the
+        serving one: the agent's end cancels a send in flight, whose submission its
+        exit settles); None once that nursery closed."""
+        self._queue_sender = sender
+
+    def wake_queue(self) -> None:
+        """The queue's head is due: send it, unless a send of it runs already or the
+        agent is not served. Called by the journal port after a commit; a task runs
+        only while there is something to send."""
+        sender = self._queue_sender
+        if sender is None or self._draining:
+            return
+        self._draining = True
+        nursery, drain = sender
+        nursery.start_soon(self._drain_queue, drain)
+
+    async def _drain_queue(self, drain: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await drain()
+        finally:
+            self._draining = False
 
     def stop(self, cause: ExitCause) -> None:
         if self.stop_cause is None:
@@ -351,8 +381,12 @@ async def _attend(
             failure.append(AgentExited("the agent exited during its handshake"))
             nursery.cancel_scope.cancel()
         else:
-            nursery.start_soon(read_agent)
-            await _keep_time(supervisor, session, task, sink)
+            task.serve_queue((nursery, functools.partial(drain_queue, supervisor, session)))
+            try:
+                nursery.start_soon(read_agent)
+                await _keep_time(supervisor, session, task, sink)
+            finally:
+                task.serve_queue(None)
             nursery.cancel_scope.cancel()
     task.adapter = None
     if task.ready.is_set():

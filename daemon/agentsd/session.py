@@ -11,7 +11,7 @@ from journal events, in seq order: ``attention`` while an approval is pending,
 ``working`` while a turn runs or a submission has no dispatch outcome, else ``idle``.
 Replaying the journal tail after a restart gives the same answer.
 
-Rule 3: ``head_seq`` and ``conversation`` change only through the session's journal
+Rule 3: ``head_seq``, ``conversation`` and ``queue`` change only through the session's journal
 port (``agentsd.session_journal``), after a commit: every writer of the session's
 events goes through that port.
 """
@@ -26,6 +26,7 @@ import trio
 
 from agentsd.leases import Lease
 from agentsd.phase import advance, initial_phase
+from agentsd.prompt_queue import PromptQueue
 from agentsd.store.journal import has_kind_after, last_seq_of_kind, read_events
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.api.events import (
@@ -142,12 +143,15 @@ class Session:
     last_exit: ExitInfo | None = None
     error: SessionError | None = None
     conversation: Conversation = attrs.field(factory=Conversation)
+    queue: PromptQueue = attrs.field(factory=PromptQueue)
     task: SessionTask | None = None
     # Approvals answered but not yet committed: the first answer's claim (Rule 2 of
     # ``handlers.conversation``).
     claims: dict[str, ApprovalResolved] = attrs.field(factory=dict)
     deleting: bool = False
     lock: trio.Lock = attrs.field(factory=trio.Lock)
+    # Set when the running turn is over, for whoever waits for that (``wait_turn_over``).
+    _turn_over: trio.Event | None = None
     # Bound by the supervisor when it registers the session (Rule 3). Recovery
     # settles sessions of its own, before anything is served, with the store's write.
     journal: SessionJournal = attrs.field(init=False, repr=False)
@@ -167,6 +171,34 @@ class Session:
     @property
     def phase(self) -> Phase:
         return self._phase
+
+    async def wait_turn_over(self) -> None:
+        """Return once no turn runs."""
+        while self.conversation.turn_open:
+            if self._turn_over is None:
+                self._turn_over = trio.Event()
+            await self._turn_over.wait()
+
+    def conversation_changed(self) -> None:
+        """Called by the journal port after it applied committed events: wakes
+        whoever waits for the turn's end, and the session task when the queue's
+        head is due."""
+        if self._turn_over is not None and not self.conversation.turn_open:
+            self._turn_over.set()
+            self._turn_over = None
+        if self.task is not None and self.queue_due():
+            self.task.wake_queue()
+
+    def queue_due(self) -> bool:
+        """Whether the queue's head should be sent now: it is neither paused nor
+        claimed, no turn runs and no prompt waits for its dispatch outcome."""
+        convo = self.conversation
+        return (
+            bool(self.queue.prompts)
+            and not convo.turn_open
+            and not convo.undispatched
+            and self.queue.head() is not None
+        )
 
     def transition(self, new: Phase) -> None:
         """Move to phase ``new``; raises ``PhaseError`` if the table has no such move."""
@@ -190,6 +222,8 @@ class Session:
             phase=self.phase,
             status=self.status,
             head_seq=self.head_seq,
+            queued=len(self.queue.prompts),
+            queue_paused=self.queue.paused,
             child=self.child,
             last_exit=self.last_exit,
             error=self.error,

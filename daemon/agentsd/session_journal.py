@@ -7,8 +7,10 @@ session -> store -> feed, and nothing returns to the supervisor on the way.
 
 Rule 1 (durable first): the store commits first. Only then, in this order and with
 no await in between, does the port advance the session's head seq, apply the events
-to its conversation (which derives its status), take the committed columns into its
-in-memory row, publish the events to subscribers, and tell the status board. So
+to its conversation (which derives its status) and its prompt queue, take the
+committed columns into its in-memory row, publish the events to subscribers, tell the
+status board, and wake those waiting on the conversation (the end of a turn; the
+session task when the queue's head is due, ``agentsd.prompt_queue``). So
 nothing is published that is not durable, and a reply sent after ``append`` returns
 is sent after the commit (DESIGN.md invariant 6). A caller cancelled once its write
 was queued may have committed without publishing; the feed fills such a gap from the
@@ -144,7 +146,10 @@ class SessionJournal:
         for event in stored:
             if event.seq > session.head_seq:
                 session.head_seq = event.seq
-            session.conversation.apply(event.seq, decode_event(event.kind, event.body))
+            decoded = decode_event(event.kind, event.body)
+            session.conversation.apply(event.seq, decoded)
+            session.queue.apply(event.seq, decoded)
         session.row = attrs.evolve(session.row, updated_at=stored[-1].ts)
         self._feed.publish(session.id, stored)
         session.board.changed(session)
+        session.conversation_changed()

@@ -38,6 +38,7 @@ from agentsd.held_lease import recorded_identity, settle
 from agentsd.leftovers import EndOutcome, end_processes
 from agentsd.operations import Operation, record_provisional
 from agentsd.procfs import current_scanner
+from agentsd.prompt_queue import derive_queue
 from agentsd.providers.base import Provider
 from agentsd.runner import SessionTask, run_session
 from agentsd.session import Session, derive_conversation
@@ -50,7 +51,7 @@ from agentsd.store.database import StoreConnection
 from agentsd.store.journal import StoredEvent
 from agentsd.store.writer import Store
 from agentsd_protocol.api.daemon import SessionCounts
-from agentsd_protocol.api.events import SessionCreated
+from agentsd_protocol.api.events import QueuePaused, SessionCreated
 from agentsd_protocol.api.session import ExitCause, ExitInfo, SessionError, SessionInfo
 from agentsd_protocol.errors import (
     CwdNotDirectory,
@@ -155,10 +156,13 @@ class Supervisor:
     # ---- lifecycle ----------------------------------------------------------------
 
     async def load(self) -> None:
-        """Load every session (after recovery settled the previous daemon's leases)."""
+        """Load every session (after recovery settled the previous daemon's leases),
+        and pause every queue that holds prompts: they are sent again only when a
+        client resumes them (``agentsd.prompt_queue`` Rule 3)."""
         rows = await self.store.read(session_rows.load_sessions)
         for row in rows:
             convo = await self.store.read(functools.partial(derive_conversation, session_id=row.id))
+            queue = await self.store.read(functools.partial(derive_queue, session_id=row.id))
             lease = await self.store.read(
                 functools.partial(lease_rows.latest_lease, session_id=row.id)
             )
@@ -169,6 +173,7 @@ class Supervisor:
                     head_seq=row.head_seq,
                     board=self.board,
                     conversation=convo,
+                    queue=queue,
                     lease=lease,
                 )
             )
@@ -177,6 +182,8 @@ class Supervisor:
             if row.error is not None:
                 session.error = msgspec.convert(row.error, SessionError)
             self.sessions[row.id] = session
+            if queue.prompts and queue.paused is None:
+                await session.journal.append([QueuePaused(reason="daemon-restart")])
 
     async def create(
         self,

@@ -237,6 +237,14 @@ class ResumeFailed(RpcError):
     kind = "resume_failed"
 
 
+class PromptNotQueued(RpcError):
+    """The queued prompt is gone (sent or withdrawn) or another client is acting on
+    it right now: each queued prompt has one fate."""
+
+    code = -32025
+    kind = "prompt_not_queued"
+
+
 def _all_subclasses(cls: type[RpcError]) -> list[type[RpcError]]:
     out: list[type[RpcError]] = []
     for sub in cls.__subclasses__():

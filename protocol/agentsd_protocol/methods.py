@@ -173,6 +173,20 @@ SET_OPTIONS = Method(
     "Change the title or the options used at the next start.",
     mutation=True,
 )
+QUEUE = Method(
+    "agentSession.queue",
+    c.QueueParams,
+    c.QueueResult,
+    "The prompts held behind the running turn: list, withdraw, edit, send one now, resume.",
+    mutation=True,
+)
+SET_TITLE = Method(
+    "agentSession.setTitle",
+    c.SetTitleParams,
+    c.SetOptionsResult,
+    "Change the session's title.",
+    mutation=True,
+)
 HISTORY = Method(
     "agentSession.history",
     st.HistoryParams,
@@ -218,6 +232,8 @@ METHODS: dict[str, Method[Any, Any]] = {
         INTERRUPT,
         RESPOND,
         SET_OPTIONS,
+        QUEUE,
+        SET_TITLE,
         HISTORY,
         SUBSCRIBE,
         UNSUBSCRIBE,

@@ -972,3 +972,49 @@ def test_an_approve_hint_is_a_command_line_a_shell_runs_as_printed(option: str) 
     assert words[:5] == ["agentsctl", "--socket", "/tmp/my dir/agentsd.sock", "approve", "s1"]
     answer = {"accept": [], "decline": ["--decline"]}.get(option, ["--decision", option])
     assert words[5:] == ["ap-1-r1", *answer]
+
+
+# -- send --queue / --interrupt, queue ---------------------------------------------
+
+
+def test_send_queue_holds_prompts_that_queue_lists_edits_withdraws_and_resumes(
+    daemon: DaemonProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    session_id = new_session(
+        daemon, "--option", "chunks=400", "--option", "chunkDelayS=0.05", "--title", "q"
+    )
+    assert run(daemon, capsys, "send", session_id, "go")[0] == EXIT_OK
+    for text in ("echo one", "echo two", "echo three", "echo four"):
+        code, out, _ = run(daemon, capsys, "send", "--queue", session_id, text)
+        assert code == EXIT_OK
+        assert re.fullmatch(r"seq \d+: queued as [0-9a-f]+\n", out), out
+    code, out, _ = run(daemon, capsys, "queue", session_id)
+    assert code == EXIT_OK
+    assert [line.split(" ", 2)[2] for line in out.splitlines()] == [
+        "'echo one'",
+        "'echo two'",
+        "'echo three'",
+        "'echo four'",
+    ]
+    code, out, _ = run(daemon, capsys, "queue", session_id, "--send-now", "4")
+    assert code == EXIT_OK and re.search(r"seq \d+: accepted", out.splitlines()[-1]), out
+    code, out, _ = run(daemon, capsys, "queue", session_id, "--edit", "2", "echo TWO")
+    assert code == EXIT_OK and "'echo TWO'" in out
+    code, out, _ = run(daemon, capsys, "queue", session_id, "--withdraw", "3")
+    assert code == EXIT_OK and out.startswith("withdrawn: echo three\n")
+    # An interrupt-and-send pauses what is left; --resume sends it, in order.
+    code, out, _ = run(daemon, capsys, "send", "--interrupt", session_id, "echo now")
+    assert code == EXIT_OK, out
+    code, out, _ = run(daemon, capsys, "queue", session_id)
+    assert out.splitlines()[0].startswith("paused (interrupted)")
+    code, out, _ = run(daemon, capsys, "queue", session_id, "--resume")
+    assert code == EXIT_OK and "paused" not in out
+    deadline = time.monotonic() + STREAM_TIMEOUT_S
+    while time.monotonic() < deadline:
+        texts = [e["body"]["text"] for e in events(daemon, session_id) if e["kind"] == "submission"]
+        if len(texts) == 5:
+            break
+        time.sleep(0.1)
+    assert texts == ["go", "echo four", "echo now", "echo one", "echo TWO"]
+    bash = run(daemon, capsys, "completion", "bash")[1]
+    assert "--send-now" in bash and "--queue" in bash

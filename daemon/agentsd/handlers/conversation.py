@@ -1,5 +1,11 @@
 """``agentSession.send/interrupt/respond``: talking to the agent.
 
+Delivery (``api.SendParams``): a prompt sent while a turn runs steers it (the
+default), waits in the queue (``agentsd.prompt_queue``) or interrupts the turn and
+then starts the next one. An interrupt pauses a non-empty queue: nothing the user
+queued is sent on its own after they stopped the agent, and nothing is withdrawn
+either.
+
 Rule 1 (write-ahead): a prompt is journaled as ``submission`` (with the ledger's
 provisional entry, in one commit) before the agent sees it; its dispatch outcome
 (``accepted``, ``rejected``, ``unknown``) is journaled after. A submission whose
@@ -13,92 +19,61 @@ answers get ``already_resolved`` with the winner.
 
 from __future__ import annotations
 
-import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import trio
 
+from agentsd.delivery import deliver, send_result
 from agentsd.operations import Provisional
-from agentsd.providers.base import Dispatch, Submission
+from agentsd.providers.base import Dispatch
 from agentsd.session import Session
+from agentsd.store.journal import StoredEvent
 from agentsd_protocol.api import conversation as api
 from agentsd_protocol.api.events import (
     ApprovalResolved,
+    Event,
     InterruptRequested,
+    PromptQueued,
+    QueuePaused,
+    SessionUpdated,
     SubmissionDispatched,
     body_fields,
 )
 from agentsd_protocol.api.events import Submission as SubmissionEvent
+from agentsd_protocol.display import excerpt
 from agentsd_protocol.errors import (
     AlreadyResolved,
     ApprovalNotFound,
     InvalidParams,
-    RpcError,
-    StorageUnavailable,
+    InvalidState,
 )
 
 if TYPE_CHECKING:
     from agentsd.connection import Call
-    from agentsd.supervisor import Supervisor
-
-log = logging.getLogger(__name__)
 
 MAX_PROMPT_BYTES = 1024 * 1024  # a prompt is typed or pasted; files go through the agent's tools
-
-
-async def _deliver(supervisor: Supervisor, session: Session, cmid: str, text: str) -> Dispatch:
-    """Start the agent if needed (resuming natively), hand it the submission, and
-    journal the outcome."""
-    try:
-        await supervisor.start(session)
-        task = session.task
-        adapter = None if task is None else task.adapter
-        if adapter is None:
-            dispatch = Dispatch(outcome="rejected", reason="the agent stopped before delivery")
-        else:
-            dispatch = await adapter.send(Submission(client_message_id=cmid, text=text))
-    except RpcError as exc:
-        dispatch = Dispatch(outcome="rejected", reason=f"{exc.kind}: {exc.message}")
-    dispatched = SubmissionDispatched(
-        client_message_id=cmid,
-        outcome=dispatch.outcome,
-        reason=dispatch.reason,
-        turn_id=dispatch.turn_id,
-    )
-    try:
-        await session.journal.append([dispatched])
-    except StorageUnavailable as exc:
-        # The submission is durable and the agent may have it: an error reply now
-        # would invite a retry that sends it twice. Its outcome stays unjournaled, so
-        # the journal settles it ``unknown`` when its child ends (as after a crash).
-        log.warning("session %s: outcome of %s not journaled: %s", session.id, cmid, exc.message)
-        reason = f"its outcome could not be journaled ({exc.message})"
-        if dispatch.reason:
-            reason = f"{dispatch.reason}; {reason}"
-        dispatch = Dispatch(outcome=dispatch.outcome, reason=reason, turn_id=dispatch.turn_id)
-    if session.task is not None:
-        session.task.touch()
-    return dispatch
-
-
-def _result(cmid: str, seq: int, dispatch: Dispatch) -> api.SendResult:
-    return api.SendResult(
-        client_message_id=cmid,
-        seq=seq,
-        dispatch=dispatch.outcome,
-        reason=dispatch.reason,
-        turn_id=dispatch.turn_id,
-    )
+AUTO_TITLE_CHARS = 80  # a title taken from a prompt: what a listing's column shows
+INTERRUPT_WAIT_S = 15.0  # an interrupted turn ends within a second; past this it is stuck
 
 
 async def handle_send(call: Call, params: api.SendParams) -> api.SendResult:
+    """Journal the prompt, then deliver it by ``params.delivery``
+    (``api.SendParams``); the session's first prompt names an untitled session."""
     supervisor = call.app.supervisor
     session = supervisor.get(params.session_id, params.expected_fence)
     if len(params.text.encode()) > MAX_PROMPT_BYTES:
         raise InvalidParams(f"Invalid params: text longer than {MAX_PROMPT_BYTES} bytes")
     if params.retry_unknown:
         return await _retry_unknown(call, session, params)
+    if params.delivery == "interrupt" and session.conversation.turn_open:
+        await _interrupt_for(session, params.text)
+    convo = session.conversation
+    if params.delivery == "queue" and (
+        convo.turn_open or convo.undispatched or session.queue.prompts
+    ):
+        return await _enqueue(call, session, params.text)
     cmid = uuid.uuid4().hex
     operation = call.operation
     submission = SubmissionEvent(
@@ -110,10 +85,90 @@ async def handle_send(call: Call, params: api.SendParams) -> api.SendResult:
     provisional = None
     if operation is not None:
         pending = Dispatch(outcome="unknown", reason="delivery not confirmed yet")
-        provisional = Provisional(operation, lambda stored: _result(cmid, stored[0].seq, pending))
-    stored = await session.journal.append([submission], provisional=provisional)
-    dispatch = await _deliver(supervisor, session, cmid, params.text)
-    return _result(cmid, stored[0].seq, dispatch)
+        provisional = Provisional(
+            operation, lambda stored: send_result(cmid, stored[-1].seq, pending)
+        )
+    stored = await _journal_prompt(session, submission, params.text, provisional)
+    dispatch = await deliver(supervisor, session, cmid, params.text)
+    return send_result(cmid, stored[-1].seq, dispatch)
+
+
+async def _journal_prompt(
+    session: Session,
+    prompt: SubmissionEvent | PromptQueued,
+    text: str,
+    provisional: Provisional | None,
+) -> list[StoredEvent]:
+    """Journal ``prompt`` (last of the events stored), with the title taken from it
+    when the session has none, in one commit."""
+    if session.row.title is not None:
+        return await session.journal.append([prompt], provisional=provisional)
+    title = title_from_prompt(text)
+    return await session.journal.append(
+        [SessionUpdated(title=title, by="daemon"), prompt], provisional=provisional, title=title
+    )
+
+
+def title_from_prompt(text: str) -> str:
+    """A session's title from its first prompt: the first line with words,
+    whitespace collapsed, cut at ``AUTO_TITLE_CHARS``."""
+    line = next((ln for ln in text.splitlines() if ln.strip()), "")
+    title = " ".join(line.split())
+    if len(title) > AUTO_TITLE_CHARS:
+        title = title[: AUTO_TITLE_CHARS - 1].rstrip() + "\u2026"
+    return title
+
+
+async def _enqueue(call: Call, session: Session, text: str) -> api.SendResult:
+    """Hold ``text`` in the queue behind the running turn (``agentsd.prompt_queue``)."""
+    prompt_id = uuid.uuid4().hex
+    operation = call.operation
+    queued = PromptQueued(
+        prompt_id=prompt_id,
+        text=text,
+        operation_id=None if operation is None else operation.op_id,
+    )
+
+    def result(seq: int) -> api.SendResult:
+        return api.SendResult(
+            client_message_id=prompt_id,
+            seq=seq,
+            dispatch="unknown",
+            reason="queued: sent as the next turn once the running turn ended",
+            queued=True,
+        )
+
+    provisional = None
+    if operation is not None:
+        provisional = Provisional(operation, lambda stored: result(stored[-1].seq))
+    stored = await _journal_prompt(session, queued, text, provisional)
+    return result(stored[-1].seq)
+
+
+async def _interrupt_for(session: Session, text: str) -> None:
+    """``delivery: interrupt``: interrupt the running turn and wait (at most
+    ``INTERRUPT_WAIT_S``) for its end. Raises ``InvalidState`` when it did not end,
+    and then the prompt was not journaled."""
+    await _interrupt(session, session.conversation.turn_id)
+    with trio.move_on_after(INTERRUPT_WAIT_S):
+        await session.wait_turn_over()
+    if session.conversation.turn_open:
+        raise InvalidState(
+            f"the running turn did not end within {INTERRUPT_WAIT_S:g} s of the interrupt; "
+            f"the prompt ({excerpt(text, 40)}) was not sent"
+        )
+
+
+async def _interrupt(session: Session, turn_id: str | None) -> bool:
+    """Journal the interrupt request, pausing a non-empty queue with it (a stop
+    returns queued prompts to the user's control), then interrupt the agent."""
+    events: list[Event] = [InterruptRequested(turn_id=turn_id)]
+    if session.queue.prompts and session.queue.paused is None:
+        events.append(QueuePaused(reason="interrupted"))
+    await session.journal.append(events)
+    task = session.task
+    adapter = None if task is None else task.adapter
+    return adapter is not None and await adapter.interrupt(turn_id)
 
 
 async def _retry_unknown(call: Call, session: Session, params: api.SendParams) -> api.SendResult:
@@ -142,8 +197,8 @@ async def _retry_unknown(call: Call, session: Session, params: api.SendParams) -
             dispatch=outcome,
             reason="not re-sent: the outcome is known",
         )
-    dispatch = await _deliver(supervisor, session, previous.client_message_id, params.text)
-    return _result(previous.client_message_id, previous.seq, dispatch)
+    dispatch = await deliver(supervisor, session, previous.client_message_id, params.text)
+    return send_result(previous.client_message_id, previous.seq, dispatch)
 
 
 async def handle_interrupt(call: Call, params: api.InterruptParams) -> api.InterruptResult:
@@ -160,9 +215,7 @@ async def handle_interrupt(call: Call, params: api.InterruptParams) -> api.Inter
         return api.InterruptResult(
             interrupted=False, reason=f"turn {params.turn_id} is not the running turn"
         )
-    turn_id = convo.turn_id
-    await session.journal.append([InterruptRequested(turn_id=turn_id)])
-    interrupted = await adapter.interrupt(turn_id)
+    interrupted = await _interrupt(session, convo.turn_id)
     return api.InterruptResult(
         interrupted=interrupted, reason=None if interrupted else "the turn had already ended"
     )

@@ -1,4 +1,4 @@
-"""``agentSession.create/get/list/start/close/delete/setOptions``: the session record
+"""``agentSession.create/get/list/start/close/delete/setOptions/setTitle``: the session record
 and its agent's life."""
 
 from __future__ import annotations
@@ -205,6 +205,15 @@ async def handle_set_options(call: Call, params: capi.SetOptionsParams) -> capi.
     return capi.SetOptionsResult(session=session.info())
 
 
+async def handle_set_title(call: Call, params: capi.SetTitleParams) -> capi.SetOptionsResult:
+    return await handle_set_options(
+        call,
+        capi.SetOptionsParams(
+            session_id=params.session_id, expected_fence=params.expected_fence, title=params.title
+        ),
+    )
+
+
 HANDLERS: dict[str, Any] = {
     "agentSession.create": handle_create,
     "agentSession.get": handle_get,
@@ -213,4 +222,5 @@ HANDLERS: dict[str, Any] = {
     "agentSession.close": handle_close,
     "agentSession.delete": handle_delete,
     "agentSession.setOptions": handle_set_options,
+    "agentSession.setTitle": handle_set_title,
 }

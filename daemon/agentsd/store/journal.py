@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -260,6 +260,24 @@ def has_kind_after(conn: sqlite3.Connection, session_id: str, kind: str, after_s
         (session_id, after_seq, kind),
     ).fetchone()
     return row is not None
+
+
+def events_of_kinds(
+    conn: sqlite3.Connection, session_id: str, kinds: Collection[str]
+) -> Iterator[tuple[int, str, bytes]]:
+    """The session's events of any of ``kinds`` as ``(seq, kind, body)``, oldest
+    first. Runs inside the caller's ``Store.read``: consume it there."""
+    marks = ",".join("?" * len(kinds))
+    cursor = conn.execute(
+        f"SELECT seq, kind, body FROM events WHERE session_id = ? AND kind IN ({marks}) "
+        "ORDER BY seq",
+        (session_id, *kinds),
+    )
+    try:
+        for seq, kind, body in cursor:
+            yield int(seq), str(kind), bytes(body)
+    finally:
+        cursor.close()
 
 
 def bodies_of_kind(conn: sqlite3.Connection, session_id: str, kind: str) -> Iterator[bytes]:

@@ -107,8 +107,9 @@ class SessionCreated(EventStruct, tag="session.created", frozen=True, kw_only=Tr
 
 
 class SessionUpdated(EventStruct, tag="session.updated", frozen=True, kw_only=True):
-    """A client (``by`` absent) or the agent itself (``by: agent``) changed the
-    session; only what changed is set. ``options`` replace the old ones whole."""
+    """A client (``by`` absent), the agent itself (``by: agent``) or the daemon
+    (``by: daemon``: the title taken from the first prompt) changed the session; only
+    what changed is set. ``options`` replace the old ones whole."""
 
     title: str | None = None
     options: dict[str, Any] | None = None  # the provider's options, as given: opaque here
@@ -336,6 +337,42 @@ class ThreadSuperseded(EventStruct, tag="thread.superseded", frozen=True, kw_onl
     reason: str
 
 
+class PromptQueued(EventStruct, tag="prompt.queued", frozen=True, kw_only=True):
+    """A prompt sent with ``delivery: queue``, held durably until the running turn
+    ends; ``prompt_id`` becomes its ``submission``'s ``client_message_id`` when it is
+    sent. Queued prompts are sent in seq order, one turn each."""
+
+    prompt_id: str
+    text: str
+    operation_id: str | None = None  # the send's clientOperationId
+
+
+class PromptEdited(EventStruct, tag="prompt.edited", frozen=True, kw_only=True):
+    """A client replaced the text of a queued prompt."""
+
+    prompt_id: str
+    text: str
+
+
+class PromptWithdrawn(EventStruct, tag="prompt.withdrawn", frozen=True, kw_only=True):
+    """A queued prompt was taken out of the queue unsent; its text goes back to the
+    client that withdrew it."""
+
+    prompt_id: str
+
+
+class QueuePaused(EventStruct, tag="queue.paused", frozen=True, kw_only=True):
+    """Queued prompts wait for a client to resume them: ``reason`` is
+    ``daemon-restart`` (nothing is sent on its own into a conversation the user may
+    have left) or ``interrupted`` (a stop returns them to the user's control)."""
+
+    reason: str
+
+
+class QueueResumed(EventStruct, tag="queue.resumed", frozen=True, kw_only=True):
+    """A client resumed the queue: its head is sent once no turn runs."""
+
+
 class ThreadStatus(EventStruct, tag="thread.status", frozen=True, kw_only=True):
     """The agent's own thread status (Codex), journaled when it changes."""
 
@@ -369,6 +406,11 @@ Event = (
     | UsageUpdated
     | ThreadStatus
     | ThreadSuperseded
+    | PromptQueued
+    | PromptEdited
+    | PromptWithdrawn
+    | QueuePaused
+    | QueueResumed
 )
 """Every event the daemon writes."""
 

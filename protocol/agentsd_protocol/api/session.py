@@ -79,6 +79,8 @@ class SessionInfo(Result, frozen=True, kw_only=True):
     child: ChildInfo | None = None
     last_exit: ExitInfo | None = None
     error: SessionError | None = None
+    queued: int = 0  # prompts held behind the running turn (``agentSession.queue``)
+    queue_paused: str | None = None  # why they wait for a client to resume them
 
 
 class CreateParams(MutationParams, frozen=True, kw_only=True):
