@@ -49,6 +49,7 @@ from agentsd.store import sessions as session_rows
 from agentsd.store.database import StoreConnection
 from agentsd.store.journal import StoredEvent
 from agentsd.store.writer import Store
+from agentsd.summary import derive_summary
 from agentsd_protocol.api.daemon import SessionCounts
 from agentsd_protocol.api.events import SessionCreated
 from agentsd_protocol.api.session import ExitCause, ExitInfo, SessionError, SessionInfo
@@ -159,6 +160,7 @@ class Supervisor:
         rows = await self.store.read(session_rows.load_sessions)
         for row in rows:
             convo = await self.store.read(functools.partial(derive_conversation, session_id=row.id))
+            summary = await self.store.read(functools.partial(derive_summary, session_id=row.id))
             lease = await self.store.read(
                 functools.partial(lease_rows.latest_lease, session_id=row.id)
             )
@@ -169,6 +171,7 @@ class Supervisor:
                     head_seq=row.head_seq,
                     board=self.board,
                     conversation=convo,
+                    summary=summary,
                     lease=lease,
                 )
             )

@@ -333,6 +333,13 @@ class ThreadSuperseded(EventStruct, tag="thread.superseded", frozen=True, kw_onl
     reason: str
 
 
+class SessionAcknowledged(EventStruct, tag="session.acknowledged", frozen=True, kw_only=True):
+    """The user has seen the session up to ``seq`` (``agentSession.acknowledge``): a
+    turn completion or approval request at or before it is no longer unseen."""
+
+    seq: int
+
+
 class ThreadStatus(EventStruct, tag="thread.status", frozen=True, kw_only=True):
     """The agent's own thread status (Codex), journaled when it changes."""
 
@@ -366,6 +373,7 @@ Event = (
     | UsageUpdated
     | ThreadStatus
     | ThreadSuperseded
+    | SessionAcknowledged
 )
 """Every event the daemon writes."""
 
