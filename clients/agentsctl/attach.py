@@ -311,6 +311,8 @@ def run_attach(args: argparse.Namespace, target: Target) -> int:
                 item = follower.next(KEY_POLL_S if asking else None)
                 if item is not None:
                     view.handle(item)
+                if not view.jsonl:
+                    follower.acknowledge()  # a person sees it; JSON lines go to a program
                 view.after_items()
                 view.poll_keyboard()
         except KeyboardInterrupt:

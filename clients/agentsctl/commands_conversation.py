@@ -18,7 +18,7 @@ from agentsctl.cli import (
     CommandFailed,
     UsageError,
 )
-from agentsctl.follow import CaughtUp, Follower, Note, SessionGone
+from agentsctl.follow import Follower, Note, SessionGone
 from agentsctl.mutation import mutate
 from agentsctl.render import Transcript, print_json, print_jsonl
 from agentsd_protocol import methods
@@ -364,8 +364,8 @@ def follow_log(args: argparse.Namespace, target: Target) -> int:
                     if transcript is not None:
                         transcript.end_line()
                     print(f"agentsctl: {item.text}", file=sys.stderr, flush=True)
-                elif isinstance(item, CaughtUp):
-                    pass
+                if transcript is not None:
+                    follower.acknowledge()  # a person reads it; JSON lines go to a program
         except KeyboardInterrupt:
             if transcript is not None:
                 transcript.end_line()

@@ -15,12 +15,13 @@ import signal
 import sys
 import time
 
-from agentsctl.cli import EXIT_OK, CommandFailed
+from agentsctl.cli import EXIT_OK, EXIT_UNREACHABLE, CommandFailed
 from agentsctl.daemon import (
     STOP_DEADLINE_S,
     DaemonDisconnected,
     DaemonNotRunning,
     DaemonSocketLost,
+    DaemonUnreachable,
     answers,
     daemon_argv,
     wait_until_exited,
@@ -36,11 +37,23 @@ if TYPE_CHECKING:
     from agentsctl.target import Target
 
 
+STATUS_FORMAT_HELP = """\
+print one line for a status bar or prompt instead, and never start a daemon (no
+daemon: an empty line, exit 3). Fields: {total} {idle} {working} {attention}
+{failed} {unseen} (sessions in each state; unseen: finished or asking since you
+last looked) and {needs} (titles of the sessions that need you). Examples:
+tmux: set -g status-right '#(agentsctl status --format "{attention}! {unseen}*")';
+bash: PS1='$(agentsctl status --format "[{needs}]") \\$ '"""
+
+
 def configure_status(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the raw JSON result")
+    parser.add_argument("--format", metavar="FORMAT", help=STATUS_FORMAT_HELP)
 
 
 def run_status(args: argparse.Namespace, target: Target) -> int:
+    if args.format is not None:
+        return run_status_format(args.format, target)
     with target.link(start=True) as link:
         result = link.call("daemon.status")
     if args.json:
@@ -48,6 +61,38 @@ def run_status(args: argparse.Namespace, target: Target) -> int:
         return EXIT_OK
     print(format_status(result))
     return EXIT_OK
+
+
+def run_status_format(template: str, target: Target) -> int:
+    """One round trip (``agentSession.watch``'s snapshot) on the stdlib link: a prompt
+    runs it at every redraw, so it stays inside the CLI's cold-start budget."""
+    try:
+        with target.link(start=False) as link:
+            sessions = link.call("agentSession.watch")["sessions"]
+    except DaemonUnreachable:
+        print()
+        return EXIT_UNREACHABLE
+    try:
+        print(template.format_map(status_fields(sessions)))
+    except (KeyError, ValueError, IndexError) as exc:
+        raise CommandFailed(f"bad --format {template!r}: {exc!r}", "usage") from None
+    return EXIT_OK
+
+
+def status_fields(sessions: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fields of ``status --format``, from session summaries."""
+    fields: dict[str, Any] = {
+        state: sum(1 for s in sessions if s.get("state") == state)
+        for state in ("idle", "working", "attention", "failed")
+    }
+    fields["total"] = len(sessions)
+    fields["unseen"] = sum(1 for s in sessions if s.get("unseen"))
+    fields["needs"] = " ".join(
+        s.get("title") or s["sessionId"]
+        for s in sessions
+        if s.get("unseen") or s.get("state") in ("attention", "failed")
+    )
+    return fields
 
 
 def format_status(result: dict[str, Any]) -> str:

@@ -22,6 +22,10 @@ following the same way. The first subscription's errors propagate unchanged.
 
 Rule 4: ``next(timeout_s)`` never blocks past its timeout, reconnecting included, so a
 caller can interleave keyboard input.
+
+Rule 5 (seen): following is looking. Once caught up, and after each turn completion or
+approval request handed out, ``acknowledge()`` (called by the view once it showed
+them) tells the daemon the user has seen the session up to the cursor.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import msgspec
 from agentsctl.daemon import DaemonDisconnected, DaemonUnreachable
 from agentsd_protocol import methods
 from agentsd_protocol.api import stream as st
+from agentsd_protocol.api.attention import AcknowledgeParams
 from agentsd_protocol.client.core import Notification
 from agentsd_protocol.client.cursor import CaughtUp, Ended, FollowCursor, Resubscribe
 from agentsd_protocol.errors import RpcError, SessionNotFound, ShuttingDown
@@ -46,6 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CaughtUp", "FollowItem", "Follower", "Note", "SessionGone"]
 
+NOTABLE_KINDS = frozenset({"turn.completed", "approval.requested"})  # unseen until shown
 RECONNECT_FIRST_S = 0.05  # first pause before reconnecting, doubled up to RECONNECT_MAX_S
 RECONNECT_MAX_S = 1.0  # a restarted daemon is seen within a second
 
@@ -93,6 +99,8 @@ class Follower:
         self._backoff_s = RECONNECT_FIRST_S
         self._lost_reason: str | None = None
         self._gone_error: SessionGone | None = None  # once gone, always gone
+        self._caught_up = False
+        self._unacknowledged = False  # handed out something the user must see (Rule 5)
 
     @property
     def cursor(self) -> int:
@@ -130,7 +138,12 @@ class Follower:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             if self._items:
-                return self._items.popleft()
+                item = self._items.popleft()
+                if isinstance(item, CaughtUp):
+                    self._caught_up = self._unacknowledged = True
+                elif isinstance(item, st.JournalEvent) and item.kind in NOTABLE_KINDS:
+                    self._unacknowledged = True
+                return item
             if self._gone_error is not None:
                 raise self._gone_error
             client = self._client
@@ -148,6 +161,20 @@ class Follower:
             if notification is None:
                 return None
             self._handle(notification)
+
+    def acknowledge(self) -> None:
+        """Rule 5: record that the user has seen the session up to the cursor, if
+        something they must see was handed out since the last time. A failure leaves
+        it for the next call; connection trouble shows on ``next``."""
+        client = self._client
+        if client is None or not (self._caught_up and self._unacknowledged):
+            return
+        params = AcknowledgeParams(session_id=self.session_id, seq=self.cursor)
+        try:
+            client.call(methods.ACKNOWLEDGE, params)
+        except (RpcError, DaemonUnreachable, TimeoutError):
+            return
+        self._unacknowledged = False
 
     # -- subscription ---------------------------------------------------------------
 

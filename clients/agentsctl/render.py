@@ -38,6 +38,7 @@ from agentsd_protocol.api.events import (
     ItemUpdated,
     LeaseAcquired,
     LeaseReleased,
+    SessionAcknowledged,
     SessionCreated,
     Submission,
     SubmissionDispatched,
@@ -227,8 +228,8 @@ class Transcript:
                 self.line(
                     self.style.warn("! the agent's exit could not be proven; it may still run")
                 )
-            case LeaseAcquired() | LeaseReleased() | ChildSpawned():
-                pass  # supervision detail; `log --jsonl` has it
+            case LeaseAcquired() | LeaseReleased() | ChildSpawned() | SessionAcknowledged():
+                pass  # supervision detail, or the user's own reading; `log --jsonl` has it
             case _:
                 self.note(journal_event.kind)
 

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agentsd.connection import Call
+from agentsd.handlers import attention as attention_handlers
 from agentsd.handlers import conversation as conversation_handlers
 from agentsd.handlers import daemon as daemon_handlers
 from agentsd.handlers import queue as queue_handlers
@@ -28,6 +29,7 @@ HANDLERS: dict[str, Handler] = {
     **conversation_handlers.HANDLERS,
     **queue_handlers.HANDLERS,
     **stream_handlers.HANDLERS,
+    **attention_handlers.HANDLERS,
 }
 
 # Both tables in one lookup per request; a method is served when it is in both.

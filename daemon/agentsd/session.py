@@ -11,7 +11,8 @@ from journal events, in seq order: ``attention`` while an approval is pending,
 ``working`` while a turn runs or a submission has no dispatch outcome, else ``idle``.
 Replaying the journal tail after a restart gives the same answer.
 
-Rule 3: ``head_seq``, ``conversation`` and ``queue`` change only through the session's journal
+Rule 3: ``head_seq``, ``conversation``, ``queue`` and ``summary`` change only through the
+session's journal
 port (``agentsd.session_journal``), after a commit: every writer of the session's
 events goes through that port.
 """
@@ -29,6 +30,7 @@ from agentsd.phase import advance, initial_phase
 from agentsd.prompt_queue import PromptQueue
 from agentsd.store.journal import has_kind_after, last_seq_of_kind, read_events
 from agentsd.store.sessions import SessionRow
+from agentsd.summary import Summary
 from agentsd_protocol.api.events import (
     ApprovalRequested,
     ApprovalResolved,
@@ -70,6 +72,7 @@ class PendingApproval:
     kind: str
     options: list[str]
     turn_id: str | None = None  # the turn that raised it; it cannot outlive that turn
+    title: str = ""
 
 
 @attrs.define
@@ -114,6 +117,7 @@ class Conversation:
                     kind=event.approval_kind,
                     options=event.options,
                     turn_id=self.turn_id,
+                    title=event.title,
                 )
             case ApprovalResolved(approval_id=approval_id):
                 self.approvals.pop(approval_id, None)
@@ -144,6 +148,9 @@ class Session:
     error: SessionError | None = None
     conversation: Conversation = attrs.field(factory=Conversation)
     queue: PromptQueue = attrs.field(factory=PromptQueue)
+    # What status bars and notifiers show (``agentsd.summary``); fed like
+    # ``conversation``, by the journal port (Rule 3).
+    summary: Summary = attrs.field(factory=Summary)
     task: SessionTask | None = None
     # Approvals answered but not yet committed: the first answer's claim (Rule 2 of
     # ``handlers.conversation``).

@@ -7,14 +7,15 @@ session -> store -> feed, and nothing returns to the supervisor on the way.
 
 Rule 1 (durable first): the store commits first. Only then, in this order and with
 no await in between, does the port advance the session's head seq, apply the events
-to its conversation (which derives its status) and its prompt queue, take the
-committed columns into its in-memory row, publish the events to subscribers, tell the
-status board, and wake those waiting on the conversation (the end of a turn; the
-session task when the queue's head is due, ``agentsd.prompt_queue``). So
-nothing is published that is not durable, and a reply sent after ``append`` returns
-is sent after the commit (DESIGN.md invariant 6). A caller cancelled once its write
-was queued may have committed without publishing; the feed fills such a gap from the
-store (``agentsd.feed`` Rule 1).
+to its conversation (which derives its status), its prompt queue and its summary,
+take the committed columns into its in-memory row, publish the events to
+subscribers, tell the status board, announce the notable events (turn completions,
+approval requests) to its notice feeds, and wake those waiting on the conversation
+(the end of a turn; the session task when the queue's head is due,
+``agentsd.prompt_queue``). So nothing is published that is not durable, and a reply
+sent after ``append`` returns is sent after the commit (DESIGN.md invariant 6). A
+caller cancelled once its write was queued may have committed without publishing;
+the feed fills such a gap from the store (``agentsd.feed`` Rule 1).
 
 Rule 2: the port reads the journal only through named store functions, so no
 handler holds SQL or a connection.
@@ -34,7 +35,7 @@ from agentsd.store import sessions as session_rows
 from agentsd.store.database import StoreConnection
 from agentsd.store.journal import StoredEvent, bodies_of_kind, read_events
 from agentsd.store.writer import Store
-from agentsd_protocol.api.events import Event, EventStruct, decode_event, kind_of
+from agentsd_protocol.api.events import Event, EventStruct, UnknownEvent, decode_event, kind_of
 
 if TYPE_CHECKING:
     import sqlite3
@@ -143,13 +144,18 @@ class SessionJournal:
         if not stored:
             return
         session = self._session
+        notable: list[tuple[StoredEvent, Event | UnknownEvent]] = []
         for event in stored:
             if event.seq > session.head_seq:
                 session.head_seq = event.seq
             decoded = decode_event(event.kind, event.body)
             session.conversation.apply(event.seq, decoded)
             session.queue.apply(event.seq, decoded)
+            if session.summary.apply(event.seq, decoded):
+                notable.append((event, decoded))
         session.row = attrs.evolve(session.row, updated_at=stored[-1].ts)
         self._feed.publish(session.id, stored)
         session.board.changed(session)
+        for event, decoded in notable:
+            session.board.announce(session, event.seq, event.ts, decoded)
         session.conversation_changed()

@@ -50,6 +50,7 @@ from agentsd.store import sessions as session_rows
 from agentsd.store.database import StoreConnection
 from agentsd.store.journal import StoredEvent
 from agentsd.store.writer import Store
+from agentsd.summary import derive_summary
 from agentsd_protocol.api.daemon import SessionCounts
 from agentsd_protocol.api.events import QueuePaused, SessionCreated
 from agentsd_protocol.api.session import ExitCause, ExitInfo, SessionError, SessionInfo
@@ -163,6 +164,7 @@ class Supervisor:
         for row in rows:
             convo = await self.store.read(functools.partial(derive_conversation, session_id=row.id))
             queue = await self.store.read(functools.partial(derive_queue, session_id=row.id))
+            summary = await self.store.read(functools.partial(derive_summary, session_id=row.id))
             lease = await self.store.read(
                 functools.partial(lease_rows.latest_lease, session_id=row.id)
             )
@@ -174,6 +176,7 @@ class Supervisor:
                     board=self.board,
                     conversation=convo,
                     queue=queue,
+                    summary=summary,
                     lease=lease,
                 )
             )

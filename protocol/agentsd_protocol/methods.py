@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from agentsd_protocol.api import attention as a
 from agentsd_protocol.api import conversation as c
 from agentsd_protocol.api import daemon as d
 from agentsd_protocol.api import session as s
@@ -70,6 +71,10 @@ def _subscription_key(result: st.SubscribeResult) -> str:
 
 def _watch_key(result: st.WatchResult) -> str:
     return result.watch_id
+
+
+def _feed_key(result: a.CompletionsResult) -> str:
+    return result.feed_id
 
 
 PING = Method(
@@ -213,6 +218,19 @@ WATCH = Method(
     "Every session's status now, then a notification on each change.",
     stream_key=_watch_key,
 )
+ACKNOWLEDGE = Method(
+    "agentSession.acknowledge",
+    a.AcknowledgeParams,
+    a.AcknowledgeResult,
+    "Record that the user has seen the session up to a seq (durable).",
+)
+COMPLETIONS = Method(
+    "agentSession.completions",
+    a.CompletionsParams,
+    a.CompletionsResult,
+    "What is unseen now, then each turn completion and approval request, live.",
+    stream_key=_feed_key,
+)
 
 METHODS: dict[str, Method[Any, Any]] = {
     m.name: m
@@ -238,6 +256,8 @@ METHODS: dict[str, Method[Any, Any]] = {
         SUBSCRIBE,
         UNSUBSCRIBE,
         WATCH,
+        ACKNOWLEDGE,
+        COMPLETIONS,
     )
 }
 
@@ -265,6 +285,11 @@ NOTIFICATIONS: dict[str, NotificationType] = {
         ),
         NotificationType(
             "agentSession.status", st.StatusNotification, "A watched session's status changed."
+        ),
+        NotificationType(
+            "agentSession.notice",
+            a.NoticeNotification,
+            "A turn completed or an approval was requested (``completions`` feeds).",
         ),
         NotificationType(
             "agentSession.ended", st.EndedNotification, "The subscribed session was deleted."

@@ -42,6 +42,7 @@ KINDS_SINCE_V1 = {
     "prompt.withdrawn",
     "queue.paused",
     "queue.resumed",
+    "session.acknowledged",
 }
 # A body's field "kind" before the union (the tag owns that name now).
 RENAMED_FIELDS = {

@@ -29,7 +29,7 @@ from agentsd.store.journal import StoredEvent, read_events
 from agentsd.store.writer import Store, open_store
 from agentsd.supervisor import Supervisor, open_supervisor
 from agentsd_protocol.api.events import SessionUpdated
-from agentsd_protocol.api.stream import StatusNotification
+from agentsd_protocol.api.stream import SessionStatus, StatusNotification
 from agentsd_protocol.errors import StorageUnavailable
 from agentsd_protocol.jsonrpc import RequestEnvelope
 
@@ -97,21 +97,33 @@ async def test_a_send_flows_handler_session_store_feed_without_returning_to_the_
     state.mkdir(mode=0o700)
     config = Config(ladder=FAST_LADDER)
     with trio.fail_after(60):
-        async with open_supervisor(store, config, state, provider_registry()) as sup:
+        async with (
+            open_supervisor(store, config, state, provider_registry()) as sup,
+            trio.open_nursery() as sup_nursery,
+        ):
             published = Published()
             monkeypatch.setattr(sup.feed, "publish", published)
             session = await create(sup, tmp_path)
             seen: list[tuple[str, str]] = []
+            told: list[SessionStatus] = []
             idle_again = trio.Event()
 
             def notify(note: StatusNotification) -> bool:
                 if note.session.session_id == session.id:
+                    told.append(note.session)
                     seen.append((note.session.phase, note.session.status))
                     if seen[-1] == ("running", "idle"):
                         idle_again.set()
                 return True
 
-            snapshot = sup.board.watch("w1", notify, sup.sessions.values())
+            watcher, snapshot = sup.board.watch("w1", notify, sup.sessions.values())
+            pump_scope = trio.CancelScope()
+
+            async def pump() -> None:
+                with pump_scope:
+                    await watcher.run_pump()
+
+            sup_nursery.start_soon(pump)
             assert [(s.phase, s.status) for s in snapshot] == [("stopped", "idle")]
             spy = SupervisorSpy(sup)
             app = App(config, socket_path=tmp_path / "agentsd.sock", state_dir=state)
@@ -128,12 +140,13 @@ async def test_a_send_flows_handler_session_store_feed_without_returning_to_the_
             # The handler asked the supervisor for the session and to start its
             # agent; the journal, the feed and the status went by the session.
             assert set(spy.asked) == {"get", "start"}
+            pump_scope.cancel()
             # Status followed the journal and the phase, each change told once.
             assert seen[0] == ("stopped", "working")
             assert ("starting", "working") in seen
             assert ("running", "working") in seen
             assert seen[-1] == ("running", "idle")
-            assert all(a != b for a, b in itertools.pairwise(seen)), seen
+            assert all(a != b for a, b in itertools.pairwise(told)), told
             # Every committed event was published once, after its commit: each
             # publish holds one commit's events, contiguous and in seq order.
             committed = await journal(store, session.id)

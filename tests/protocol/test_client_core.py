@@ -179,7 +179,7 @@ def test_fail_settles_every_pending_call_and_returns_the_routes() -> None:
 
 
 def test_every_method_is_registered_once_with_its_flags() -> None:
-    assert len(methods.METHODS) == 21
+    assert len(methods.METHODS) == 23
     assert methods.QUEUE.mutation and methods.SET_TITLE.mutation
     assert methods.METHODS["agentSession.send"] is methods.SEND
     assert methods.METHODS["daemon.reloadEnv"].mutation
@@ -191,7 +191,11 @@ def test_every_method_is_registered_once_with_its_flags() -> None:
         "agentSession.list",
     } == methods.INLINE_METHODS
     streaming = {name for name, m in methods.METHODS.items() if m.stream_key is not None}
-    assert streaming == {"agentSession.subscribe", "agentSession.watch"}
+    assert streaming == {
+        "agentSession.subscribe",
+        "agentSession.watch",
+        "agentSession.completions",
+    }
     assert not any(m.mutation and m.inline for m in methods.METHODS.values())
 
 

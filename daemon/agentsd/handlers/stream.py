@@ -85,12 +85,13 @@ async def handle_watch(call: Call, params: api.WatchParams) -> api.WatchResult:
     connection = call.connection
     watch_id = f"watch-{next(_watch_ids)}"
     board = supervisor.board
-    snapshot = board.watch(
+    watcher, snapshot = board.watch(
         watch_id,
         lambda note: connection.notify("agentSession.status", note),
         supervisor.sessions.values(),
     )
     connection.on_close.append(lambda: board.unwatch(watch_id))
+    call.after_reply.append(lambda: connection.spawn(watcher.run_pump))
     return api.WatchResult(watch_id=watch_id, sessions=snapshot)
 
 

@@ -373,6 +373,13 @@ class QueueResumed(EventStruct, tag="queue.resumed", frozen=True, kw_only=True):
     """A client resumed the queue: its head is sent once no turn runs."""
 
 
+class SessionAcknowledged(EventStruct, tag="session.acknowledged", frozen=True, kw_only=True):
+    """The user has seen the session up to ``seq`` (``agentSession.acknowledge``): a
+    turn completion or approval request at or before it is no longer unseen."""
+
+    seq: int
+
+
 class ThreadStatus(EventStruct, tag="thread.status", frozen=True, kw_only=True):
     """The agent's own thread status (Codex), journaled when it changes."""
 
@@ -411,6 +418,7 @@ Event = (
     | PromptWithdrawn
     | QueuePaused
     | QueueResumed
+    | SessionAcknowledged
 )
 """Every event the daemon writes."""
 

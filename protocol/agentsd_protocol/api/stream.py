@@ -3,12 +3,19 @@ notifications they produce."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from agentsd_protocol.api.base import Empty, Params, Result
-from agentsd_protocol.api.events import Event, UnknownEvent, decode_event, encode_body, kind_of
+from agentsd_protocol.api.events import (
+    Event,
+    TurnOutcome,
+    UnknownEvent,
+    decode_event,
+    encode_body,
+    kind_of,
+)
 from agentsd_protocol.api.session import Phase, Status
 
 
@@ -80,13 +87,41 @@ class WatchParams(Empty, frozen=True, kw_only=True):
     pass
 
 
+SummaryState = Literal["idle", "working", "attention", "failed"]
+"""``status``, except that an idle session whose last turn failed is ``failed``."""
+
+
+class ApprovalNeed(Result, frozen=True, kw_only=True):
+    approval_id: str
+    approval_kind: str
+    title: str
+    seq: int
+
+
 class SessionStatus(Result, frozen=True, kw_only=True):
+    """A session's summary, for status bars. ``unseen``: a turn completion or an
+    approval request came after what the user acknowledged (``acknowledgedSeq``);
+    ``attentionSeq`` is the seq of the last of them. ``lastPrompt`` and ``lastReply``
+    are heads of at most 200 characters."""
+
     session_id: str
     title: str | None
     provider: str
     phase: Phase
     status: Status
     head_seq: int
+    state: SummaryState = "idle"
+    approvals: list[ApprovalNeed] = []
+    failure: str | None = None  # why the last turn failed
+    outcome: TurnOutcome | None = None  # of the last turn
+    last_prompt: str | None = None
+    last_reply: str | None = None
+    model: str | None = None
+    usage: dict[str, Any] | None = None  # the agent's token counts, passed through
+    updated_at: float = 0.0
+    unseen: bool = False
+    acknowledged_seq: int = 0
+    attention_seq: int = 0
 
 
 class WatchResult(Result, frozen=True, kw_only=True):

@@ -16,7 +16,7 @@ for that call alone.
 
 Rule 3: a call of a streaming method (``Method.stream_key``) may name a route. Its
 successful reply routes every later notification that carries its key
-(``subscriptionId`` or ``watchId``) to that route, before the next message is read,
+(``subscriptionId``, ``watchId`` or ``feedId``) to that route, before the next message is read,
 so none can be missed. Every other notification comes out unrouted, in order.
 
 Rule 4: bytes that are not JSON-RPC raise ``ParseError`` (or ``FrameTooLarge``), and an
@@ -124,6 +124,7 @@ class _RouteProbe(msgspec.Struct, rename="camel"):
 
     subscription_id: str | None = None
     watch_id: str | None = None
+    feed_id: str | None = None
 
 
 _probe_decoder = msgspec.json.Decoder(_RouteProbe)
@@ -255,7 +256,7 @@ class ClientCore(Generic[RouteT]):
             probe = _probe_decoder.decode(params)
         except msgspec.DecodeError:
             return None  # a notification this client does not know
-        key = probe.subscription_id or probe.watch_id
+        key = probe.subscription_id or probe.watch_id or probe.feed_id
         return None if key is None else self._routes.get(key)
 
     # -- the end -------------------------------------------------------------------
