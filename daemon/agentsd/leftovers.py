@@ -28,7 +28,14 @@ import attrs
 import trio
 
 from agentsd.config import Ladder
-from agentsd.procfs import ProcessTable, ProcInfo, ProcScanFailed, ProcScanner, is_same_process
+from agentsd.procfs import (
+    ProcessTable,
+    ProcInfo,
+    ProcScanFailed,
+    ProcScanner,
+    is_same_process,
+    read_proc_info,
+)
 
 __all__ = [
     "ChildIdentity",
@@ -38,6 +45,7 @@ __all__ = [
     "end_processes",
     "end_remains",
     "prove_gone",
+    "reap_own_zombie",
     "signal_and_wait",
     "unproven_reason",
 ]
@@ -284,3 +292,23 @@ async def end_processes(
             gone = remaining is not None and not remaining[i]
             outcomes[target.leader] = EndOutcome.ENDED if gone else EndOutcome.UNPROVEN
     return EndReport(outcomes)
+
+
+def reap_own_zombie(identity: ChildIdentity) -> None:
+    """Reap ``identity`` if it is this process's own child and has exited.
+
+    A close ladder that gave up (its child could not be proven gone) no longer waits
+    for the child; when the child ends later, it stays a zombie of the daemon until
+    someone reaps it. The retry that proves it gone reaps it here, so the lease is
+    released after ``wait()`` returned (invariant 1) and no zombie is left behind.
+    The pid of an unreaped child cannot be reused, so a zombie with our pid as parent
+    and the recorded start time is that child.
+    """
+    info = read_proc_info(identity.pid) if identity.pid > 0 else None
+    if (
+        info is not None
+        and info.is_zombie
+        and info.ppid == os.getpid()
+        and info.start_time == identity.start_time
+    ):
+        os.waitpid(identity.pid, os.WNOHANG)

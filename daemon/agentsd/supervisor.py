@@ -35,7 +35,7 @@ from agentsd.agent_env import AgentEnvironment
 from agentsd.config import Config
 from agentsd.feed import Feed
 from agentsd.held_lease import recorded_identity, settle
-from agentsd.leftovers import EndOutcome, end_processes
+from agentsd.leftovers import EndOutcome, end_processes, reap_own_zombie
 from agentsd.operations import Operation, record_provisional
 from agentsd.procfs import current_scanner
 from agentsd.prompt_queue import derive_queue
@@ -318,6 +318,7 @@ class Supervisor:
         outcome = report.outcomes.get(identity, EndOutcome.UNPROVEN)
         if outcome is EndOutcome.UNPROVEN:
             raise ExitUnproven(f"the agent of session {session.id} still cannot be proven gone")
+        reap_own_zombie(identity)
         await settle(session, session.journal.write, "requested", outcome)
 
     def stop_all(self, cause: ExitCause) -> None:

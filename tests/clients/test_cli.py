@@ -27,7 +27,6 @@ from agentsctl.cli import (
 )
 from agentsctl.commands_daemon import format_duration
 from agentsctl.daemon import process_gone, quick_call, wait_until_answering
-from agentsd_protocol.errors import MethodNotFound
 from tests.daemon_process import STOP_TIMEOUT_S, DaemonProcess, running_daemon
 
 CLI_TIMEOUT_S = 60.0  # one CLI run, including a daemon start on a loaded machine
@@ -346,19 +345,7 @@ def test_the_cli_never_imports_trio_agentsd_or_msgspec(daemon: DaemonProcess) ->
 # -- sessions ---------------------------------------------------------------------
 
 
-def _sessions_served(daemon: DaemonProcess) -> bool:
-    try:
-        quick_call(daemon.socket, "agentSession.create", {})
-    except MethodNotFound:
-        return False
-    except Exception:
-        return True  # invalid params: the method exists
-    return True
-
-
 def test_session_commands(daemon: DaemonProcess, capsys: pytest.CaptureFixture[str]) -> None:
-    if not _sessions_served(daemon):
-        pytest.skip("this daemon does not serve agentSession.create yet")
     base = at(daemon)
     assert main([*base, "new", "mock", "--stopped", "--title", "first"]) == EXIT_OK
     session_id = capsys.readouterr().out.strip()

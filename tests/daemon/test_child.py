@@ -461,17 +461,16 @@ async def test_closing_fifty_children_takes_about_one_ladder(make_token: MakeTok
                 nursery.start_soon(session)
             await all_ready.wait()
             scans_before = scanner.scans_completed
-            closing_at = trio.current_time()
-        closed_in = trio.current_time() - closing_at
-    # 50 serial ladders would take 75 s; concurrent ones about 1.5 s. (A fail_after
-    # cannot bound this: the ladders are shielded, so they are timed instead.)
-    assert closed_in < 15
+    # Counts, not clocks: concurrent closes share their /proc scans (one batch serves
+    # every ladder waiting on it), so the count proves the ladders overlapped however
+    # loaded the machine is. A wall-clock bound would flake under load.
     assert len(children) == 50
     assert len(exits) == 50
     for outcome in exits:
         assert isinstance(outcome, ExitProof) and outcome.signal == signal.SIGKILL
     # Each close scans three times; serial closes would need 150 scans.
-    assert scanner.scans_completed - scans_before < 50
+    scans = scanner.scans_completed - scans_before
+    assert scans < 50, f"{scans} scans for 50 closes: the ladders ran one after another"
 
 
 # -- exit that cannot be proven ----------------------------------------------------
