@@ -343,7 +343,8 @@ def test_nvim_ends_the_buffer_when_the_session_is_deleted(nvim: Nvim) -> None:
         nvim.h("cmd", f"AgentsAttach {session_id}")
         assert nvim.h("current_buffer_session") == session_id
         assert nvim.h("follow_state", session_id)["state"] == "stopped"
-        nvim.h("wait_text", session_id, "before the deletion", WAIT_MS, 2)  # prompt and reply
+        # The title (taken from the first prompt), the prompt and the reply.
+        nvim.h("wait_text", session_id, "before the deletion", WAIT_MS, 3)
         nvim.h("wait_text", session_id, "[session deleted", WAIT_MS, 1)
 
 

@@ -682,6 +682,8 @@ def baseline(fuzz: Fuzz, method: str, session_id: str) -> dict[str, Any]:
         "approvalId": "ap-0-r1",
         "decision": "accept",
         "subscriptionId": "sub-1",
+        "seq": 1,
+        "title": "edge",
     }
     fields = mi.type_info(METHODS[method].params).fields  # type: ignore[attr-defined]
     return {

@@ -555,7 +555,7 @@ def test_exit_plan_mode_asks_to_approve_the_plan(
             assert not result.get("is_error")
             assert "approved your plan" in text and "Add the button" in text
             # Claude left plan mode: a restart must not put it back there.
-            updated = convo.wait_for("session.updated")["body"]
+            updated = convo.wait_for("session.updated", lambda b: b["by"] == "agent")["body"]
             assert updated == {"options": {"permissionMode": "default"}, "by": "agent"}
             mode = "default"
         else:

@@ -86,11 +86,11 @@ async def handle_send(call: Call, params: api.SendParams) -> api.SendResult:
     if operation is not None:
         pending = Dispatch(outcome="unknown", reason="delivery not confirmed yet")
         provisional = Provisional(
-            operation, lambda stored: send_result(cmid, stored[-1].seq, pending)
+            operation, lambda stored: send_result(cmid, stored[0].seq, pending)
         )
     stored = await _journal_prompt(session, submission, params.text, provisional)
     dispatch = await deliver(supervisor, session, cmid, params.text)
-    return send_result(cmid, stored[-1].seq, dispatch)
+    return send_result(cmid, stored[0].seq, dispatch)
 
 
 async def _journal_prompt(
@@ -99,13 +99,14 @@ async def _journal_prompt(
     text: str,
     provisional: Provisional | None,
 ) -> list[StoredEvent]:
-    """Journal ``prompt`` (last of the events stored), with the title taken from it
-    when the session has none, in one commit."""
+    """Journal ``prompt`` (first of the events stored, so a follower from the head
+    sees the prompt itself first), with the title taken from it when the session has
+    none, in one commit."""
     if session.row.title is not None:
         return await session.journal.append([prompt], provisional=provisional)
     title = title_from_prompt(text)
     return await session.journal.append(
-        [SessionUpdated(title=title, by="daemon"), prompt], provisional=provisional, title=title
+        [prompt, SessionUpdated(title=title, by="daemon")], provisional=provisional, title=title
     )
 
 
@@ -140,9 +141,9 @@ async def _enqueue(call: Call, session: Session, text: str) -> api.SendResult:
 
     provisional = None
     if operation is not None:
-        provisional = Provisional(operation, lambda stored: result(stored[-1].seq))
+        provisional = Provisional(operation, lambda stored: result(stored[0].seq))
     stored = await _journal_prompt(session, queued, text, provisional)
-    return result(stored[-1].seq)
+    return result(stored[0].seq)
 
 
 async def _interrupt_for(session: Session, text: str) -> None:
