@@ -21,10 +21,16 @@ Rules this module keeps (DESIGN.md sections 2 and 6):
 6. No PR_SET_PDEATHSIG: trio spawns from a worker thread and the signal would fire
    when that thread exits. Crash safety is recovery at start
    (``agentsd.leftovers.end_processes``).
+7. With a cgroup root (``agentsd.cgroup``), the child joins its own cgroup between
+   fork and exec (a ``preexec_fn`` writing ``0`` to ``cgroup.procs``: nothing of it
+   runs outside). The ladder's last rung is then ``cgroup.kill``, and exit is
+   proven by the reap plus the cgroup's ``populated 0``; the cgroup is removed
+   after. A child that cannot join is never started.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -34,6 +40,7 @@ from contextlib import asynccontextmanager, suppress
 import attrs
 import trio
 
+from agentsd.cgroup import CgroupRoot, SessionCgroup
 from agentsd.config import Ladder
 from agentsd.leftovers import ChildIdentity, Remains, prove_gone, signal_and_wait, unproven_reason
 from agentsd.procfs import (
@@ -55,6 +62,8 @@ __all__ = [
     "open_child",
 ]
 
+
+log = logging.getLogger(__name__)
 
 SPAWN_THREADS = 4  # worker threads that spawn at once; see `_spawn_limiter`
 
@@ -79,22 +88,38 @@ class ChildSpec:
     # copied here: the merged environment is built at the spawn and dropped right
     # after it, as a copy per live child is kilobytes per session.
     base_env: Mapping[str, str] = attrs.field(factory=dict)
+    # Where its cgroup is made (Rule 7); None: the process group and token fallback.
+    cgroup_root: CgroupRoot | None = None
 
 
 @attrs.frozen
 class ExitProof:
     """The child was reaped, its group is empty and no live process carries its
-    token. Exactly one of ``returncode`` (normal exit) and ``signal`` is set."""
+    token (or, with a cgroup, its cgroup was empty). Exactly one of ``returncode``
+    (normal exit) and ``signal`` is set."""
 
     returncode: int | None
     signal: int | None
     stragglers_killed: int  # processes other than the child that had to be signalled
+    cgroup_empty: bool = False  # proven by the cgroup's ``populated 0`` (Rule 7)
 
     @classmethod
-    def from_returncode(cls, returncode: int, stragglers_killed: int) -> ExitProof:
+    def from_returncode(
+        cls, returncode: int, stragglers_killed: int, *, cgroup_empty: bool = False
+    ) -> ExitProof:
         if returncode < 0:
-            return cls(returncode=None, signal=-returncode, stragglers_killed=stragglers_killed)
-        return cls(returncode=returncode, signal=None, stragglers_killed=stragglers_killed)
+            return cls(
+                returncode=None,
+                signal=-returncode,
+                stragglers_killed=stragglers_killed,
+                cgroup_empty=cgroup_empty,
+            )
+        return cls(
+            returncode=returncode,
+            signal=None,
+            stragglers_killed=stragglers_killed,
+            cgroup_empty=cgroup_empty,
+        )
 
 
 @attrs.frozen
@@ -159,7 +184,17 @@ async def open_child(
     shared `current_scanner()`, so concurrent closes share /proc scans.
     """
     scanner = scanner if scanner is not None else current_scanner()
-    process = await _spawn(spec)
+    cgroup = None
+    if spec.cgroup_root is not None:
+        cgroup = await trio.to_thread.run_sync(
+            spec.cgroup_root.create, spec.token, limiter=_spawn_limiter()
+        )
+    try:
+        process = await _spawn(spec, cgroup)
+    except BaseException:
+        if cgroup is not None:
+            cgroup.remove()  # nothing was started in it: it is empty
+        raise
     # From here on nothing may stand between the spawn and the try: the ladder
     # must run even if the very next checkpoint is cancelled.
     try:
@@ -182,26 +217,47 @@ async def open_child(
         # process was spawned and may run: never that nothing was.
         outcome: ChildExit = ExitUnproven(f"the close ladder of {_describe(process)} failed")
         try:
-            outcome = await _close(process, spec.token, ladder, scanner)
+            if cgroup is None:
+                outcome = await _close(process, spec.token, ladder, scanner)
+            else:
+                outcome = await _close_cgroup(process, cgroup, ladder)
         finally:
             on_exit(outcome)
 
 
-async def _spawn(spec: ChildSpec) -> trio.Process:
-    """Start ``spec``; its environment lives only as long as this call."""
+async def _spawn(spec: ChildSpec, cgroup: SessionCgroup | None) -> trio.Process:
+    """Start ``spec`` (in ``cgroup``, Rule 7); its environment lives only as long as
+    this call."""
     async with _spawn_limiter():  # open_process runs Popen in a thread of its own
         # Built here, not before the wait: a burst queued above holds no copies.
         env = {**spec.base_env, **spec.env, SPAWN_TOKEN_ENV: spec.token}
-        return await trio.lowlevel.open_process(
-            spec.argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL if spec.stderr_fd is None else spec.stderr_fd,
-            cwd=spec.cwd,
-            env=env,
-            start_new_session=True,  # own session and group: pgid == pid
-            close_fds=True,  # never hand the daemon's socket or database to an agent
-        )
+        procs_fd = None if cgroup is None else cgroup.open_procs()
+        try:
+            return await trio.lowlevel.open_process(
+                spec.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL if spec.stderr_fd is None else spec.stderr_fd,
+                cwd=spec.cwd,
+                env=env,
+                start_new_session=True,  # own session and group: pgid == pid
+                close_fds=True,  # never hand the daemon's socket or database to an agent
+                preexec_fn=None if procs_fd is None else _joiner(procs_fd),
+            )
+        finally:
+            if procs_fd is not None:
+                os.close(procs_fd)
+
+
+def _joiner(procs_fd: int) -> Callable[[], None]:
+    """What the forked child runs before exec: move itself into the cgroup (writing
+    0 means "the writer"). The descriptor is close-on-exec; subprocess closes the
+    others only after this. If the write fails, Popen raises and nothing runs."""
+
+    def join() -> None:
+        os.write(procs_fd, b"0")
+
+    return join
 
 
 _SPAWN_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar(
@@ -262,6 +318,48 @@ async def _close(
                 outcome = ExitProof.from_returncode(process.returncode, len(signalled))
             else:
                 outcome = ExitUnproven(reason)
+        await process.stdout.aclose()
+    return outcome
+
+
+async def _close_cgroup(process: trio.Process, cgroup: SessionCgroup, ladder: Ladder) -> ChildExit:
+    """The close ladder of a child in its own cgroup (Rule 7): stdin EOF, SIGTERM
+    to its group, then ``cgroup.kill``; proof is the reap plus ``populated 0``,
+    watched through ``cgroup.events``. Shielded, every step bounded, never raises."""
+    with trio.CancelScope(shield=True):
+        assert process.stdin is not None and process.stdout is not None
+        await process.stdin.aclose()
+        if process.returncode is None:
+            with trio.move_on_after(ladder.eof_grace_s):
+                await process.wait()
+        if process.returncode is None:
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGTERM)  # unreaped: the group id is ours
+            with trio.move_on_after(ladder.term_grace_s):
+                await process.wait()
+        outcome: ChildExit
+        try:
+            stragglers = len([pid for pid in cgroup.members() if pid != process.pid])
+            if cgroup.populated():
+                cgroup.kill()  # the last rung: every member, atomically
+            with trio.move_on_after(ladder.kill_wait_s):
+                await cgroup.wait_empty()
+                await process.wait()
+            if process.returncode is None or cgroup.populated():
+                outcome = ExitUnproven(
+                    f"cgroup {cgroup.path} still held processes {ladder.kill_wait_s}s "
+                    "after cgroup.kill"
+                )
+            else:
+                try:
+                    cgroup.remove()
+                except OSError as exc:  # proven all the same; recovery removes it later
+                    log.warning("could not remove the empty cgroup %s: %s", cgroup.path, exc)
+                outcome = ExitProof.from_returncode(
+                    process.returncode, stragglers, cgroup_empty=True
+                )
+        except OSError as exc:
+            outcome = ExitUnproven(f"cgroup {cgroup.path} could not be ended: {exc}")
         await process.stdout.aclose()
     return outcome
 

@@ -165,6 +165,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     stderr_log_max_bytes: Annotated[int, Range(MIN_LOG_BYTES, MAX_FRAME_BYTES, unit="bytes")] = (
         8 * 1024 * 1024
     )
+    # A writable cgroup v2 directory in which each agent gets a cgroup of its own
+    # (agentsd.cgroup); unset: under systemd the service's delegated subtree, else
+    # the process group and spawn token.
+    cgroup_root: Annotated[str | None, AbsolutePath()] = None
 
 
 class ConfigError(Exception):

@@ -23,10 +23,12 @@ import enum
 import os
 import signal
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
 import attrs
 import trio
 
+from agentsd.cgroup import CgroupRoot, end_cgroups
 from agentsd.config import Ladder
 from agentsd.procfs import ProcessTable, ProcInfo, ProcScanFailed, ProcScanner, is_same_process
 
@@ -35,6 +37,7 @@ __all__ = [
     "EndOutcome",
     "EndReport",
     "Remains",
+    "end_contained",
     "end_processes",
     "prove_gone",
     "signal_and_wait",
@@ -265,4 +268,33 @@ async def end_processes(
             assert target.leader is not None
             gone = remaining is not None and not remaining[i]
             outcomes[target.leader] = EndOutcome.ENDED if gone else EndOutcome.UNPROVEN
+    return EndReport(outcomes)
+
+
+async def end_contained(
+    identities: Sequence[ChildIdentity],
+    ladder: Ladder,
+    scanner: ProcScanner,
+    root: CgroupRoot | None,
+    *,
+    sweep: bool,
+) -> EndReport:
+    """`end_processes`, after ending the identities' cgroups under ``root`` (with
+    ``sweep``: every session cgroup there, which at start-up are all a previous
+    daemon's). A child whose cgroup was emptied counts ``ENDED``; one whose cgroup
+    could not be emptied ``UNPROVEN``. Shielded and bounded; never raises."""
+    by_path: dict[Path, bool | None] = {}
+    if root is not None:
+        cgroups = root.existing() if sweep else [root.for_token(i.token) for i in identities]
+        by_path = await end_cgroups(cgroups, ladder.kill_wait_s * (ladder.proof_rounds + 1))
+    report = await end_processes(identities, ladder, scanner)
+    if root is None:
+        return report
+    outcomes = dict(report.outcomes)
+    for identity in identities:
+        contained = by_path.get(root.for_token(identity.token).path, False)
+        if contained is None:
+            outcomes[identity] = EndOutcome.UNPROVEN
+        elif contained and outcomes.get(identity) is EndOutcome.ALREADY_GONE:
+            outcomes[identity] = EndOutcome.ENDED
     return EndReport(outcomes)

@@ -37,6 +37,7 @@ import trio
 
 from agentsd.agent_env import AgentEnvironment, resolve_mode
 from agentsd.app import App
+from agentsd.cgroup import select_containment
 from agentsd.config import Config
 from agentsd.connection import Connection, Transport
 from agentsd.listener import TRANSIENT_ACCEPT_ERRNOS, SocketTransport, peer_uid
@@ -105,11 +106,17 @@ async def serve_daemon(
             config.agent_env,
             under_service_manager=service.notifier.active or bool(service.inherited),
         )
+        # Once, and before any agent: under systemd this moves the daemon into a leaf.
+        containment = await trio.to_thread.run_sync(
+            select_containment, config.cgroup_root, dict(os.environ)
+        )
+        log.info("agent containment: %s (%s)", containment.mode, containment.detail)
         app = App(
             config,
             socket_path=socket_path,
             state_dir=state_dir,
             agent_env=AgentEnvironment(config, mode),
+            containment=containment,
         )
         hangup_reloads = not has_controlling_terminal()
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
@@ -131,10 +138,10 @@ async def _serve_sessions(
     config = app.config
     async with open_store(app.state_dir / DATABASE_NAME) as store:
         # Rule 1: the previous daemon's children are dealt with before anything is served.
-        app.recovery = await recover(store, config.ladder)
+        app.recovery = await recover(store, config.ladder, app.containment.root)
         providers = provider_registry()
         async with open_supervisor(
-            store, config, app.state_dir, providers, app.agent_env
+            store, config, app.state_dir, providers, app.agent_env, app.containment
         ) as supervisor:
             app.attach(supervisor, Ledger(store))
             inherited = service.listener()

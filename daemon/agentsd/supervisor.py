@@ -32,10 +32,11 @@ import msgspec
 import trio
 
 from agentsd.agent_env import AgentEnvironment
+from agentsd.cgroup import FALLBACK, Containment
 from agentsd.config import Config
 from agentsd.feed import Feed
 from agentsd.held_lease import recorded_identity, settle
-from agentsd.leftovers import EndOutcome, end_processes
+from agentsd.leftovers import EndOutcome, end_contained
 from agentsd.operations import Operation, record_provisional
 from agentsd.procfs import current_scanner
 from agentsd.providers.base import Provider
@@ -78,8 +79,10 @@ class Supervisor:
         providers: dict[str, Provider],
         nursery: trio.Nursery,
         agent_env: AgentEnvironment,
+        containment: Containment = FALLBACK,
     ) -> None:
         self.store = store
+        self.containment = containment
         self.config = config
         self.agent_env = agent_env
         self.state_dir = state_dir
@@ -304,7 +307,9 @@ class Supervisor:
             session.transition("stopped")
             return
         identity = recorded_identity(lease)
-        report = await end_processes([identity], self.ladder, current_scanner())
+        report = await end_contained(
+            [identity], self.ladder, current_scanner(), self.containment.root, sweep=False
+        )
         outcome = report.outcomes.get(identity, EndOutcome.UNPROVEN)
         if outcome is EndOutcome.UNPROVEN:
             raise ExitUnproven(f"the agent of session {session.id} still cannot be proven gone")
@@ -333,6 +338,7 @@ async def open_supervisor(
     state_dir: Path,
     providers: dict[str, Provider],
     agent_env: AgentEnvironment | None = None,
+    containment: Containment = FALLBACK,
 ) -> AsyncIterator[Supervisor]:
     """Yield a loaded supervisor. On exit every session is stopped concurrently
     (cause ``shutdown``); returns once every child was reaped and lease settled.
@@ -341,7 +347,9 @@ async def open_supervisor(
     if agent_env is None:
         agent_env = AgentEnvironment(config, "inherit")
     async with trio.open_nursery() as nursery:
-        supervisor = Supervisor(store, config, state_dir, providers, nursery, agent_env)
+        supervisor = Supervisor(
+            store, config, state_dir, providers, nursery, agent_env, containment
+        )
         await supervisor.load()
         try:
             yield supervisor

@@ -1,0 +1,292 @@
+"""A cgroup v2 directory per agent child: what nothing escapes (DESIGN.md invariant 10).
+
+Where the daemon finds a writable cgroup v2 subtree (`select_containment`), every
+child it spawns runs in a cgroup of its own, ``agent-<spawn token>`` under that root,
+joined between fork and exec (``agentsd.child``): a process of the agent that double
+forks, calls ``setsid()`` and clears its environment is still in it. Elsewhere the
+process group and the spawn token of invariant 5 are the fallback.
+
+Rule 1: a cgroup is named by its child's spawn token, which the lease records, so a
+daemon starting up knows whose each one is; every ``agent-*`` cgroup under the root
+at start-up is a previous daemon's, and recovery kills and removes it.
+
+Rule 2: ending is ``cgroup.kill`` (SIGKILL to every member, atomically, including
+those forking at that moment); proof is ``populated 0`` in ``cgroup.events``, waited
+for through inotify (the kernel signals a modification of that file when the value
+changes), never by polling; the cgroup is removed after.
+
+Rule 3: nothing here blocks the trio thread on a slow file system for long: cgroupfs
+is in memory, and every wait is bounded by its caller.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+import attrs
+import trio
+
+__all__ = [
+    "CGROUP_PREFIX",
+    "FALLBACK",
+    "CgroupRoot",
+    "Containment",
+    "ContainmentError",
+    "SessionCgroup",
+    "end_cgroups",
+    "select_containment",
+]
+
+CGROUP_PREFIX = "agent-"  # a session cgroup is agent-<spawn token>
+DAEMON_LEAF = "daemon"  # under systemd, the leaf the daemon moves itself into
+CGROUP2_MOUNTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")  # pure v2, hybrid
+CGROUP2_SUPER_MAGIC = 0x63677270  # statfs f_type of a cgroup v2 mount
+
+_IN_MODIFY = 0x00000002
+_IN_NONBLOCK = os.O_NONBLOCK
+_IN_CLOEXEC = os.O_CLOEXEC
+
+ContainmentMode = Literal["cgroup-root", "systemd-delegated", "process-group"]
+
+
+class ContainmentError(Exception):
+    """A configured cgroup root cannot be used; the message says which and why."""
+
+
+@attrs.frozen
+class SessionCgroup:
+    """One agent child's cgroup directory."""
+
+    path: Path
+
+    def populated(self) -> bool:
+        """Whether any process (in it or below) still lives; a removed cgroup is empty."""
+        try:
+            text = (self.path / "cgroup.events").read_text()
+        except FileNotFoundError:
+            return False
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "populated":
+                return value.strip() != "0"
+        raise OSError(errno.EINVAL, f"no 'populated' line in {self.path}/cgroup.events")
+
+    def members(self) -> list[int]:
+        """The pids in it now (a snapshot: for counts, never to signal)."""
+        try:
+            text = (self.path / "cgroup.procs").read_text()
+        except FileNotFoundError:
+            return []
+        return [int(word) for word in text.split()]
+
+    def kill(self) -> None:
+        """SIGKILL every process in it (``cgroup.kill``); nothing if it is gone."""
+        try:
+            (self.path / "cgroup.kill").write_text("1")
+        except FileNotFoundError:
+            return
+
+    def remove(self) -> None:
+        """Remove the (empty) directory; nothing if it is gone already."""
+        try:
+            self.path.rmdir()
+        except FileNotFoundError:
+            return
+
+    def open_procs(self) -> int:
+        """A write descriptor on ``cgroup.procs`` (close-on-exec): writing ``0`` to it
+        moves the writer in, which a child does between fork and exec."""
+        return os.open(self.path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+
+    async def wait_empty(self) -> None:
+        """Return once nothing lives in it. Waits on inotify, not by polling; the
+        caller bounds it. Raises OSError if ``cgroup.events`` cannot be watched."""
+        fd = _inotify_watch(self.path / "cgroup.events")
+        try:
+            while self.populated():
+                await trio.lowlevel.wait_readable(fd)
+                _drain(fd)
+        finally:
+            trio.lowlevel.notify_closing(fd)
+            os.close(fd)
+
+    def cpu_usage_us(self) -> int | None:
+        """CPU time used by everything that ran in it, from ``cpu.stat``."""
+        try:
+            text = (self.path / "cpu.stat").read_text()
+        except FileNotFoundError:
+            return None
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "usage_usec":
+                return int(value)
+        return None
+
+
+@attrs.frozen
+class CgroupRoot:
+    """The writable cgroup v2 directory under which session cgroups are made."""
+
+    path: Path
+
+    def for_token(self, token: str) -> SessionCgroup:
+        return SessionCgroup(self.path / f"{CGROUP_PREFIX}{token}")
+
+    def create(self, token: str) -> SessionCgroup:
+        """A new, empty cgroup for the child spawned with ``token``. Raises OSError."""
+        cgroup = self.for_token(token)
+        cgroup.path.mkdir(mode=0o755)
+        return cgroup
+
+    def existing(self) -> list[SessionCgroup]:
+        """Every session cgroup under the root now (Rule 1)."""
+        try:
+            entries = list(self.path.iterdir())
+        except FileNotFoundError:
+            return []
+        return [
+            SessionCgroup(entry)
+            for entry in entries
+            if entry.name.startswith(CGROUP_PREFIX) and entry.is_dir()
+        ]
+
+
+@attrs.frozen
+class Containment:
+    """How agents are contained: ``root`` is None in the fallback mode."""
+
+    mode: ContainmentMode
+    root: CgroupRoot | None
+    detail: str
+
+
+FALLBACK = Containment(
+    mode="process-group", root=None, detail="no cgroup root: process group and spawn token"
+)
+
+
+def select_containment(
+    configured_root: str | None,
+    environ: Mapping[str, str],
+    *,
+    self_cgroup: Path = Path("/proc/self/cgroup"),
+) -> Containment:
+    """Choose the containment mode, in this order:
+
+    1. a configured ``cgroup_root``: it must be a writable cgroup v2 directory with
+       ``cgroup.kill`` (Linux 5.14); otherwise `ContainmentError`, never a silent
+       fallback from what the user asked for;
+    2. under systemd (``INVOCATION_ID`` set, in a ``*.service`` cgroup of the v2
+       hierarchy) with a delegated subtree (``Delegate=yes``:
+       the service's own cgroup is writable): the daemon moves itself into a leaf
+       ``daemon`` of it (cgroup v2 allows processes only in leaves once a cgroup
+       has children) and makes session cgroups beside that leaf;
+    3. otherwise the process group and spawn token (``process-group``).
+    """
+    if configured_root is not None:
+        root = Path(configured_root)
+        problem = _unusable(root)
+        if problem is not None:
+            raise ContainmentError(f"cgroup_root = {configured_root!r}: {problem}")
+        return Containment(mode="cgroup-root", root=CgroupRoot(root), detail=f"configured {root}")
+    if "INVOCATION_ID" not in environ:
+        return FALLBACK
+    own = _own_cgroup(self_cgroup)
+    if own is None or not own.name.endswith(".service"):
+        # Only a service's own cgroup is moved into a leaf, never one we were merely
+        # started in (a terminal's scope, a test runner's).
+        return attrs.evolve(FALLBACK, detail="under systemd, but not in a cgroup v2 service")
+    problem = _unusable(own)
+    if problem is not None:
+        return attrs.evolve(
+            FALLBACK, detail=f"under systemd, but {own} is not delegated ({problem})"
+        )
+    leaf = own / DAEMON_LEAF
+    leaf.mkdir(mode=0o755, exist_ok=True)
+    (leaf / "cgroup.procs").write_text("0")
+    return Containment(
+        mode="systemd-delegated", root=CgroupRoot(own), detail=f"delegated subtree {own}"
+    )
+
+
+def _own_cgroup(self_cgroup: Path) -> Path | None:
+    """This process's cgroup v2 directory, if a v2 hierarchy is mounted where we look."""
+    for line in self_cgroup.read_text().splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, relative = rest.partition(":")
+        if hierarchy == "0" and controllers == "":
+            for mount in CGROUP2_MOUNTS:
+                candidate = Path(mount + relative)
+                if (Path(mount) / "cgroup.controllers").exists() and candidate.is_dir():
+                    return candidate
+    return None
+
+
+def _unusable(path: Path) -> str | None:
+    if not (path / "cgroup.procs").exists() or not (path / "cgroup.controllers").exists():
+        return "not a cgroup v2 directory"
+    if not (path / "cgroup.kill").exists():
+        return "no cgroup.kill (Linux 5.14 or later is needed)"
+    if not os.access(path, os.W_OK) or not os.access(path / "cgroup.procs", os.W_OK):
+        return "not writable by the daemon"
+    return None
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _inotify_watch(path: Path) -> int:
+    fd: int = _libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+    if fd < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    if _libc.inotify_add_watch(fd, os.fsencode(path), _IN_MODIFY) < 0:
+        code = ctypes.get_errno()
+        os.close(fd)
+        raise OSError(code, f"{os.strerror(code)}: {path}")
+    return fd
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        return
+
+
+async def end_cgroups(cgroups: list[SessionCgroup], wait_s: float) -> dict[Path, bool | None]:
+    """Kill every process in ``cgroups`` (all together), wait up to ``wait_s`` for
+    each to be empty, and remove the empty ones. Per path: True if something ran and
+    all of it is gone, False if nothing ran, None if something may still run.
+    Shielded and bounded; never raises."""
+    found: dict[Path, bool | None] = {}
+    with trio.CancelScope(shield=True):
+        for cgroup in cgroups:
+            try:
+                found[cgroup.path] = cgroup.populated()
+                if found[cgroup.path]:
+                    cgroup.kill()
+            except OSError:
+                found[cgroup.path] = None
+        with trio.move_on_after(wait_s):
+            for cgroup in cgroups:
+                if found[cgroup.path] is not None:
+                    try:
+                        await cgroup.wait_empty()
+                    except OSError:
+                        found[cgroup.path] = None
+        for cgroup in cgroups:
+            try:
+                if found[cgroup.path] is not None and not cgroup.populated():
+                    cgroup.remove()
+                    continue
+            except OSError:
+                pass
+            found[cgroup.path] = None
+    return found
