@@ -6,7 +6,9 @@ heavy imports, because tests start hundreds of them.
 Options arrive as a JSON object in ``AGENTSD_MOCK_OPTIONS`` (all optional):
 ``ignoreSigterm``, ``ignoreEof`` (keep running after stdin EOF), ``hangHandshake``,
 ``spawnGrandchild`` (a setsid() grandchild that sleeps forever and keeps the
-environment, hence the spawn token), ``crashAfterS`` (``os._exit(3)``),
+environment, hence the spawn token), ``spawnEscapee`` (a double-forked, setsid()
+great-grandchild that execs ``sleep`` with an empty environment, as ``env -i`` does:
+neither its group nor a token finds it, only a cgroup), ``crashAfterS`` (``os._exit(3)``),
 ``floodStdout`` (N extra one-character deltas per turn, as fast as possible),
 ``invalidOutput`` (a non-JSON line right after ``initialized``), ``chunks`` (5),
 ``chunkDelayS`` (0.01), ``replyText``, ``stateDir`` (conversations for resume),
@@ -44,6 +46,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import sys
 import threading
@@ -69,6 +72,7 @@ class Options:
         self.ignore_eof = _get(raw, "ignoreEof", bool, False)
         self.hang_handshake = _get(raw, "hangHandshake", bool, False)
         self.spawn_grandchild = _get(raw, "spawnGrandchild", bool, False)
+        self.spawn_escapee = _get(raw, "spawnEscapee", bool, False)
         self.crash_after_s = _get(raw, "crashAfterS", float, None)
         self.flood_stdout = _get(raw, "floodStdout", int, 0)
         self.invalid_output = _get(raw, "invalidOutput", bool, False)
@@ -396,6 +400,24 @@ def _spawn_grandchild() -> None:
         os._exit(0)
 
 
+def _spawn_escapee() -> None:
+    """Double-fork a process that leaves our session and group, drops our pipes and
+    execs ``sleep`` with an empty environment (no spawn token)."""
+    sleep = shutil.which("sleep") or "/bin/sleep"
+    if os.fork() != 0:
+        os.wait()  # the intermediate exits at once: the escapee is reparented
+        return
+    try:
+        os.setsid()
+        if os.fork() == 0:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            os.execve(sleep, [sleep, "100000"], {})
+    finally:
+        os._exit(0)
+
+
 def _read_stdin(inbox: queue.Queue[bytes | None]) -> None:
     """Feed stdin lines to ``inbox``, then None at EOF.
 
@@ -424,6 +446,8 @@ def main() -> int:
     options = Options(raw)
     if options.spawn_grandchild:
         _spawn_grandchild()  # before any thread exists: fork is only safe then
+    if options.spawn_escapee:
+        _spawn_escapee()
     if options.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if options.crash_after_s is not None:

@@ -1,0 +1,128 @@
+"""agentsd.cgroup and the cgroup mode of agentsd.child (DESIGN.md invariant 10):
+mode selection, joining before the first instruction, cgroup.kill and the proof
+of exit by ``populated 0``. Every cgroup made here is removed."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from agentsd.cgroup import CgroupRoot, ContainmentError, end_cgroups, select_containment
+from agentsd.child import ChildExit, ChildSpec, ExitProof, new_spawn_token, open_child
+from agentsd.config import Ladder
+from agentsd.leftovers import ChildIdentity
+from agentsd.procfs import is_same_process, read_start_time
+from tests.cgroup_root import cgroup_root, unavailable
+
+needs_cgroup = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
+
+# The child ignores EOF and SIGTERM: short graces reach cgroup.kill soon.
+QUICK = Ladder(eof_grace_s=0.2, term_grace_s=0.2, kill_wait_s=5.0)
+# Prints its cgroup as its first act, then leaves a double-forked, setsid()
+# process with an empty environment behind, and ignores stdin EOF and SIGTERM.
+ESCAPING = (
+    "import os, signal, sys\n"
+    "sys.stdout.write(open('/proc/self/cgroup').read().splitlines()[-1] + '\\n')\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "if os.fork() == 0:\n"
+    "    os.setsid()\n"
+    "    if os.fork() == 0:\n"
+    "        os.execve('/bin/sleep', ['sleep', '100000'], {})\n"
+    "    os._exit(0)\n"
+    "os.wait()\n"
+    "sys.stdout.write('forked\\n'); sys.stdout.flush()\n"
+    "while True: signal.pause()\n"
+)
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    if unavailable() is not None:
+        pytest.skip(str(unavailable()))
+    with cgroup_root() as path:
+        yield path
+
+
+def test_no_root_and_no_systemd_is_the_process_group_fallback() -> None:
+    containment = select_containment(None, {})
+    assert containment.mode == "process-group"
+    assert containment.root is None
+
+
+def test_a_configured_root_that_is_no_cgroup_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ContainmentError, match="not a cgroup v2 directory"):
+        select_containment(str(tmp_path), {})
+
+
+def test_systemd_outside_a_service_cgroup_falls_back(tmp_path: Path) -> None:
+    """Under systemd, only a ``*.service`` cgroup is taken over (never, say, the
+    scope of the terminal that ran the daemon)."""
+    self_cgroup = tmp_path / "cgroup"
+    self_cgroup.write_text("0::/user.slice/session-1.scope\n")
+    containment = select_containment(None, {"INVOCATION_ID": "x"}, self_cgroup=self_cgroup)
+    assert containment.mode == "process-group"
+    assert "not in a cgroup v2 service" in containment.detail
+
+
+@needs_cgroup
+def test_a_configured_cgroup_root_is_used(root: Path) -> None:
+    containment = select_containment(str(root), {})
+    assert containment.mode == "cgroup-root"
+    assert containment.root == CgroupRoot(root)
+    assert CgroupRoot(root).existing() == []  # the probe was removed
+
+
+@needs_cgroup
+async def test_nothing_escapes_the_session_cgroup_of_a_child(root: Path) -> None:
+    """The child is in its cgroup at its first instruction; a setsid() grandchild
+    with an empty environment does not escape the ladder, whose proof is the reap
+    plus an empty cgroup; the cgroup is removed after."""
+    outcomes: list[ChildExit] = []
+    token = new_spawn_token()
+    spec = ChildSpec(
+        argv=[sys.executable, "-c", ESCAPING],
+        cwd="/",
+        env={},
+        token=token,
+        cgroup_root=CgroupRoot(root),
+        base_env=dict(os.environ),
+    )
+    cgroup = CgroupRoot(root).for_token(token)
+
+    async def spawned(identity: ChildIdentity) -> None:
+        return None
+
+    with trio.fail_after(30):
+        async with open_child(spec, QUICK, spawned, outcomes.append) as child:
+            first = b""
+            while first.count(b"\n") < 2:
+                first += await child.stdout.receive_some(4096)
+            assert first.decode().splitlines()[0] == f"0::/{root.name}/agent-{token}"
+            procs = [(pid, read_start_time(pid)) for pid in cgroup.members()]
+            assert len(procs) == 2  # the child and its escaped great-grandchild
+    [outcome] = outcomes
+    assert isinstance(outcome, ExitProof)
+    assert outcome.cgroup_empty and outcome.signal == 9 and outcome.stragglers_killed == 1
+    assert not any(start is not None and is_same_process(pid, start) for pid, start in procs)
+    assert not cgroup.path.exists()
+
+
+@needs_cgroup
+async def test_end_cgroups_kills_and_removes_what_a_previous_daemon_left(root: Path) -> None:
+    cgroups = CgroupRoot(root)
+    full = cgroups.create("full")
+    empty = cgroups.create("empty")
+    sleeper = await trio.lowlevel.open_process(
+        ["/bin/sleep", "100000"],
+        preexec_fn=lambda: (full.path / "cgroup.procs").write_text("0"),
+    )
+    with trio.fail_after(10):
+        found = await end_cgroups([full, empty], 5.0)
+        assert await sleeper.wait() == -9
+    assert found == {full.path: True, empty.path: False}
+    assert cgroups.existing() == []
