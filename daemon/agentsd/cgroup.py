@@ -2,7 +2,7 @@
 
 Where the daemon finds a writable cgroup v2 subtree (`select_containment`), every
 child it spawns runs in a cgroup of its own, ``agent-<spawn token>`` under that root,
-joined between fork and exec (``agentsd.child``): a process of the agent that double
+joined before the agent's first instruction (``agentsd.child`` Rule 7): a process of the agent that double
 forks, calls ``setsid()`` and clears its environment is still in it. Elsewhere the
 process group and the spawn token of invariant 5 are the fallback.
 
@@ -98,11 +98,6 @@ class SessionCgroup:
             self.path.rmdir()
         except FileNotFoundError:
             return
-
-    def open_procs(self) -> int:
-        """A write descriptor on ``cgroup.procs`` (close-on-exec): writing ``0`` to it
-        moves the writer in, which a child does between fork and exec."""
-        return os.open(self.path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
 
     async def wait_empty(self) -> None:
         """Return once nothing lives in it. Waits on inotify, not by polling; the

@@ -21,17 +21,25 @@ Rules this module keeps (DESIGN.md sections 2 and 6):
 6. No PR_SET_PDEATHSIG: trio spawns from a worker thread and the signal would fire
    when that thread exits. Crash safety is recovery at start
    (``agentsd.leftovers.end_processes``).
-7. With a cgroup root (``agentsd.cgroup``), the child joins its own cgroup between
-   fork and exec (a ``preexec_fn`` writing ``0`` to ``cgroup.procs``: nothing of it
-   runs outside). The ladder's last rung is then ``cgroup.kill``, and exit is
-   proven by the reap plus the cgroup's ``populated 0``; the cgroup is removed
-   after. A child that cannot join is never started.
+7. With a cgroup root (``agentsd.cgroup``), the child joins its own cgroup before
+   the agent's first instruction: it starts as ``/bin/sh`` running `JOIN_SCRIPT`,
+   which writes ``0`` (itself) to ``cgroup.procs`` and then execs the agent, so
+   nothing of the agent ever runs outside. (A ``preexec_fn`` would do the same
+   between fork and exec, but it makes subprocess fork instead of vfork and run
+   the interpreter's at-fork handlers: 2-20 ms a spawn, against under 1 ms for
+   the shell's extra exec. The join itself waits for the kernel, ``bench_spawn``
+   says how long.) If the write fails,
+   the shell exits and the agent never runs. The ladder's last rung is then
+   ``cgroup.kill``, and exit is proven by the reap plus the cgroup's ``populated
+   0``; the cgroup is removed after.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -64,6 +72,10 @@ __all__ = [
 
 
 log = logging.getLogger(__name__)
+
+SHELL = "/bin/sh"  # POSIX; dash or bash: either starts in well under a millisecond
+# $0 is the cgroup.procs path, "$@" the agent's argv; `&&`: no join, no agent.
+JOIN_SCRIPT = 'echo 0 >"$0" && exec "$@"'
 
 SPAWN_THREADS = 4  # worker threads that spawn at once; see `_spawn_limiter`
 
@@ -231,33 +243,34 @@ async def _spawn(spec: ChildSpec, cgroup: SessionCgroup | None) -> trio.Process:
     async with _spawn_limiter():  # open_process runs Popen in a thread of its own
         # Built here, not before the wait: a burst queued above holds no copies.
         env = {**spec.base_env, **spec.env, SPAWN_TOKEN_ENV: spec.token}
-        procs_fd = None if cgroup is None else cgroup.open_procs()
-        try:
-            return await trio.lowlevel.open_process(
-                spec.argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL if spec.stderr_fd is None else spec.stderr_fd,
-                cwd=spec.cwd,
-                env=env,
-                start_new_session=True,  # own session and group: pgid == pid
-                close_fds=True,  # never hand the daemon's socket or database to an agent
-                preexec_fn=None if procs_fd is None else _joiner(procs_fd),
-            )
-        finally:
-            if procs_fd is not None:
-                os.close(procs_fd)
+        argv = spec.argv
+        if cgroup is not None:
+            _check_program(spec.argv[0], spec.cwd, env)
+            argv = [SHELL, "-c", JOIN_SCRIPT, str(cgroup.path / "cgroup.procs"), *spec.argv]
+        return await trio.lowlevel.open_process(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL if spec.stderr_fd is None else spec.stderr_fd,
+            cwd=spec.cwd,
+            env=env,
+            start_new_session=True,  # own session and group: pgid == pid
+            close_fds=True,  # never hand the daemon's socket or database to an agent
+        )
 
 
-def _joiner(procs_fd: int) -> Callable[[], None]:
-    """What the forked child runs before exec: move itself into the cgroup (writing
-    0 means "the writer"). The descriptor is close-on-exec; subprocess closes the
-    others only after this. If the write fails, Popen raises and nothing runs."""
-
-    def join() -> None:
-        os.write(procs_fd, b"0")
-
-    return join
+def _check_program(program: str, cwd: str, env: Mapping[str, str]) -> None:
+    """Raise what Popen would for ``program``, which the shell of Rule 7 execs: a
+    missing or non-executable agent is still FileNotFoundError / PermissionError at
+    the spawn, not a shell's exit status."""
+    if os.sep in program:
+        path = os.path.join(cwd, program)
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+        if not os.access(path, os.X_OK) or os.path.isdir(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+    elif shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
 
 
 _SPAWN_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar(

@@ -113,6 +113,29 @@ async def test_nothing_escapes_the_session_cgroup_of_a_child(root: Path) -> None
 
 
 @needs_cgroup
+async def test_a_missing_agent_is_not_found_at_the_spawn(root: Path) -> None:
+    """Through the joining shell, a missing program still fails the spawn as it
+    does without a cgroup, and leaves no cgroup behind."""
+    spec = ChildSpec(
+        argv=["no-such-agent-program"],
+        cwd="/",
+        env={"PATH": "/nonexistent"},
+        token=new_spawn_token(),
+        cgroup_root=CgroupRoot(root),
+    )
+    outcomes: list[ChildExit] = []
+    with pytest.raises(FileNotFoundError):
+        async with open_child(spec, QUICK, _never_spawned, outcomes.append):
+            pytest.fail("the body ran")
+    assert outcomes == []
+    assert CgroupRoot(root).existing() == []
+
+
+async def _never_spawned(identity: ChildIdentity) -> None:
+    raise AssertionError(f"spawned {identity}")
+
+
+@needs_cgroup
 async def test_end_cgroups_kills_and_removes_what_a_previous_daemon_left(root: Path) -> None:
     cgroups = CgroupRoot(root)
     full = cgroups.create("full")
