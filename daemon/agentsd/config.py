@@ -169,6 +169,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     # (agentsd.cgroup); unset: under systemd the service's delegated subtree, else
     # the process group and spawn token.
     cgroup_root: Annotated[str | None, AbsolutePath()] = None
+    # What a request from inside a session (an agent calling the daemon) may do
+    # beyond the default (agentsd.caller): "approvals" (answer them),
+    # "other-sessions" (close, delete, set options of others), "daemon" (shut it down).
+    agent_allowance: list[Literal["approvals", "other-sessions", "daemon"]] = []
 
 
 class ConfigError(Exception):

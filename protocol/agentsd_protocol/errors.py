@@ -237,6 +237,16 @@ class ResumeFailed(RpcError):
     kind = "resume_failed"
 
 
+class ForbiddenForAgents(RpcError):
+    """The request came from inside a session (one of the daemon's own agents) and
+    asks for what an agent must not do to its user: answer an approval, close,
+    delete or change another session, shut the daemon down. ``refused`` says what,
+    ``callerSessionId`` whose agent asked; the config's ``agent_allowance`` lifts it."""
+
+    code = -32040
+    kind = "forbidden_for_agents"
+
+
 def _all_subclasses(cls: type[RpcError]) -> list[type[RpcError]]:
     out: list[type[RpcError]] = []
     for sub in cls.__subclasses__():
