@@ -104,16 +104,42 @@ class SessionCgroup:
         caller bounds it. Raises OSError if ``cgroup.events`` cannot be watched."""
         await _EventsWatch.current().wait_empty(self)
 
-    def cpu_usage_us(self) -> int | None:
-        """CPU time used by everything that ran in it, from ``cpu.stat``."""
+    def figures(self) -> CgroupFigures | None:
+        """What it uses now, from its own files; None if it is gone."""
         try:
-            text = (self.path / "cpu.stat").read_text()
+            cpu = _keyed(self.path / "cpu.stat").get("usage_usec")
+            processes = len(self.members())
+            return CgroupFigures(
+                cpu_us=cpu,
+                processes=processes,
+                memory_bytes=_number(self.path / "memory.current"),
+                memory_peak_bytes=_number(self.path / "memory.peak"),
+            )
         except FileNotFoundError:
             return None
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            if key == "usage_usec":
-                return int(value)
+
+
+@attrs.frozen
+class CgroupFigures:
+    cpu_us: int | None
+    processes: int
+    memory_bytes: int | None  # None: no memory controller for this cgroup
+    memory_peak_bytes: int | None
+
+
+def _keyed(path: Path) -> dict[str, int]:
+    out = {}
+    for line in path.read_text().splitlines():
+        key, _, value = line.partition(" ")
+        out[key] = int(value)
+    return out
+
+
+def _number(path: Path) -> int | None:
+    """A one-number file of a controller that may not be enabled."""
+    try:
+        return int(path.read_text())
+    except FileNotFoundError:
         return None
 
 

@@ -17,6 +17,7 @@ from agentsd.cgroup import CgroupRoot
 from agentsd.procfs import is_same_process, read_start_time
 from tests.cgroup_root import cgroup_root, unavailable
 from tests.daemon_process import running_daemon
+from tests.e2e.test_agent_callers import cli
 from tests.e2e.test_sessions import (
     SHORT_LADDER,
     create,
@@ -78,6 +79,17 @@ async def test_nothing_escapes_the_session_cgroup_on(verb: str) -> None:
             info = await create(rpc, cwd, options=ESCAPEE)
             await eventually(lambda: len(members(root)) == MEMBERS)
             procs = members(root)
+            got = await rpc.call("agentSession.get", {"sessionId": info["sessionId"]})
+            resources = got["session"]["resources"]
+            assert resources["processes"] == MEMBERS
+            assert resources["cpuUs"] > 0
+            assert resources["cgroup"].startswith(str(root))
+            assert resources["memoryBytes"] is None  # no memory controller enabled here
+            listed = await rpc.call("agentSession.list", {})
+            assert listed["sessions"][0]["resources"]["cgroup"] == resources["cgroup"]
+            assert listed["sessions"][0]["resources"]["processes"] == MEMBERS
+            shown = await trio.to_thread.run_sync(cli, daemon, "show", info["sessionId"])
+            assert f"contained: cgroup {resources['cgroup']} (2 processes, cpu " in shown.stdout
             reply = await rpc.call(f"agentSession.{verb}", {"sessionId": info["sessionId"]})
             assert reply is not None
             assert alive(procs) == []
