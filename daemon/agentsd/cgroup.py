@@ -32,6 +32,8 @@ from typing import Literal
 import attrs
 import trio
 
+from agentsd.config import Limits
+
 __all__ = [
     "CGROUP_PREFIX",
     "FALLBACK",
@@ -44,6 +46,7 @@ __all__ = [
 ]
 
 CGROUP_PREFIX = "agent-"  # a session cgroup is agent-<spawn token>
+CPU_PERIOD_US = 100_000  # cpu.max's default period: the quota is per 100 ms
 DAEMON_LEAF = "daemon"  # under systemd, the leaf the daemon moves itself into
 CGROUP2_MOUNTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")  # pure v2, hybrid
 CGROUP2_SUPER_MAGIC = 0x63677270  # statfs f_type of a cgroup v2 mount
@@ -104,6 +107,17 @@ class SessionCgroup:
         caller bounds it. Raises OSError if ``cgroup.events`` cannot be watched."""
         await _EventsWatch.current().wait_empty(self)
 
+    def apply(self, limits: Limits) -> None:
+        """Write ``limits`` to its controller files (before anything runs in it).
+        Raises OSError if a controller is not enabled for it."""
+        if limits.memory_max_bytes is not None:
+            (self.path / "memory.max").write_text(str(limits.memory_max_bytes))
+        if limits.pids_max is not None:
+            (self.path / "pids.max").write_text(str(limits.pids_max))
+        if limits.cpu_max is not None:
+            quota = max(1000, round(limits.cpu_max * CPU_PERIOD_US))
+            (self.path / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+
     def figures(self) -> CgroupFigures | None:
         """What it uses now, from its own files; None if it is gone."""
         try:
@@ -148,6 +162,14 @@ class CgroupRoot:
     """The writable cgroup v2 directory under which session cgroups are made."""
 
     path: Path
+
+    def missing_controllers(self, limits: Limits) -> list[str]:
+        """The controllers ``limits`` need that its session cgroups do not have."""
+        wanted = limits.controllers()
+        if not wanted:
+            return []
+        enabled = (self.path / "cgroup.subtree_control").read_text().split()
+        return [name for name in wanted if name not in enabled]
 
     def for_token(self, token: str) -> SessionCgroup:
         return SessionCgroup(self.path / f"{CGROUP_PREFIX}{token}")

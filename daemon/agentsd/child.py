@@ -49,7 +49,7 @@ import attrs
 import trio
 
 from agentsd.cgroup import CgroupRoot, SessionCgroup
-from agentsd.config import Ladder
+from agentsd.config import Ladder, Limits
 from agentsd.leftovers import ChildIdentity, Remains, prove_gone, signal_and_wait, unproven_reason
 from agentsd.procfs import (
     SPAWN_TOKEN_ENV,
@@ -102,6 +102,7 @@ class ChildSpec:
     base_env: Mapping[str, str] = attrs.field(factory=dict)
     # Where its cgroup is made (Rule 7); None: the process group and token fallback.
     cgroup_root: CgroupRoot | None = None
+    limits: Limits = attrs.field(factory=Limits)  # written to its cgroup before it runs
 
 
 @attrs.frozen
@@ -202,6 +203,8 @@ async def open_child(
             spec.cgroup_root.create, spec.token, limiter=_spawn_limiter()
         )
     try:
+        if cgroup is not None:
+            await trio.to_thread.run_sync(cgroup.apply, spec.limits, limiter=_spawn_limiter())
         process = await _spawn(spec, cgroup)
     except BaseException:
         if cgroup is not None:

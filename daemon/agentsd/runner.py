@@ -216,6 +216,7 @@ def _process_spec(
         token=lease.token,
         stderr_fd=stderr_fd,
         cgroup_root=supervisor.containment.root,
+        limits=supervisor.config.limits,
     )
 
 

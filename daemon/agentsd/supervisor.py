@@ -59,6 +59,7 @@ from agentsd_protocol.errors import (
     ExitUnproven,
     InvalidParams,
     InvalidState,
+    LimitUnavailable,
     SessionNotFound,
     StaleFence,
     StorageUnavailable,
@@ -197,6 +198,7 @@ class Supervisor:
         the ledger's provisional entry commits in the same transaction, so a retry
         after a crash finds this session instead of creating another."""
         self.provider(provider)
+        await self.check_limits()
         now = time.time()
         row = session_rows.SessionRow(
             id=uuid.uuid4().hex[:12],
@@ -230,6 +232,29 @@ class Supervisor:
         session.journal = SessionJournal(session, self.store, self.feed)
         return session
 
+    async def check_limits(self) -> None:
+        """Raise ``LimitUnavailable`` if the configured limits cannot be applied to
+        an agent: no cgroup, or a controller they need is not enabled."""
+        limits = self.config.limits
+        wanted = limits.controllers()
+        if not wanted:
+            return
+        root = self.containment.root
+        if root is None:
+            raise LimitUnavailable(
+                f"limits on {', '.join(wanted)} need a cgroup per agent, and the daemon "
+                f"runs without one ({self.containment.detail})",
+                controllers=wanted,
+            )
+        missing = await trio.to_thread.run_sync(root.missing_controllers, limits)
+        if missing:
+            raise LimitUnavailable(
+                f"limits on {', '.join(missing)} cannot be applied: the "
+                f"{'controller is' if len(missing) == 1 else 'controllers are'} not enabled "
+                f"in {root.path}/cgroup.subtree_control",
+                controllers=missing,
+            )
+
     async def start(self, session: Session) -> None:
         """Start the session's agent unless it runs; return once it is ready.
 
@@ -244,6 +269,7 @@ class Supervisor:
                 if session.phase == "exit-unproven":
                     await self._retry_unproven(session)
                 self.check_cwd(session.row.cwd)
+                await self.check_limits()
                 task = SessionTask()
                 session.task = task
                 self._nursery.start_soon(run_session, self, session, task)

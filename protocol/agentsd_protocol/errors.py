@@ -247,6 +247,15 @@ class ForbiddenForAgents(RpcError):
     kind = "forbidden_for_agents"
 
 
+class LimitUnavailable(RpcError):
+    """A configured limit (memory, pids, cpu) cannot be applied to the agent: there
+    is no cgroup, or its controller is not enabled in the cgroup root. Never a
+    silent no-op: the create or start fails, naming the limit and what is missing."""
+
+    code = -32041
+    kind = "limit_unavailable"
+
+
 def _all_subclasses(cls: type[RpcError]) -> list[type[RpcError]]:
     out: list[type[RpcError]] = []
     for sub in cls.__subclasses__():

@@ -14,7 +14,7 @@ import trio
 
 from agentsd.cgroup import CgroupRoot, ContainmentError, end_cgroups, select_containment
 from agentsd.child import ChildExit, ChildSpec, ExitProof, new_spawn_token, open_child
-from agentsd.config import Ladder
+from agentsd.config import ConfigError, Ladder, Limits, load_config
 from agentsd.leftovers import ChildIdentity
 from agentsd.procfs import is_same_process, read_start_time
 from tests.cgroup_root import cgroup_root, unavailable
@@ -149,3 +149,74 @@ async def test_end_cgroups_kills_and_removes_what_a_previous_daemon_left(root: P
         assert await sleeper.wait() == -9
     assert found == {full.path: True, empty.path: False}
     assert cgroups.existing() == []
+
+
+# Forks up to 200 sleeping children (bounded even if no limit held) and prints how
+# many forks succeeded before the first refusal.
+FORK_BOMB = (
+    "import os, time\n"
+    "made = 0\n"
+    "for _ in range(200):\n"
+    "    try:\n"
+    "        pid = os.fork()\n"
+    "    except BlockingIOError:\n"
+    "        break\n"
+    "    if pid == 0:\n"
+    "        time.sleep(1000)\n"
+    "        os._exit(0)\n"
+    "    made += 1\n"
+    "print(made, flush=True)\n"
+    "time.sleep(1000)\n"
+)
+PIDS_MAX = 16
+
+
+def _pids_unavailable(root: Path) -> str | None:
+    if "pids" not in (root.parent / "cgroup.subtree_control").read_text().split():
+        return f"the pids controller is not enabled in {root.parent} (hybrid layout: bound to v1)"
+    return None
+
+
+@pytest.fixture
+def pids_root(root: Path) -> Path:
+    """A test root whose session cgroups have the pids controller."""
+    reason = _pids_unavailable(root)
+    if reason is not None:
+        pytest.skip(reason)
+    (root / "cgroup.subtree_control").write_text("+pids")
+    return root
+
+
+@needs_cgroup
+async def test_a_fork_bomb_is_contained_by_pids_max(pids_root: Path) -> None:
+    root = pids_root
+    outcomes: list[ChildExit] = []
+    spec = ChildSpec(
+        argv=[sys.executable, "-c", FORK_BOMB],
+        cwd="/",
+        env={},
+        token=new_spawn_token(),
+        cgroup_root=CgroupRoot(root),
+        limits=Limits(pids_max=PIDS_MAX),
+        base_env=dict(os.environ),
+    )
+    with trio.fail_after(30):
+        async with open_child(spec, QUICK, _ignore_spawn, outcomes.append) as child:
+            made = int((await child.stdout.receive_some(64)).decode())
+    assert made < PIDS_MAX  # the bomb itself counts
+    [outcome] = outcomes
+    assert isinstance(outcome, ExitProof) and outcome.cgroup_empty
+
+
+async def _ignore_spawn(identity: ChildIdentity) -> None:
+    return None
+
+
+def test_a_limit_out_of_range_is_refused_with_its_key(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text("[limits]\npids_max = 0\n")
+    with pytest.raises(ConfigError, match=r"limits\.pids_max = 0: must be at least 1"):
+        load_config(path, required=True)
+    path.write_text("[limits]\ncpu_max = 1.5\nmemory_max_bytes = 1073741824\n")
+    limits = load_config(path, required=True).limits
+    assert limits.controllers() == ["memory", "cpu"]

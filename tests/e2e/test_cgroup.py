@@ -15,11 +15,12 @@ import trio
 
 from agentsd.cgroup import CgroupRoot
 from agentsd.procfs import is_same_process, read_start_time
-from tests.cgroup_root import cgroup_root, unavailable
+from tests.cgroup_root import cgroup_root, daemons_in_cgroup_mode, unavailable
 from tests.daemon_process import running_daemon
 from tests.e2e.test_agent_callers import cli
 from tests.e2e.test_sessions import (
     SHORT_LADDER,
+    CallFailed,
     create,
     history,
     ladder_config,
@@ -121,3 +122,28 @@ async def test_nothing_escapes_the_session_cgroup_after_a_sigkilled_daemon() -> 
             assert recovery["sessionsRecovered"] == 3
             assert recovery["orphansEnded"] == 3
             assert recovery["unproven"] == 0
+
+
+@pytest.mark.parametrize("with_cgroup", [False, True], ids=["no-cgroup", "no-controller"])
+async def test_a_limit_that_cannot_be_applied_fails_the_create(with_cgroup: bool) -> None:
+    """Here no controller is enabled in the cgroup v2 hierarchy: a pids limit can
+    be applied neither without a cgroup nor with one, and create says why."""
+    with (
+        trio.fail_after(60),
+        temp_dir() as base,
+        cgroup_root() as root,
+    ):
+        config = base / "config.toml"
+        config.write_text("[limits]\npids_max = 64\n")
+        args = ["--config", str(config)]
+        if with_cgroup:
+            args += ["--cgroup-root", str(root)]
+        with running_daemon(extra_args=args) as daemon:
+            async with open_rpc(daemon.socket) as rpc:
+                with pytest.raises(CallFailed) as failed:
+                    await create(rpc, base)
+    assert failed.value.kind == "limit_unavailable"
+    assert failed.value.data["controllers"] == ["pids"]
+    # The second CI pass gives every test daemon a cgroup root.
+    in_cgroup = with_cgroup or daemons_in_cgroup_mode()
+    assert ("not enabled in" if in_cgroup else "need a cgroup per agent") in str(failed.value)
