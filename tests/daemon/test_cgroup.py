@@ -4,7 +4,9 @@ of exit by ``populated 0``. Every cgroup made here is removed."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -220,3 +222,37 @@ def test_a_limit_out_of_range_is_refused_with_its_key(tmp_path: Path) -> None:
     path.write_text("[limits]\ncpu_max = 1.5\nmemory_max_bytes = 1073741824\n")
     limits = load_config(path, required=True).limits
     assert limits.controllers() == ["memory", "cpu"]
+
+
+# Runs in a process started inside a fake service cgroup: selects the mode as a
+# daemon under systemd would, then prints the mode, the root and its own cgroup.
+UNDER_SYSTEMD = (
+    "import json\n"
+    "from agentsd.cgroup import select_containment\n"
+    "found = select_containment(None, {'INVOCATION_ID': 'x'})\n"
+    "print(json.dumps([found.mode, str(found.root.path if found.root else None),\n"
+    "                  open('/proc/self/cgroup').read().splitlines()[-1]]))\n"
+)
+
+
+@needs_cgroup
+def test_under_systemd_the_daemon_moves_into_a_leaf_of_its_delegated_service(root: Path) -> None:
+    service = root / "agentsd-test.service"
+    service.mkdir()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", UNDER_SYSTEMD],
+            preexec_fn=lambda: (service / "cgroup.procs").write_text("0"),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        mode, found_root, own = json.loads(done.stdout)
+        assert mode == "systemd-delegated"
+        assert found_root == str(service)
+        assert own == f"0::/{root.name}/{service.name}/daemon"
+    finally:
+        for leaf in (service / "daemon", service):
+            if leaf.exists():
+                leaf.rmdir()
