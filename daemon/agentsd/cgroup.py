@@ -12,8 +12,8 @@ at start-up is a previous daemon's, and recovery kills and removes it.
 
 Rule 2: ending is ``cgroup.kill`` (SIGKILL to every member, atomically, including
 those forking at that moment); proof is ``populated 0`` in ``cgroup.events``, waited
-for through inotify (the kernel signals a modification of that file when the value
-changes), never by polling; the cgroup is removed after.
+for through inotify (``agentsd.cgroup_events``), never by polling; the cgroup is
+removed after.
 
 Rule 3: nothing here blocks the trio thread on a slow file system for long: cgroupfs
 is in memory, and every wait is bounded by its caller.
@@ -21,10 +21,8 @@ is in memory, and every wait is bounded by its caller.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
-import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -32,6 +30,7 @@ from typing import Literal
 import attrs
 import trio
 
+from agentsd.cgroup_events import wait_until_changed
 from agentsd.config import Limits
 
 __all__ = [
@@ -51,9 +50,6 @@ DAEMON_LEAF = "daemon"  # under systemd, the leaf the daemon moves itself into
 CGROUP2_MOUNTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")  # pure v2, hybrid
 CGROUP2_SUPER_MAGIC = 0x63677270  # statfs f_type of a cgroup v2 mount
 
-_IN_MODIFY = 0x00000002
-_IN_NONBLOCK = os.O_NONBLOCK
-_IN_CLOEXEC = os.O_CLOEXEC
 
 ContainmentMode = Literal["cgroup-root", "systemd-delegated", "process-group"]
 
@@ -105,7 +101,7 @@ class SessionCgroup:
     async def wait_empty(self) -> None:
         """Return once nothing lives in it. Waits on inotify, not by polling; the
         caller bounds it. Raises OSError if ``cgroup.events`` cannot be watched."""
-        await _EventsWatch.current().wait_empty(self)
+        await wait_until_changed(self.path / "cgroup.events", lambda: not self.populated())
 
     def apply(self, limits: Limits) -> None:
         """Write ``limits`` to its controller files (before anything runs in it).
@@ -283,107 +279,6 @@ def _unusable(path: Path) -> str | None:
     finally:
         probe.rmdir()
     return None
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_INOTIFY_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
-_READ_BYTES = 64 * 1024  # inotify events without names are 16 bytes: thousands a read
-
-
-def _check(result: int, what: str) -> int:
-    if result < 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"{what}: {os.strerror(code)}")
-    return result
-
-
-class _EventsWatch:
-    """One inotify instance shared by every `SessionCgroup.wait_empty` of a trio run:
-    the per-user limit on instances is 128 by default, and a close-all of hundreds
-    of sessions waits on that many cgroups at once; watches are plentiful.
-
-    Rule: whoever waits reads. One waiter at a time holds the reader role: it waits
-    for the descriptor, reads every pending event and wakes the waiters of the
-    watches that changed; leaving the role, it wakes everyone, so that one of them
-    takes it over. The instance is closed when its last waiter leaves, so it lives
-    no longer than the waits it serves."""
-
-    _CURRENT: trio.lowlevel.RunVar[_EventsWatch | None] = trio.lowlevel.RunVar(
-        "agentsd_cgroup_events_watch", default=None
-    )
-
-    def __init__(self) -> None:
-        self.fd = _check(_libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC), "inotify_init1")
-        self.wakers: dict[int, trio.Event] = {}  # watch descriptor -> its waiter's wake-up
-        self.users: dict[int, int] = {}  # watch descriptor -> how many wait on it
-        self.reading = False
-
-    @classmethod
-    def current(cls) -> _EventsWatch:
-        watch = cls._CURRENT.get()
-        if watch is None:
-            watch = cls()
-            cls._CURRENT.set(watch)
-        return watch
-
-    async def wait_empty(self, cgroup: SessionCgroup) -> None:
-        path = os.fsencode(cgroup.path / "cgroup.events")
-        try:
-            wd = _check(_libc.inotify_add_watch(self.fd, path, _IN_MODIFY), f"watch {path!r}")
-        except OSError:
-            self._leave(None)
-            raise
-        self.users[wd] = self.users.get(wd, 0) + 1
-        try:
-            # The watch is in place before the first look: no change can slip between.
-            while cgroup.populated():
-                waker = self.wakers.setdefault(wd, trio.Event())
-                if self.reading:
-                    await waker.wait()
-                    continue
-                self.reading = True
-                try:
-                    await trio.lowlevel.wait_readable(self.fd)
-                    self._dispatch()
-                finally:
-                    self.reading = False
-                    self._wake({*self.wakers})
-        finally:
-            self._leave(wd)
-
-    def _dispatch(self) -> None:
-        """Read every pending event; wake the waiters of the watches concerned."""
-        changed: set[int] = set()
-        while True:
-            try:
-                data = os.read(self.fd, _READ_BYTES)
-            except BlockingIOError:
-                break
-            offset = 0
-            while offset < len(data):
-                wd, _mask, _cookie, name_len = _INOTIFY_EVENT.unpack_from(data, offset)
-                changed.add(wd)
-                offset += _INOTIFY_EVENT.size + name_len
-        self._wake(changed)
-
-    def _wake(self, wds: set[int]) -> None:
-        for wd in wds:
-            waker = self.wakers.pop(wd, None)
-            if waker is not None:
-                waker.set()
-
-    def _leave(self, wd: int | None) -> None:
-        if wd is not None:
-            self.users[wd] -= 1
-            if not self.users[wd]:
-                del self.users[wd]
-                self._wake({wd})
-                # Removed with its cgroup already (EINVAL then): nothing to undo.
-                _libc.inotify_rm_watch(self.fd, wd)
-        if not self.users:
-            self._CURRENT.set(None)
-            trio.lowlevel.notify_closing(self.fd)
-            os.close(self.fd)
 
 
 async def end_cgroups(cgroups: list[SessionCgroup], wait_s: float) -> dict[Path, bool | None]:
