@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test check lint bench chaos clean install-user-service uninstall-user-service
+.PHONY: run test test-cgroup check lint bench chaos clean install-user-service uninstall-user-service
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,13 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+# The second pass: the e2e session tests again with every test daemon in cgroup
+# mode (tests/cgroup_root.py; needs a writable cgroup v2 directory, by default
+# /sys/fs/cgroup/unified, or AGENTSD_TEST_CGROUP_PARENT).
+CGROUP_SUBSET := tests/e2e/test_sessions.py tests/e2e/test_security.py tests/e2e/test_cgroup.py tests/e2e/test_agent_callers.py tests/daemon/test_cgroup.py
+test-cgroup: $(VENV)/.installed-test
+	AGENTSD_TEST_CGROUP=1 $(BIN)/pytest $(CGROUP_SUBSET)
 
 check: lint test
 

@@ -15,9 +15,13 @@ from collections.abc import Generator
 
 import pytest
 
-ALLOWED_SKIPS: dict[str, str] = {}
-"""Node id (exactly as pytest prints it) -> why it cannot run wherever CI runs.
-Empty: every collected test runs under CI."""
+ALLOWED_SKIPS: dict[str, str] = {
+    "tests/daemon/test_cgroup.py::test_a_fork_bomb_is_contained_by_pids_max": (
+        "the pids controller is bound to the v1 hierarchy on CI's hybrid cgroup layout, "
+        "so no cgroup v2 subtree here can enable it; it runs where v2 owns the controllers"
+    ),
+}
+"""Node id (exactly as pytest prints it) -> why it cannot run wherever CI runs."""
 
 _allowed_taken = pytest.StashKey[list[tuple[str, str]]]()
 

@@ -26,6 +26,7 @@ import msgspec
 
 from agentsd_protocol.errors import FrameTooLarge, ParseError
 from agentsd_protocol.framing import FrameDecoder, Framing, encode_frame
+from tests.cgroup_root import cgroup_root, daemons_in_cgroup_mode
 
 START_TIMEOUT_S = 20.0  # importing trio alone takes ~0.25 s; the machine is shared
 STOP_TIMEOUT_S = 10.0  # a clean shutdown takes milliseconds today
@@ -238,12 +239,22 @@ def running_daemon(
 ) -> Iterator[DaemonProcess]:
     """Start ``python -m agentsd``, wait until it answers ``daemon.ping``, yield it.
 
-    On exit a daemon still running gets SIGTERM and must exit 0 within
+    With ``AGENTSD_TEST_CGROUP=1`` the daemon runs in cgroup mode, in a test cgroup
+    root of its own (``tests.cgroup_root``). On exit a daemon still running gets SIGTERM and must exit 0 within
     ``STOP_TIMEOUT_S``; otherwise it is killed and the block fails with its log. If
     the block raises, the daemon is killed and its log is attached to the exception
     as a note. The temporary directory made here (the log, plus the state directory
     and socket unless given) is removed afterwards.
     """
+    if daemons_in_cgroup_mode() and "--cgroup-root" not in extra_args:
+        with (
+            cgroup_root() as root,
+            running_daemon(
+                state_dir, socket_path, [*extra_args, "--cgroup-root", str(root)], env
+            ) as daemon,
+        ):
+            yield daemon
+        return
     base = make_temp_dir()
     state = state_dir if state_dir is not None else base / "state"
     sock = socket_path if socket_path is not None else base / "run" / "agentsd.sock"

@@ -113,6 +113,9 @@ def format_status(result: dict[str, Any]) -> str:
         ("sessions", f"{sessions.get('total', 0)} ({counts})"),
         ("recovery", recovered),
     ]
+    containment = result.get("containment")
+    if containment:
+        rows.append(("containment", f"{containment.get('mode')} ({containment.get('detail')})"))
     agent_env = result.get("agentEnv")
     if agent_env:
         rows += agent_env_rows(agent_env)

@@ -219,6 +219,7 @@ def run_show(args: argparse.Namespace, target: Target) -> int:
         ("fence", info.fence),
         ("head seq", info.head_seq),
         ("agent", f"pid {info.child.pid}" if info.child else "-"),
+        ("contained", _containment(info)),
         ("handle", info.provider_handle or "-"),
     ]
     if info.last_exit is not None:
@@ -234,6 +235,23 @@ def run_show(args: argparse.Namespace, target: Target) -> int:
         for line in tail.splitlines():
             print(f"  | {printable(line)}")
     return EXIT_OK
+
+
+def _containment(info: s.SessionInfo) -> str:
+    """Where the running agent is held: its cgroup with what it uses, or the
+    fallback (the process group and spawn token)."""
+    if info.child is None:
+        return "-"
+    res = info.resources
+    if res is None:
+        return "process group and spawn token (no cgroup)"
+    figures = [f"{res.processes} processes"]
+    if res.cpu_us is not None:
+        figures.append(f"cpu {res.cpu_us / 1e6:.2f} s")
+    if res.memory_bytes is not None:
+        peak = "" if res.memory_peak_bytes is None else f", peak {res.memory_peak_bytes >> 20} MiB"
+        figures.append(f"memory {res.memory_bytes >> 20} MiB{peak}")
+    return f"cgroup {res.cgroup} ({', '.join(figures)})"
 
 
 def run_start(args: argparse.Namespace, target: Target) -> int:

@@ -93,6 +93,7 @@ def run_doctor(args: argparse.Namespace, target: Target) -> int:
     if target.explicit_state_dir is None and daemon_status is not None:
         state_dir = str(daemon_status.get("stateDir") or state_dir)  # the one in use
     checks += check_agent_env(daemon_status)
+    checks.append(check_containment(daemon_status))
     checks.append(check_private_dir("state dir", state_dir))
     checks.append(check_database(os.path.join(state_dir, DATABASE_NAME)))
     checks.append(check_storage(daemon_status))
@@ -198,6 +199,28 @@ def check_program(program: Program) -> Check:
         detail=f"{version} at {path} (from {where})",
         facts={"path": path, "from": where, "version": version},
     )
+
+
+def check_containment(status: dict[str, Any] | None) -> Check:
+    """How the daemon contains its agents (its ``daemon.status``): a cgroup per
+    session, or the process group and spawn token, which a tool that calls setsid()
+    and clears its environment escapes."""
+    if status is None:
+        return Check(name="containment", status="skip", detail="no daemon answers to report it")
+    containment = status.get("containment")
+    if not containment:
+        return Check(name="containment", status="skip", detail="this daemon does not report it")
+    mode = str(containment.get("mode", "?"))
+    detail = f"{mode}: {containment.get('detail', '')}"
+    if mode == "process-group":
+        return Check(
+            name="containment",
+            status="warn",
+            detail=detail,
+            hint="set cgroup_root, or run under systemd with Delegate=yes, for a cgroup per session",
+            facts=containment,
+        )
+    return Check(name="containment", status="ok", detail=detail, facts=containment)
 
 
 def check_agent_env(status: dict[str, Any] | None) -> list[Check]:

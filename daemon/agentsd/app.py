@@ -17,6 +17,7 @@ import trio
 
 from agentsd import __version__
 from agentsd.agent_env import AgentEnvironment
+from agentsd.cgroup import FALLBACK, Containment
 from agentsd.config import Config
 from agentsd.connection import Connection
 from agentsd.dispatch import dispatch as _dispatch
@@ -35,8 +36,10 @@ class App:
         socket_path: Path,
         state_dir: Path,
         agent_env: AgentEnvironment | None = None,
+        containment: Containment = FALLBACK,
     ) -> None:
         self.config = config
+        self.containment = containment
         self.agent_env = agent_env if agent_env is not None else AgentEnvironment(config, "inherit")
         self.socket_path = socket_path
         self.state_dir = state_dir

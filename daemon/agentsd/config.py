@@ -52,6 +52,8 @@ class Range:
     unit: str = ""
 
     def problem(self, value: Any) -> str | None:
+        if value is None:  # an optional key left unset (msgspec typed the rest)
+            return None
         # NaN compares false both ways, and inf is past any finite high.
         in_range = (
             isinstance(value, int | float)
@@ -110,6 +112,10 @@ class Argv:
 
 Check = Range | AbsolutePath | EnvTable | Argv
 MIN_LOG_BYTES = 64 * 1024  # a stderr log must hold one pipe buffer (agentsd.stderr_log)
+MIN_MEMORY_MAX_BYTES = 16 * 1024 * 1024  # less and no agent's interpreter even starts
+MAX_PIDS = 4 * 1024 * 1024  # the kernel's own pid_max ceiling
+MIN_CPU_MAX = 0.01  # cpu.max takes a quota of at least 1 ms per 100 ms period
+MAX_CPUS = 4096.0  # more CPUs than any machine has: no limit in practice
 
 
 class Ladder(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -127,6 +133,26 @@ class Ladder(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     proof_rounds: Annotated[int, Range(0, 100)] = 3
     # One /proc scan takes milliseconds; this is a safety net.
     scan_timeout_s: Annotated[float, Range(MIN_SCAN_TIMEOUT_S, MAX_GRACE_S, unit="s")] = 5.0
+
+
+class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What each agent, with everything it starts, may use: written to its cgroup's
+    ``memory.max``, ``pids.max`` and ``cpu.max`` (agentsd.cgroup). Each needs its
+    controller enabled in the cgroup root's ``cgroup.subtree_control``; one that
+    cannot be applied fails the create or start that would need it."""
+
+    memory_max_bytes: Annotated[int | None, Range(MIN_MEMORY_MAX_BYTES, 2**62, unit="bytes")] = None
+    pids_max: Annotated[int | None, Range(1, MAX_PIDS)] = None
+    cpu_max: Annotated[float | None, Range(MIN_CPU_MAX, MAX_CPUS, unit="CPUs")] = None
+
+    def controllers(self) -> list[str]:
+        """The cgroup controllers these limits need."""
+        wanted = (
+            ("memory", self.memory_max_bytes),
+            ("pids", self.pids_max),
+            ("cpu", self.cpu_max),
+        )
+        return [name for name, value in wanted if value is not None]
 
 
 class ProviderConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -165,6 +191,16 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     stderr_log_max_bytes: Annotated[int, Range(MIN_LOG_BYTES, MAX_FRAME_BYTES, unit="bytes")] = (
         8 * 1024 * 1024
     )
+    # A writable cgroup v2 directory in which each agent gets a cgroup of its own
+    # (agentsd.cgroup); unset: under systemd the service's delegated subtree, else
+    # the process group and spawn token.
+    cgroup_root: Annotated[str | None, AbsolutePath()] = None
+    # What a request from inside a session (an agent calling the daemon) may do
+    # beyond the default (agentsd.caller): "approvals" (answer them),
+    # "other-sessions" (close, delete, set options of others), "daemon" (shut it down).
+    agent_allowance: list[Literal["approvals", "other-sessions", "daemon"]] = []
+    # Per agent, with everything it starts (needs a cgroup with the controllers on).
+    limits: Limits = Limits()
 
 
 class ConfigError(Exception):

@@ -132,6 +132,8 @@ class Connection:
         self._nursery: trio.Nursery | None = None
         self.closed_reason: str | None = None
         self.on_close: list[Callable[[], None]] = []
+        # The session whose agent connected (agentsd.caller), None: the user.
+        self.caller_session: str | None = None
 
     @property
     def framing(self) -> Framing:

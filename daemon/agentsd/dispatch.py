@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from agentsd.caller import refusal
 from agentsd.connection import Call
 from agentsd.handlers import attention as attention_handlers
 from agentsd.handlers import conversation as conversation_handlers
@@ -17,7 +18,8 @@ from agentsd.handlers import queue as queue_handlers
 from agentsd.handlers import session as session_handlers
 from agentsd.handlers import stream as stream_handlers
 from agentsd.operations import MAX_OPERATION_ID_CHARS, Operation, fingerprint
-from agentsd_protocol.errors import InvalidParams, MethodNotFound
+from agentsd_protocol.api.events import AgentRequest
+from agentsd_protocol.errors import ForbiddenForAgents, InvalidParams, MethodNotFound
 from agentsd_protocol.jsonrpc import RequestEnvelope, decode_params
 from agentsd_protocol.methods import METHODS, Method
 
@@ -49,6 +51,9 @@ async def dispatch(call: Call, envelope: RequestEnvelope) -> Any:
         raise MethodNotFound(f"Method not found: {envelope.method}")
     method, handler = route
     params = decode_params(envelope, method.params)
+    caller = call.connection.caller_session
+    if caller is not None and method.mutation:
+        await _police(call, method.name, params, caller)
     if not method.mutation:
         return await handler(call, params)
     op_id = getattr(params, "client_operation_id", None)
@@ -63,3 +68,23 @@ async def dispatch(call: Call, envelope: RequestEnvelope) -> Any:
     )
     replay = not getattr(params, "retry_unknown", False)
     return await call.app.ledger.run(call.operation, lambda: handler(call, params), replay=replay)
+
+
+async def _police(call: Call, method: str, params: Any, caller: str) -> None:
+    """A request from inside session ``caller`` (``agentsd.caller`` Rule 2): journal
+    it in that session, then raise ``ForbiddenForAgents`` if an agent may not make it.
+    A caller session deleted meanwhile has no journal: the refusal stands alone."""
+    reason = refusal(method, params, caller, call.app.config.agent_allowance)
+    target = getattr(params, "session_id", None)
+    session = call.app.supervisor.sessions.get(caller)
+    if session is not None:
+        event = AgentRequest(
+            method=method, target_session_id=target, allowed=reason is None, reason=reason
+        )
+        await session.journal.append([event])
+    if reason is not None:
+        raise ForbiddenForAgents(
+            f"refused: {reason} is not allowed to an agent (session {caller})",
+            refused=reason,
+            callerSessionId=caller,
+        )

@@ -323,8 +323,13 @@ def _evidence(proof: Proof, cause: ExitCause) -> ExitEvidence:
     match proof:
         case None:
             return ExitEvidence(cause=cause, proven=True, detail="the agent was never started")
-        case ExitProof(returncode=returncode, signal=signal, stragglers_killed=killed):
-            detail = f"{killed} stragglers killed" if killed else ""
+        case ExitProof(
+            returncode=returncode, signal=signal, stragglers_killed=killed, cgroup_empty=empty
+        ):
+            words = [f"{killed} stragglers killed"] if killed else []
+            if empty:
+                words.append("its cgroup was empty")
+            detail = ", ".join(words)
             return ExitEvidence(
                 cause=cause, proven=True, returncode=returncode, signal=signal, detail=detail
             )

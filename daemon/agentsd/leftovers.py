@@ -23,10 +23,12 @@ import enum
 import os
 import signal
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
 import attrs
 import trio
 
+from agentsd.cgroup import CgroupRoot, end_cgroups
 from agentsd.config import Ladder
 from agentsd.procfs import (
     ProcessTable,
@@ -42,6 +44,7 @@ __all__ = [
     "EndOutcome",
     "EndReport",
     "Remains",
+    "end_contained",
     "end_processes",
     "end_remains",
     "prove_gone",
@@ -312,3 +315,32 @@ def reap_own_zombie(identity: ChildIdentity) -> None:
         and info.start_time == identity.start_time
     ):
         os.waitpid(identity.pid, os.WNOHANG)
+
+
+async def end_contained(
+    identities: Sequence[ChildIdentity],
+    ladder: Ladder,
+    scanner: ProcScanner,
+    root: CgroupRoot | None,
+    *,
+    sweep: bool,
+) -> EndReport:
+    """`end_processes`, after ending the identities' cgroups under ``root`` (with
+    ``sweep``: every session cgroup there, which at start-up are all a previous
+    daemon's). A child whose cgroup was emptied counts ``ENDED``; one whose cgroup
+    could not be emptied ``UNPROVEN``. Shielded and bounded; never raises."""
+    by_path: dict[Path, bool | None] = {}
+    if root is not None:
+        cgroups = root.existing() if sweep else [root.for_token(i.token) for i in identities]
+        by_path = await end_cgroups(cgroups, ladder.kill_wait_s * (ladder.proof_rounds + 1))
+    report = await end_processes(identities, ladder, scanner)
+    if root is None:
+        return report
+    outcomes = dict(report.outcomes)
+    for identity in identities:
+        contained = by_path.get(root.for_token(identity.token).path, False)
+        if contained is None:
+            outcomes[identity] = EndOutcome.UNPROVEN
+        elif contained and outcomes.get(identity) is EndOutcome.ALREADY_GONE:
+            outcomes[identity] = EndOutcome.ENDED
+    return EndReport(outcomes)

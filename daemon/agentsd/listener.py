@@ -107,10 +107,11 @@ class SocketTransport:
             raise trio.BrokenResourceError(exc.strerror) from exc
 
 
-def peer_uid(sock: trio.socket.SocketType) -> int:
+def peer_credentials(sock: trio.socket.SocketType) -> tuple[int, int]:
+    """(pid, uid) of the process that connected, as of its connect()."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-    _pid, uid, _gid = _UCRED.unpack(raw)
-    return int(uid)
+    pid, uid, _gid = _UCRED.unpack(raw)
+    return int(pid), int(uid)
 
 
 # accept() failures that mean "out of resources for now", not "listener broken".

@@ -10,9 +10,11 @@ import resource
 import sys
 from pathlib import Path
 
+import msgspec
 import trio
 
 from agentsd import __version__
+from agentsd.cgroup import ContainmentError
 from agentsd.config import MAX_SOCKET_PATH_BYTES, Config, ConfigError, load_config
 from agentsd.listener import SocketInUse
 from agentsd.logging_setup import configure_logging
@@ -47,6 +49,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--config", help="config file (default $XDG_CONFIG_HOME/agentsd/config.toml)"
     )
+    parser.add_argument(
+        "--cgroup-root",
+        help="a writable cgroup v2 directory; each agent gets a cgroup in it (config cgroup_root)",
+    )
     parser.add_argument("--version", action="version", version=f"agentsd {__version__}")
     add_arguments(parser)
     return parser.parse_args(argv)
@@ -70,6 +76,10 @@ def main(argv: list[str] | None = None) -> None:
             raise ConfigError(
                 f"config file {config_path}: unknown provider(s) {', '.join(unknown)} "
                 f"(known: {', '.join(sorted(provider_registry()))})"
+            )
+        if args.cgroup_root is not None:
+            config = msgspec.structs.replace(
+                config, cgroup_root=str(Path(args.cgroup_root).absolute())
             )
     except ConfigError as exc:
         print(f"agentsd: {exc}", file=sys.stderr)
@@ -112,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
         SchemaTooNew,
         DatabaseDamaged,
         StorageUnavailable,
+        ContainmentError,
     ) as group:
         # Raised inside the daemon's nurseries, these arrive wrapped in (nested)
         # exception groups; a plain except would let a traceback through.

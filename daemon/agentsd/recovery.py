@@ -2,7 +2,7 @@
 
 For every lease a previous daemon left held: end whatever still runs of its child
 (the recorded process only while its start time matches, its group, and every
-process carrying its spawn token), then settle it through the one settle path
+process carrying its spawn token; with a cgroup root, its cgroup), then settle it through the one settle path
 (``agentsd.held_lease.settle``): open turn ``interrupted``, pending approvals
 ``cancelled``, undelivered submissions ``unknown``, ``child.exited {cause:
 daemon-restart}`` and the release, in one commit. A child that cannot be proven gone
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import logging
 
+from agentsd.cgroup import CgroupRoot
 from agentsd.config import Ladder
 from agentsd.held_lease import recorded_identity, settle
 from agentsd.leases import Lease
-from agentsd.leftovers import EndOutcome, end_processes
+from agentsd.leftovers import EndOutcome, end_contained
 from agentsd.procfs import current_scanner
 from agentsd.session import Session, derive_conversation
 from agentsd.status_board import StatusBoard
@@ -28,13 +29,17 @@ from agentsd_protocol.api.daemon import RecoveryReport
 log = logging.getLogger(__name__)
 
 
-async def recover(store: Store, ladder: Ladder) -> RecoveryReport:
+async def recover(store: Store, ladder: Ladder, root: CgroupRoot | None = None) -> RecoveryReport:
+    """End and settle what a previous daemon left; with a cgroup ``root``, also kill
+    and remove every session cgroup there: none is owned by a live lease yet."""
     held = await store.read(lease_rows.load_held_leases)
-    if not held:
-        return RecoveryReport(summary="nothing to recover")
     identities = [recorded_identity(lease) for lease in held]
+    if not held and (root is None or not root.existing()):
+        return RecoveryReport(summary="nothing to recover")
     # All together: ending every previous child takes about one ladder.
-    report = await end_processes(identities, ladder, current_scanner())
+    report = await end_contained(identities, ladder, current_scanner(), root, sweep=True)
+    if not held:
+        return RecoveryReport(summary="stray session cgroups removed")
     recovered = unproven = 0
     for lease, identity in zip(held, identities, strict=True):
         outcome = report.outcomes.get(identity, EndOutcome.UNPROVEN)

@@ -265,6 +265,8 @@ def _process_spec(
         base_env=base_env,
         token=lease.token,
         stderr_fd=stderr_fd,
+        cgroup_root=supervisor.containment.root,
+        limits=supervisor.config.limits,
     )
 
 

@@ -37,9 +37,11 @@ import trio
 
 from agentsd.agent_env import AgentEnvironment, resolve_mode
 from agentsd.app import App
+from agentsd.caller import identify_caller
+from agentsd.cgroup import select_containment
 from agentsd.config import Config
 from agentsd.connection import Connection, Transport
-from agentsd.listener import TRANSIENT_ACCEPT_ERRNOS, SocketTransport, peer_uid
+from agentsd.listener import TRANSIENT_ACCEPT_ERRNOS, SocketTransport, peer_credentials
 from agentsd.operations import Ledger
 from agentsd.paths import StateLock, ensure_private_dir
 from agentsd.providers import provider_registry
@@ -105,11 +107,17 @@ async def serve_daemon(
             config.agent_env,
             under_service_manager=service.notifier.active or bool(service.inherited),
         )
+        # Once, and before any agent: under systemd this moves the daemon into a leaf.
+        containment = await trio.to_thread.run_sync(
+            select_containment, config.cgroup_root, dict(os.environ)
+        )
+        log.info("agent containment: %s (%s)", containment.mode, containment.detail)
         app = App(
             config,
             socket_path=socket_path,
             state_dir=state_dir,
             agent_env=AgentEnvironment(config, mode),
+            containment=containment,
         )
         hangup_reloads = not has_controlling_terminal()
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
@@ -131,10 +139,10 @@ async def _serve_sessions(
     config = app.config
     async with open_store(app.state_dir / DATABASE_NAME) as store:
         # Rule 1: the previous daemon's children are dealt with before anything is served.
-        app.recovery = await recover(store, config.ladder)
+        app.recovery = await recover(store, config.ladder, app.containment.root)
         providers = provider_registry()
         async with open_supervisor(
-            store, config, app.state_dir, providers, app.agent_env
+            store, config, app.state_dir, providers, app.agent_env, app.containment
         ) as supervisor:
             app.attach(supervisor, Ledger(store))
             inherited = service.listener()
@@ -224,7 +232,7 @@ async def _serve_connections(
                 await trio.sleep(ACCEPT_RETRY_S)
                 continue
             raise
-        uid = peer_uid(sock)
+        pid, uid = peer_credentials(sock)
         if uid != my_uid:
             log.warning("refused a connection from uid %d", uid)
             sock.close()
@@ -233,13 +241,24 @@ async def _serve_connections(
             log.warning("refused a connection: %d connections already open", MAX_CONNECTIONS)
             sock.close()
             continue
-        nursery.start_soon(_run_connection, app, SocketTransport(trio.SocketStream(sock)))
+        nursery.start_soon(_run_connection, app, SocketTransport(trio.SocketStream(sock)), pid)
 
 
-async def _run_connection(app: App, transport: Transport) -> None:
+async def _run_connection(app: App, transport: Transport, peer_pid: int | None = None) -> None:
     connection = Connection(app, transport)
     app.connections.add(connection)
     try:
+        if peer_pid is not None:
+            sessions = list(app.supervisor.sessions.values())
+            connection.caller_session = await trio.to_thread.run_sync(
+                identify_caller, peer_pid, sessions
+            )
+            if connection.caller_session is not None:
+                log.info(
+                    "connection %d comes from inside session %s",
+                    connection.id,
+                    connection.caller_session,
+                )
         await connection.serve()
     except Exception:
         # The connection boundary: a bug met by one client ends that connection only;

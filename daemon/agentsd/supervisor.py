@@ -32,10 +32,11 @@ import msgspec
 import trio
 
 from agentsd.agent_env import AgentEnvironment
+from agentsd.cgroup import FALLBACK, Containment
 from agentsd.config import Config
 from agentsd.feed import Feed
 from agentsd.held_lease import recorded_identity, settle
-from agentsd.leftovers import EndOutcome, end_processes, reap_own_zombie
+from agentsd.leftovers import EndOutcome, end_contained, reap_own_zombie
 from agentsd.operations import Operation, record_provisional
 from agentsd.procfs import current_scanner
 from agentsd.prompt_queue import derive_queue
@@ -60,6 +61,7 @@ from agentsd_protocol.errors import (
     ExitUnproven,
     InvalidParams,
     InvalidState,
+    LimitUnavailable,
     SessionNotFound,
     StaleFence,
     StorageUnavailable,
@@ -80,8 +82,10 @@ class Supervisor:
         providers: dict[str, Provider],
         nursery: trio.Nursery,
         agent_env: AgentEnvironment,
+        containment: Containment = FALLBACK,
     ) -> None:
         self.store = store
+        self.containment = containment
         self.config = config
         self.agent_env = agent_env
         self.state_dir = state_dir
@@ -204,6 +208,7 @@ class Supervisor:
         the ledger's provisional entry commits in the same transaction, so a retry
         after a crash finds this session instead of creating another."""
         self.provider(provider)
+        await self.check_limits()
         now = time.time()
         row = session_rows.SessionRow(
             id=uuid.uuid4().hex[:12],
@@ -237,6 +242,29 @@ class Supervisor:
         session.journal = SessionJournal(session, self.store, self.feed)
         return session
 
+    async def check_limits(self) -> None:
+        """Raise ``LimitUnavailable`` if the configured limits cannot be applied to
+        an agent: no cgroup, or a controller they need is not enabled."""
+        limits = self.config.limits
+        wanted = limits.controllers()
+        if not wanted:
+            return
+        root = self.containment.root
+        if root is None:
+            raise LimitUnavailable(
+                f"limits on {', '.join(wanted)} need a cgroup per agent, and the daemon "
+                f"runs without one ({self.containment.detail})",
+                controllers=wanted,
+            )
+        missing = await trio.to_thread.run_sync(root.missing_controllers, limits)
+        if missing:
+            raise LimitUnavailable(
+                f"limits on {', '.join(missing)} cannot be applied: the "
+                f"{'controller is' if len(missing) == 1 else 'controllers are'} not enabled "
+                f"in {root.path}/cgroup.subtree_control",
+                controllers=missing,
+            )
+
     async def start(self, session: Session) -> None:
         """Start the session's agent unless it runs; return once it is ready.
 
@@ -251,6 +279,7 @@ class Supervisor:
                 if session.phase == "exit-unproven":
                     await self._retry_unproven(session)
                 self.check_cwd(session.row.cwd)
+                await self.check_limits()
                 task = SessionTask()
                 session.task = task
                 self._nursery.start_soon(run_session, self, session, task)
@@ -314,7 +343,9 @@ class Supervisor:
             session.transition("stopped")
             return
         identity = recorded_identity(lease)
-        report = await end_processes([identity], self.ladder, current_scanner())
+        report = await end_contained(
+            [identity], self.ladder, current_scanner(), self.containment.root, sweep=False
+        )
         outcome = report.outcomes.get(identity, EndOutcome.UNPROVEN)
         if outcome is EndOutcome.UNPROVEN:
             raise ExitUnproven(f"the agent of session {session.id} still cannot be proven gone")
@@ -344,6 +375,7 @@ async def open_supervisor(
     state_dir: Path,
     providers: dict[str, Provider],
     agent_env: AgentEnvironment | None = None,
+    containment: Containment = FALLBACK,
 ) -> AsyncIterator[Supervisor]:
     """Yield a loaded supervisor. On exit every session is stopped concurrently
     (cause ``shutdown``); returns once every child was reaped and lease settled.
@@ -352,7 +384,9 @@ async def open_supervisor(
     if agent_env is None:
         agent_env = AgentEnvironment(config, "inherit")
     async with trio.open_nursery() as nursery:
-        supervisor = Supervisor(store, config, state_dir, providers, nursery, agent_env)
+        supervisor = Supervisor(
+            store, config, state_dir, providers, nursery, agent_env, containment
+        )
         await supervisor.load()
         try:
             yield supervisor

@@ -245,6 +245,25 @@ class PromptNotQueued(RpcError):
     kind = "prompt_not_queued"
 
 
+class ForbiddenForAgents(RpcError):
+    """The request came from inside a session (one of the daemon's own agents) and
+    asks for what an agent must not do to its user: answer an approval, close,
+    delete or change another session, shut the daemon down. ``refused`` says what,
+    ``callerSessionId`` whose agent asked; the config's ``agent_allowance`` lifts it."""
+
+    code = -32040
+    kind = "forbidden_for_agents"
+
+
+class LimitUnavailable(RpcError):
+    """A configured limit (memory, pids, cpu) cannot be applied to the agent: there
+    is no cgroup, or its controller is not enabled in the cgroup root. Never a
+    silent no-op: the create or start fails, naming the limit and what is missing."""
+
+    code = -32041
+    kind = "limit_unavailable"
+
+
 def _all_subclasses(cls: type[RpcError]) -> list[type[RpcError]]:
     out: list[type[RpcError]] = []
     for sub in cls.__subclasses__():

@@ -43,6 +43,7 @@ KINDS_SINCE_V1 = {
     "queue.paused",
     "queue.resumed",
     "session.acknowledged",
+    "agent.request",
 }
 # A body's field "kind" before the union (the tag owns that name now).
 RENAMED_FIELDS = {

@@ -19,6 +19,7 @@ import trio
 
 from agentsd import child as child_module
 from agentsd import held_lease
+from agentsd.cgroup import SessionCgroup
 from agentsd.child import ChildSpec as ProcessSpec
 from agentsd.config import Config, Ladder, ProviderConfig
 from agentsd.procfs import (
@@ -118,8 +119,8 @@ async def test_reap_before_release_under_cancellation_at_every_await_point(
     original_spawn = child_module._spawn
     original = lease_rows.lease_released
 
-    async def recording_spawn(spec: ProcessSpec) -> trio.Process:
-        process = await original_spawn(spec)
+    async def recording_spawn(spec: ProcessSpec, cgroup: SessionCgroup | None) -> trio.Process:
+        process = await original_spawn(spec, cgroup)
         spawned.add(spec.token)
         return process
 

@@ -33,6 +33,11 @@ async def handle_status(call: Call, params: api.StatusParams) -> api.StatusResul
         recovery=app.recovery,
         agent_env=_agent_env(app.agent_env),
         storage=_storage(app.storage_unavailable()),
+        containment=api.Containment(
+            mode=app.containment.mode,
+            root=None if app.containment.root is None else str(app.containment.root.path),
+            detail=app.containment.detail,
+        ),
     )
 
 

@@ -7,6 +7,7 @@ import bisect
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import trio
 
 from agentsd_protocol.api import conversation as capi
 from agentsd_protocol.api import session as api
@@ -17,6 +18,7 @@ from agentsd_protocol.errors import InvalidParams, RpcError
 if TYPE_CHECKING:
     from agentsd.connection import Call
     from agentsd.session import Session
+    from agentsd.supervisor import Supervisor
 
 MAX_TITLE_CHARS = 500  # a status-bar label, not a document
 
@@ -114,7 +116,42 @@ async def handle_create(call: Call, params: api.CreateParams) -> api.CreateResul
 
 
 async def handle_get(call: Call, params: api.GetParams) -> api.GetResult:
-    return api.GetResult(session=call.app.supervisor.get(params.session_id).info())
+    supervisor = call.app.supervisor
+    [info] = await _with_resources(supervisor, [supervisor.get(params.session_id)])
+    return api.GetResult(session=info)
+
+
+async def _with_resources(supervisor: Supervisor, sessions: list[Session]) -> list[api.SessionInfo]:
+    """The sessions' infos with their agents' cgroup figures (cgroup mode), read in
+    one worker thread: cgroupfs is in memory, but a page holds many sessions."""
+    root = supervisor.containment.root
+    infos = [session.info() for session in sessions]
+    if root is None:
+        return infos
+    cgroups = [
+        None
+        if session.child is None or session.lease is None
+        else root.for_token(session.lease.token)
+        for session in sessions
+    ]
+    if not any(cgroups):
+        return infos
+    figures = await trio.to_thread.run_sync(
+        lambda: [None if cgroup is None else cgroup.figures() for cgroup in cgroups]
+    )
+    out = []
+    for info, cgroup, found in zip(infos, cgroups, figures, strict=True):
+        if cgroup is not None and found is not None:
+            resources = api.Resources(
+                cgroup=str(cgroup.path),
+                cpu_us=found.cpu_us,
+                processes=found.processes,
+                memory_bytes=found.memory_bytes,
+                memory_peak_bytes=found.memory_peak_bytes,
+            )
+            info = msgspec.structs.replace(info, resources=resources)
+        out.append(info)
+    return out
 
 
 async def handle_list(call: Call, params: api.ListParams) -> api.ListResult:
@@ -137,8 +174,7 @@ async def handle_list(call: Call, params: api.ListParams) -> api.ListResult:
     start = bisect.bisect_right([_position(s) for s in matching], after) if after else 0
     page: list[api.SessionInfo] = []
     used = 0
-    for session in matching[start:]:
-        info = session.info()
+    for info in await _with_resources(call.app.supervisor, matching[start : start + limit + 1]):
         if params.brief:
             info = msgspec.structs.replace(info, env={}, options={}, command=None)
         size = len(_encoder.encode(info))

@@ -8,8 +8,10 @@ Options arrive as a JSON object in ``AGENTSD_MOCK_OPTIONS`` (all optional):
 ``spawnGrandchild`` (a setsid() grandchild that sleeps forever and keeps the
 environment, hence the spawn token), ``holdPipes`` (a background child in our
 process group that keeps our stdin, stdout and stderr open and sleeps forever, as a
-shell's ``cmd &`` does: our exit then closes no pipe), ``crashAfterS``
-(``os._exit(3)``),
+shell's ``cmd &`` does: our exit then closes no pipe), ``spawnEscapee`` (a
+double-forked, setsid() great-grandchild that execs ``sleep`` with an empty
+environment, as ``env -i`` does: neither its group nor a token finds it, only a
+cgroup), ``crashAfterS`` (``os._exit(3)``),
 ``floodStdout`` (N extra one-character deltas per turn, as fast as possible),
 ``invalidOutput`` (a non-JSON line right after ``initialized``), ``chunks`` (5),
 ``chunkDelayS`` (0.01), ``replyText``, ``stateDir`` (conversations for resume),
@@ -47,6 +49,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import sys
 import threading
@@ -73,6 +76,7 @@ class Options:
         self.hang_handshake = _get(raw, "hangHandshake", bool, False)
         self.spawn_grandchild = _get(raw, "spawnGrandchild", bool, False)
         self.hold_pipes = _get(raw, "holdPipes", bool, False)
+        self.spawn_escapee = _get(raw, "spawnEscapee", bool, False)
         self.crash_after_s = _get(raw, "crashAfterS", float, None)
         self.flood_stdout = _get(raw, "floodStdout", int, 0)
         self.invalid_output = _get(raw, "invalidOutput", bool, False)
@@ -411,6 +415,24 @@ def _hold_pipes() -> None:
         os._exit(0)
 
 
+def _spawn_escapee() -> None:
+    """Double-fork a process that leaves our session and group, drops our pipes and
+    execs ``sleep`` with an empty environment (no spawn token)."""
+    sleep = shutil.which("sleep") or "/bin/sleep"
+    if os.fork() != 0:
+        os.wait()  # the intermediate exits at once: the escapee is reparented
+        return
+    try:
+        os.setsid()
+        if os.fork() == 0:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            os.execve(sleep, [sleep, "100000"], {})
+    finally:
+        os._exit(0)
+
+
 def _read_stdin(inbox: queue.Queue[bytes | None]) -> None:
     """Feed stdin lines to ``inbox``, then None at EOF.
 
@@ -441,6 +463,8 @@ def main() -> int:
         _spawn_grandchild()  # before any thread exists: fork is only safe then
     if options.hold_pipes:
         _hold_pipes()
+    if options.spawn_escapee:
+        _spawn_escapee()
     if options.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if options.crash_after_s is not None:

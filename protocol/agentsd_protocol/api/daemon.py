@@ -78,6 +78,16 @@ class AgentEnv(Result, frozen=True, kw_only=True):
     programs: list[AgentProgram] = []
 
 
+class Containment(Result, frozen=True, kw_only=True):
+    """How agents are contained: ``cgroup-root`` (a configured cgroup v2 directory),
+    ``systemd-delegated`` (the service's delegated subtree) or ``process-group``
+    (no cgroup: the process group and spawn token)."""
+
+    mode: str = "process-group"
+    root: str | None = None  # the cgroup directory session cgroups are made in
+    detail: str = ""
+
+
 class StatusResult(Result, frozen=True, kw_only=True):
     version: str
     pid: int
@@ -87,6 +97,7 @@ class StatusResult(Result, frozen=True, kw_only=True):
     connections: int
     sessions: SessionCounts = SessionCounts()
     recovery: RecoveryReport = RecoveryReport()
+    containment: Containment = Containment()
     agent_env: AgentEnv | None = None
     storage: Storage = Storage()
 

@@ -244,6 +244,16 @@ class ApprovalResolved(EventStruct, tag="approval.resolved", frozen=True, kw_onl
     reason: str | None = None
 
 
+class AgentRequest(EventStruct, tag="agent.request", frozen=True, kw_only=True):
+    """A mutation requested through the daemon's socket from inside this session (by
+    its agent or a tool it ran), allowed or refused (``reason`` says what was)."""
+
+    method: str
+    target_session_id: str | None = None
+    allowed: bool
+    reason: str | None = None
+
+
 class ChildSpawned(EventStruct, tag="child.spawned", frozen=True, kw_only=True):
     pid: int
     pgid: int
@@ -419,6 +429,7 @@ Event = (
     | QueuePaused
     | QueueResumed
     | SessionAcknowledged
+    | AgentRequest
 )
 """Every event the daemon writes."""
 

@@ -61,6 +61,18 @@ class SessionError(Result, frozen=True, kw_only=True):
     at: float
 
 
+class Resources(Result, frozen=True, kw_only=True):
+    """What a running agent and everything it started use, from its own cgroup's
+    files (cgroup mode only). Memory is reported where the memory controller is
+    enabled for the cgroup, else None."""
+
+    cgroup: str  # the cgroup directory
+    cpu_us: int | None = None  # CPU time used, user and system, in microseconds
+    processes: int = 0  # processes in it now
+    memory_bytes: int | None = None  # memory.current
+    memory_peak_bytes: int | None = None  # memory.peak
+
+
 class SessionInfo(Result, frozen=True, kw_only=True):
     session_id: str
     provider: str
@@ -81,6 +93,7 @@ class SessionInfo(Result, frozen=True, kw_only=True):
     error: SessionError | None = None
     queued: int = 0  # prompts held behind the running turn (``agentSession.queue``)
     queue_paused: str | None = None  # why they wait for a client to resume them
+    resources: Resources | None = None  # while its agent runs in a cgroup
 
 
 class CreateParams(MutationParams, frozen=True, kw_only=True):

@@ -1,0 +1,110 @@
+"""Who is calling: the user, or one of our own agents (DESIGN.md invariant 9).
+
+An agent runs with the user's uid, so SO_PEERCRED cannot tell it from the user. A
+connection's peer pid (taken when it connected) is looked up once, at accept:
+
+Rule 1: it comes from a session when the peer is in that session's cgroup (cgroup
+mode: ``0::/.../agent-<token>`` in ``/proc/PID/cgroup``, which no descendant can
+leave), or when the peer or one of its ancestors is that session's recorded child
+(pid and start time) or carries its spawn token in its environment (fallback; a
+process that both left the agent's tree and cleared its environment is not found
+without a cgroup).
+
+Rule 2: a request from a session is journaled in that session as ``agent.request``
+(what, on which session, allowed or not), and `refusal` names what an agent must not
+do to its user unless the config's ``agent_allowance`` lifts it: answer any approval
+(its own included: ``approvals``), close, delete or change the options of another
+session (``other-sessions``), shut the daemon down (``daemon``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any, Literal
+
+from agentsd.cgroup import CGROUP_PREFIX
+from agentsd.procfs import SPAWN_TOKEN_ENV, read_proc_info
+from agentsd.session import Session
+
+__all__ = ["Allowance", "identify_caller", "refusal"]
+
+Allowance = Literal["approvals", "other-sessions", "daemon"]
+MAX_ANCESTORS = 64  # deeper process trees than this are not a shell's tools
+
+_TOKEN_PREFIX = f"{SPAWN_TOKEN_ENV}=".encode()
+_OTHER_SESSION_METHODS = {
+    "agentSession.close": "closing another session",
+    "agentSession.delete": "deleting another session",
+    "agentSession.setOptions": "changing the options of another session",
+}
+
+
+def identify_caller(pid: int, sessions: Iterable[Session]) -> str | None:
+    """The id of the session ``pid`` belongs to (Rule 1), or None: the user. Reads
+    /proc: run it in a worker thread."""
+    by_token: dict[str, str] = {}
+    by_child: dict[tuple[int, int], str] = {}
+    for session in sessions:
+        lease = session.lease
+        if lease is None or not lease.held:
+            continue
+        by_token[lease.token] = session.id
+        if lease.identity is not None:
+            by_child[(lease.identity.pid, lease.identity.start_time)] = session.id
+    if not by_token:
+        return None
+    found = _by_cgroup(pid, by_token)
+    if found is not None:
+        return found
+    current = pid
+    for _ in range(MAX_ANCESTORS):
+        info = read_proc_info(current)
+        if info is None:
+            return None
+        found = by_child.get((info.pid, info.start_time)) or _by_environ(current, by_token)
+        if found is not None:
+            return found
+        if info.ppid <= 1:
+            return None
+        current = info.ppid
+    return None
+
+
+def _by_cgroup(pid: int, by_token: Mapping[str, str]) -> str | None:
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("0::"):
+            for part in line[3:].split("/"):
+                if part.startswith(CGROUP_PREFIX):
+                    return by_token.get(part.removeprefix(CGROUP_PREFIX))
+    return None
+
+
+def _by_environ(pid: int, by_token: Mapping[str, str]) -> str | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read()
+    except OSError:
+        return None
+    for entry in environ.split(b"\0"):
+        if entry.startswith(_TOKEN_PREFIX):
+            return by_token.get(os.fsdecode(entry.removeprefix(_TOKEN_PREFIX)))
+    return None
+
+
+def refusal(method: str, params: Any, caller: str, allowance: Collection[Allowance]) -> str | None:
+    """What an agent of session ``caller`` must not do with this request, in words,
+    or None (Rule 2)."""
+    if method == "agentSession.respond" and "approvals" not in allowance:
+        return "answering an approval"
+    others = method in _OTHER_SESSION_METHODS and params.session_id != caller
+    if others and "other-sessions" not in allowance:
+        return _OTHER_SESSION_METHODS[method]
+    if method == "daemon.shutdown" and "daemon" not in allowance:
+        return "shutting the daemon down"
+    return None

@@ -1,0 +1,313 @@
+"""A cgroup v2 directory per agent child: what nothing escapes (DESIGN.md invariant 10).
+
+Where the daemon finds a writable cgroup v2 subtree (`select_containment`), every
+child it spawns runs in a cgroup of its own, ``agent-<spawn token>`` under that root,
+joined before the agent's first instruction (``agentsd.child`` Rule 7): a process of the agent that double
+forks, calls ``setsid()`` and clears its environment is still in it. Elsewhere the
+process group and the spawn token of invariant 5 are the fallback.
+
+Rule 1: a cgroup is named by its child's spawn token, which the lease records, so a
+daemon starting up knows whose each one is; every ``agent-*`` cgroup under the root
+at start-up is a previous daemon's, and recovery kills and removes it.
+
+Rule 2: ending is ``cgroup.kill`` (SIGKILL to every member, atomically, including
+those forking at that moment); proof is ``populated 0`` in ``cgroup.events``, waited
+for through inotify (``agentsd.cgroup_events``), never by polling; the cgroup is
+removed after.
+
+Rule 3: nothing here blocks the trio thread on a slow file system for long: cgroupfs
+is in memory, and every wait is bounded by its caller.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+import attrs
+import trio
+
+from agentsd.cgroup_events import wait_until_changed
+from agentsd.config import Limits
+
+__all__ = [
+    "CGROUP_PREFIX",
+    "FALLBACK",
+    "CgroupRoot",
+    "Containment",
+    "ContainmentError",
+    "SessionCgroup",
+    "end_cgroups",
+    "select_containment",
+]
+
+CGROUP_PREFIX = "agent-"  # a session cgroup is agent-<spawn token>
+CPU_PERIOD_US = 100_000  # cpu.max's default period: the quota is per 100 ms
+DAEMON_LEAF = "daemon"  # under systemd, the leaf the daemon moves itself into
+CGROUP2_MOUNTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")  # pure v2, hybrid
+CGROUP2_SUPER_MAGIC = 0x63677270  # statfs f_type of a cgroup v2 mount
+
+
+ContainmentMode = Literal["cgroup-root", "systemd-delegated", "process-group"]
+
+
+class ContainmentError(Exception):
+    """A configured cgroup root cannot be used; the message says which and why."""
+
+
+@attrs.frozen
+class SessionCgroup:
+    """One agent child's cgroup directory."""
+
+    path: Path
+
+    def populated(self) -> bool:
+        """Whether any process (in it or below) still lives; a removed cgroup is empty."""
+        try:
+            text = (self.path / "cgroup.events").read_text()
+        except FileNotFoundError:
+            return False
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "populated":
+                return value.strip() != "0"
+        raise OSError(errno.EINVAL, f"no 'populated' line in {self.path}/cgroup.events")
+
+    def members(self) -> list[int]:
+        """The pids in it now (a snapshot: for counts, never to signal)."""
+        try:
+            text = (self.path / "cgroup.procs").read_text()
+        except FileNotFoundError:
+            return []
+        return [int(word) for word in text.split()]
+
+    def kill(self) -> None:
+        """SIGKILL every process in it (``cgroup.kill``); nothing if it is gone."""
+        try:
+            (self.path / "cgroup.kill").write_text("1")
+        except FileNotFoundError:
+            return
+
+    def remove(self) -> None:
+        """Remove the (empty) directory; nothing if it is gone already."""
+        try:
+            self.path.rmdir()
+        except FileNotFoundError:
+            return
+
+    async def wait_empty(self) -> None:
+        """Return once nothing lives in it. Waits on inotify, not by polling; the
+        caller bounds it. Raises OSError if ``cgroup.events`` cannot be watched."""
+        await wait_until_changed(self.path / "cgroup.events", lambda: not self.populated())
+
+    def apply(self, limits: Limits) -> None:
+        """Write ``limits`` to its controller files (before anything runs in it).
+        Raises OSError if a controller is not enabled for it."""
+        if limits.memory_max_bytes is not None:
+            (self.path / "memory.max").write_text(str(limits.memory_max_bytes))
+        if limits.pids_max is not None:
+            (self.path / "pids.max").write_text(str(limits.pids_max))
+        if limits.cpu_max is not None:
+            quota = max(1000, round(limits.cpu_max * CPU_PERIOD_US))
+            (self.path / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+
+    def figures(self) -> CgroupFigures | None:
+        """What it uses now, from its own files; None if it is gone."""
+        try:
+            cpu = _keyed(self.path / "cpu.stat").get("usage_usec")
+            processes = len(self.members())
+            return CgroupFigures(
+                cpu_us=cpu,
+                processes=processes,
+                memory_bytes=_number(self.path / "memory.current"),
+                memory_peak_bytes=_number(self.path / "memory.peak"),
+            )
+        except FileNotFoundError:
+            return None
+
+
+@attrs.frozen
+class CgroupFigures:
+    cpu_us: int | None
+    processes: int
+    memory_bytes: int | None  # None: no memory controller for this cgroup
+    memory_peak_bytes: int | None
+
+
+def _keyed(path: Path) -> dict[str, int]:
+    out = {}
+    for line in path.read_text().splitlines():
+        key, _, value = line.partition(" ")
+        out[key] = int(value)
+    return out
+
+
+def _number(path: Path) -> int | None:
+    """A one-number file of a controller that may not be enabled."""
+    try:
+        return int(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+@attrs.frozen
+class CgroupRoot:
+    """The writable cgroup v2 directory under which session cgroups are made."""
+
+    path: Path
+
+    def missing_controllers(self, limits: Limits) -> list[str]:
+        """The controllers ``limits`` need that its session cgroups do not have."""
+        wanted = limits.controllers()
+        if not wanted:
+            return []
+        enabled = (self.path / "cgroup.subtree_control").read_text().split()
+        return [name for name in wanted if name not in enabled]
+
+    def for_token(self, token: str) -> SessionCgroup:
+        return SessionCgroup(self.path / f"{CGROUP_PREFIX}{token}")
+
+    def create(self, token: str) -> SessionCgroup:
+        """A new, empty cgroup for the child spawned with ``token``. Raises OSError."""
+        cgroup = self.for_token(token)
+        cgroup.path.mkdir(mode=0o755)
+        return cgroup
+
+    def existing(self) -> list[SessionCgroup]:
+        """Every session cgroup under the root now (Rule 1)."""
+        try:
+            entries = list(self.path.iterdir())
+        except FileNotFoundError:
+            return []
+        return [
+            SessionCgroup(entry)
+            for entry in entries
+            if entry.name.startswith(CGROUP_PREFIX) and entry.is_dir()
+        ]
+
+
+@attrs.frozen
+class Containment:
+    """How agents are contained: ``root`` is None in the fallback mode."""
+
+    mode: ContainmentMode
+    root: CgroupRoot | None
+    detail: str
+
+
+FALLBACK = Containment(
+    mode="process-group", root=None, detail="no cgroup root: process group and spawn token"
+)
+
+
+def select_containment(
+    configured_root: str | None,
+    environ: Mapping[str, str],
+    *,
+    self_cgroup: Path = Path("/proc/self/cgroup"),
+) -> Containment:
+    """Choose the containment mode, in this order:
+
+    1. a configured ``cgroup_root``: it must be a writable cgroup v2 directory with
+       ``cgroup.kill`` (Linux 5.14); otherwise `ContainmentError`, never a silent
+       fallback from what the user asked for;
+    2. under systemd (``INVOCATION_ID`` set, in a ``*.service`` cgroup of the v2
+       hierarchy) with a delegated subtree (``Delegate=yes``:
+       the service's own cgroup is writable): the daemon moves itself into a leaf
+       ``daemon`` of it (cgroup v2 allows processes only in leaves once a cgroup
+       has children) and makes session cgroups beside that leaf;
+    3. otherwise the process group and spawn token (``process-group``).
+    """
+    if configured_root is not None:
+        root = Path(configured_root)
+        problem = _unusable(root)
+        if problem is not None:
+            raise ContainmentError(f"cgroup_root = {configured_root!r}: {problem}")
+        return Containment(mode="cgroup-root", root=CgroupRoot(root), detail=f"configured {root}")
+    if "INVOCATION_ID" not in environ:
+        return FALLBACK
+    own = _own_cgroup(self_cgroup)
+    if own is None or not own.name.endswith(".service"):
+        # Only a service's own cgroup is moved into a leaf, never one we were merely
+        # started in (a terminal's scope, a test runner's).
+        return attrs.evolve(FALLBACK, detail="under systemd, but not in a cgroup v2 service")
+    problem = _unusable(own)
+    if problem is not None:
+        return attrs.evolve(
+            FALLBACK, detail=f"under systemd, but {own} is not delegated ({problem})"
+        )
+    leaf = own / DAEMON_LEAF
+    leaf.mkdir(mode=0o755, exist_ok=True)
+    (leaf / "cgroup.procs").write_text("0")
+    return Containment(
+        mode="systemd-delegated", root=CgroupRoot(own), detail=f"delegated subtree {own}"
+    )
+
+
+def _own_cgroup(self_cgroup: Path) -> Path | None:
+    """This process's cgroup v2 directory, if a v2 hierarchy is mounted where we look."""
+    for line in self_cgroup.read_text().splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, relative = rest.partition(":")
+        if hierarchy == "0" and controllers == "":
+            for mount in CGROUP2_MOUNTS:
+                candidate = Path(mount + relative)
+                if (Path(mount) / "cgroup.controllers").exists() and candidate.is_dir():
+                    return candidate
+    return None
+
+
+def _unusable(path: Path) -> str | None:
+    """Why session cgroups cannot be made under ``path``, or None. Probes by making
+    (and removing) one: the root of a hierarchy has no ``cgroup.kill`` of its own,
+    its children do on Linux 5.14 and later."""
+    if not (path / "cgroup.procs").exists() or not (path / "cgroup.controllers").exists():
+        return "not a cgroup v2 directory"
+    probe = path / f"{CGROUP_PREFIX}probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+    except OSError as exc:
+        return f"cannot make a cgroup in it: {exc.strerror}"
+    try:
+        if not (probe / "cgroup.kill").exists():
+            return "no cgroup.kill (Linux 5.14 or later is needed)"
+        if not os.access(probe / "cgroup.procs", os.W_OK):
+            return "its cgroups are not writable by the daemon"
+    finally:
+        probe.rmdir()
+    return None
+
+
+async def end_cgroups(cgroups: list[SessionCgroup], wait_s: float) -> dict[Path, bool | None]:
+    """Kill every process in ``cgroups`` (all together), wait up to ``wait_s`` for
+    each to be empty, and remove the empty ones. Per path: True if something ran and
+    all of it is gone, False if nothing ran, None if something may still run.
+    Shielded and bounded; never raises."""
+    found: dict[Path, bool | None] = {}
+    with trio.CancelScope(shield=True):
+        for cgroup in cgroups:
+            try:
+                found[cgroup.path] = cgroup.populated()
+                if found[cgroup.path]:
+                    cgroup.kill()
+            except OSError:
+                found[cgroup.path] = None
+        with trio.move_on_after(wait_s):
+            for cgroup in cgroups:
+                if found[cgroup.path] is not None:
+                    try:
+                        await cgroup.wait_empty()
+                    except OSError:
+                        found[cgroup.path] = None
+        for cgroup in cgroups:
+            try:
+                if found[cgroup.path] is not None and not cgroup.populated():
+                    cgroup.remove()
+                    continue
+            except OSError:
+                pass
+            found[cgroup.path] = None
+    return found

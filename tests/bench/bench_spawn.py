@@ -1,0 +1,141 @@
+"""Spawning an agent child into its own cgroup vs today's spawn, in the same run.
+
+Figures (``python -m tests.bench spawn``):
+
+- spawn: from ``open_child`` being entered until the agent (``cat``) echoes a byte
+  back: cgroup made, spawn, the shell joining ``cgroup.procs`` and exec-ing the
+  agent, identity read. p50 of paired rounds, with the ratio and the difference
+  (target: at most 1.1x + 2 ms). Also taken with a 200 MiB heap, nearer a busy
+  daemon's size: a spawn that cannot vfork pays for the parent's size.
+- close-all: ``CHILDREN`` children that ignore stdin EOF and SIGTERM, closed at once
+  with zero graces: today's ladder (SIGKILL to each group, then /proc scans for
+  proof) vs ``cgroup.kill`` and ``populated 0``.
+
+Needs a writable cgroup v2 directory (``tests.cgroup_root``); nothing asserts.
+
+Measured here (Linux 6.18, cgroup2 mounted without ``favordynmods``): a write to
+``cgroup.procs`` and ``cgroup.kill`` each take ``cgroup_threadgroup_rwsem`` for
+writing, which waits for an RCU grace period (10-15 ms) unless another writer went
+just before. That latency is the kernel's, spent asleep in the child's join, not
+CPU in the daemon: concurrent spawns and closes overlap it. Only a spawn with
+``CLONE_INTO_CGROUP`` (clone3; glibc 2.39's ``posix_spawnattr_setcgroup_np``; this
+machine has 2.36) avoids it.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import trio
+
+from agentsd.cgroup import CgroupRoot
+from agentsd.child import ChildExit, ChildSpec, new_spawn_token, open_child
+from agentsd.config import Ladder
+from agentsd.leftovers import ChildIdentity
+from tests.cgroup_root import cgroup_root, unavailable
+
+SPAWNS = 200  # per mode and heap size
+CHILDREN = 200  # closed at once
+BALLAST_BYTES = 200 * 1024 * 1024
+TARGET_RATIO = 1.1
+TARGET_EXTRA_MS = 2.0
+FAST = Ladder(eof_grace_s=0.0, term_grace_s=0.0, kill_wait_s=5.0)
+STUBBORN = [
+    sys.executable,
+    "-c",
+    "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.pause()",
+]
+
+
+def _spec(root: CgroupRoot | None, argv: list[str]) -> ChildSpec:
+    return ChildSpec(
+        argv=argv, cwd="/", env={}, token=new_spawn_token(), cgroup_root=root, base_env={}
+    )
+
+
+async def _spawned(identity: ChildIdentity) -> None:
+    return None
+
+
+def _exited(outcome: ChildExit) -> None:
+    return None
+
+
+async def _spawn_once(root: CgroupRoot | None) -> float:
+    started = time.perf_counter()
+    async with open_child(_spec(root, ["/bin/cat"]), FAST, _spawned, _exited) as child:
+        await child.stdin.send_all(b"x")
+        await child.stdout.receive_some(1)  # the agent itself runs
+        took = time.perf_counter() - started
+    return took
+
+
+async def _spawns(root: CgroupRoot) -> tuple[float, float]:
+    plain: list[float] = []
+    contained: list[float] = []
+    for _ in range(SPAWNS):  # paired, alternating: the cores are shared
+        plain.append(await _spawn_once(None))
+        contained.append(await _spawn_once(root))
+    return statistics.median(plain), statistics.median(contained)
+
+
+async def _close_all(root: CgroupRoot | None) -> float:
+    ready = trio.Event()
+
+    async def one(send_up: trio.MemorySendChannel[None]) -> None:
+        async with open_child(_spec(root, STUBBORN), FAST, _spawned, _exited):
+            await send_up.send(None)
+            await ready.wait()
+
+    send, receive = trio.open_memory_channel[None](CHILDREN)
+    async with trio.open_nursery() as nursery:
+        for _ in range(CHILDREN):
+            nursery.start_soon(one, send)
+        for _ in range(CHILDREN):
+            await receive.receive()
+        await trio.sleep(0.5)  # let every interpreter reach signal.pause()
+        started = time.perf_counter()
+        ready.set()
+    return time.perf_counter() - started
+
+
+def _report_spawn(label: str, plain: float, contained: float) -> None:
+    ratio = contained / plain
+    extra_ms = (contained - plain) * 1000
+    ok = contained <= plain * TARGET_RATIO + TARGET_EXTRA_MS / 1000
+    print(
+        f"   spawn {label}: today p50 {plain * 1000:.2f} ms, in a cgroup p50 "
+        f"{contained * 1000:.2f} ms: {ratio:.2f}x, +{extra_ms:.2f} ms "
+        f"(target <= {TARGET_RATIO}x + {TARGET_EXTRA_MS:g} ms: {'met' if ok else 'MISSED'})",
+        flush=True,
+    )
+
+
+async def _main(path: Path) -> None:
+    root = CgroupRoot(path)
+    plain, contained = await _spawns(root)
+    _report_spawn("(bench heap)", plain, contained)
+    ballast = bytearray(os.urandom(1024)) * (BALLAST_BYTES // 1024)  # touched pages
+    plain, contained = await _spawns(root)
+    _report_spawn("(+200 MiB heap)", plain, contained)
+    del ballast
+    today = await _close_all(None)
+    cgroup = await _close_all(root)
+    print(
+        f"   close-all of {CHILDREN} stubborn children at once: today's ladder "
+        f"{today:.2f} s, cgroup.kill {cgroup:.2f} s: {cgroup / today:.2f}x",
+        flush=True,
+    )
+
+
+def main() -> None:
+    reason = unavailable()
+    if reason is not None:
+        print(f"   skipped: {reason}")
+        return
+    with cgroup_root() as path:
+        trio.run(_main, path)

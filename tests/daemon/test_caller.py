@@ -1,0 +1,123 @@
+"""agentsd.caller: who is calling, and what an agent may not do (DESIGN.md
+invariant 9). Real processes: the caller is found by ancestry, by spawn token, or
+not at all; the refusals follow the allowance."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agentsd import leases
+from agentsd.caller import Allowance, identify_caller, refusal
+from agentsd.procfs import SPAWN_TOKEN_ENV, read_start_time
+from agentsd.session import Session
+from agentsd.status_board import StatusBoard
+from agentsd.store.sessions import SessionRow
+from agentsd_protocol.api.session import CloseParams
+
+TOKEN = "0" * 32
+
+
+def a_session(session_id: str, pid: int) -> Session:
+    start_time = read_start_time(pid)
+    assert start_time is not None
+    row = SessionRow(
+        id=session_id,
+        host_id="h",
+        provider="mock",
+        cwd="/",
+        title=None,
+        options={},
+        env={},
+        command=None,
+        provider_handle=None,
+        created_at=0.0,
+        updated_at=0.0,
+    )
+    lease = leases.Lease(
+        session_id=session_id,
+        fence=1,
+        generation="g",
+        token=TOKEN if session_id == "by-token" else os.urandom(16).hex(),
+        state=leases.ClaimState.LIVE,
+        acquired_at=0.0,
+        identity=leases.Identity(pid=pid, pgid=pid, start_time=start_time),
+    )
+    return Session(row=row, head_seq=0, board=StatusBoard(), lease=lease)
+
+
+def test_a_descendant_of_a_sessions_child_is_that_session() -> None:
+    """This test process stands for a session's agent; a process it starts through
+    a shell, with an empty environment, is its grandchild."""
+    sessions = [a_session("agent", os.getpid())]
+    with subprocess.Popen(["/bin/sh", "-c", "/bin/sleep 30; :"], env={}) as shell:
+        child_pid = _only_child(shell.pid)
+        try:
+            assert identify_caller(child_pid, sessions) == "agent"
+        finally:
+            shell.kill()
+            os.kill(child_pid, 9)
+
+
+def _only_child(pid: int) -> int:
+    """The one child of ``pid`` once it has started it."""
+    path = f"/proc/{pid}/task/{pid}/children"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open(path) as f:
+            children = f.read().split()
+        if children:
+            return int(children[0])
+        time.sleep(0.01)  # a synchronous test: a bounded poll for the shell's fork
+    raise AssertionError(f"{pid} started no child")
+
+
+def test_a_child_of_a_sessions_agent_is_that_session() -> None:
+    sessions = [a_session("agent", os.getpid())]
+    with subprocess.Popen(["/bin/sleep", "30"], env={}) as child:
+        try:
+            assert identify_caller(child.pid, sessions) == "agent"
+        finally:
+            child.kill()
+
+
+def test_a_carrier_of_a_sessions_token_is_that_session() -> None:
+    unrelated = a_session("by-token", 1)  # init: never an ancestor match that counts
+    env = {SPAWN_TOKEN_ENV: TOKEN}
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env) as child:
+        try:
+            assert identify_caller(child.pid, [unrelated]) == "by-token"
+        finally:
+            child.kill()
+
+
+def test_the_user_is_no_session() -> None:
+    with subprocess.Popen(["/bin/sleep", "30"], env={}) as child:
+        try:
+            assert identify_caller(child.pid, [a_session("other", 1)]) is None
+        finally:
+            child.kill()
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "allowance", "refused"),
+    [
+        ("agentSession.respond", None, [], "answering an approval"),
+        ("agentSession.respond", None, ["approvals"], None),
+        ("agentSession.close", "other", [], "closing another session"),
+        ("agentSession.close", "mine", [], None),
+        ("agentSession.close", "other", ["other-sessions"], None),
+        ("daemon.shutdown", None, [], "shutting the daemon down"),
+        ("daemon.shutdown", None, ["daemon"], None),
+        ("agentSession.send", "other", [], None),
+    ],
+)
+def test_refusal_follows_the_allowance(
+    method: str, target: str | None, allowance: list[Allowance], refused: str | None
+) -> None:
+    params = CloseParams(session_id=target or "mine")
+    assert refusal(method, params, "mine", allowance) == refused

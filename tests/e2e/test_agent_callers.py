@@ -1,0 +1,135 @@
+"""Agents are not users (DESIGN.md invariant 9), against a real daemon: a process
+inside a session (a tool its agent ran) that connects to the daemon's socket and
+tries to answer its own session's pending approval, close another session and shut
+the daemon down is refused each time with ``forbidden_for_agents``, and every
+attempt is journaled in its session; the user's CLI doing the same succeeds.
+
+Found by its spawn token (fallback mode), or, with an empty environment, by its
+cgroup (cgroup mode)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from agentsd.cgroup import CGROUP_PREFIX
+from agentsd.procfs import SPAWN_TOKEN_ENV
+from tests.cgroup_root import cgroup_root, unavailable
+from tests.daemon_process import DaemonProcess, running_daemon
+from tests.e2e.test_conversation import wait_journal
+from tests.e2e.test_sessions import DATABASE_NAME, create, db_rows, history, open_rpc, temp_dir
+
+CLI_TIMEOUT_S = 30.0
+# The intruder: plain stdlib, one request per line, one reply per line, printed.
+INTRUDER = """
+import json, socket, sys
+sock = socket.socket(socket.AF_UNIX)
+sock.connect(sys.argv[1])
+reader = sock.makefile("rb")
+for i, (method, params) in enumerate(json.loads(sys.argv[2])):
+    sock.sendall(json.dumps({"jsonrpc": "2.0", "id": i, "method": method, "params": params}).encode() + b"\\n")
+    print(reader.readline().decode().strip(), flush=True)
+"""
+
+
+@contextlib.contextmanager
+def daemon_in(mode: str) -> Iterator[DaemonProcess]:
+    if mode == "process-group":
+        with running_daemon() as daemon:
+            yield daemon
+        return
+    if unavailable() is not None:
+        pytest.skip(str(unavailable()))
+    with cgroup_root() as root, running_daemon(extra_args=["--cgroup-root", str(root)]) as daemon:
+        yield daemon
+
+
+def cli(daemon: DaemonProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentsctl.cli", "--socket", str(daemon.socket), "--no-start",
+         *args],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
+        check=False,
+    )  # fmt: skip
+
+
+def intrude(daemon: DaemonProcess, mode: str, token: str, requests: Any) -> list[dict[str, Any]]:
+    """Run the intruder inside the session of ``token``: with the token in its
+    environment (a tool of the agent), or with none at all inside its cgroup (a tool
+    that cleared its environment); its replies."""
+    argv = [sys.executable, "-c", INTRUDER, str(daemon.socket), json.dumps(requests)]
+    if mode == "process-group":
+        env = {**os.environ, SPAWN_TOKEN_ENV: token}
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=True)
+    else:
+        root = Path(json.loads(cli(daemon, "status", "--json").stdout)["containment"]["root"])
+        procs = root / f"{CGROUP_PREFIX}{token}" / "cgroup.procs"
+        done = subprocess.run(
+            argv,
+            env={},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+            preexec_fn=lambda: procs.write_text("0"),  # the test's stand-in for the agent's fork
+        )
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("mode", ["process-group", "cgroup"])
+async def test_agents_are_not_users(mode: str) -> None:
+    with trio.fail_after(90), temp_dir() as cwd, daemon_in(mode) as daemon:
+        async with open_rpc(daemon.socket) as rpc:
+            mine = (await create(rpc, cwd))["sessionId"]
+            other = (await create(rpc, cwd))["sessionId"]
+            await rpc.call("agentSession.send", {"sessionId": mine, "text": "approve"})
+            events = await wait_journal(rpc, mine, "approval.requested")
+            approval = [e for e in events if e["kind"] == "approval.requested"][-1]["body"]
+            [(token,)] = db_rows(
+                daemon.state_dir / DATABASE_NAME,
+                "SELECT token FROM leases WHERE session_id = ? ORDER BY fence DESC LIMIT 1",
+                mine,
+            )
+            requests = [
+                (
+                    "agentSession.respond",
+                    {"sessionId": mine, "approvalId": approval["approvalId"], "decision": "accept"},
+                ),
+                ("agentSession.close", {"sessionId": other}),
+                ("daemon.shutdown", {}),
+            ]
+            replies = await trio.to_thread.run_sync(intrude, daemon, mode, token, requests)
+            assert [r["error"]["data"]["kind"] for r in replies] == ["forbidden_for_agents"] * 3
+            assert [r["error"]["data"]["refused"] for r in replies] == [
+                "answering an approval",
+                "closing another session",
+                "shutting the daemon down",
+            ]
+            assert all(r["error"]["data"]["callerSessionId"] == mine for r in replies)
+            journaled = [
+                e["body"] for e in await history(rpc, mine) if e["kind"] == "agent.request"
+            ]
+            assert [(e["method"], e["allowed"]) for e in journaled] == [
+                ("agentSession.respond", False),
+                ("agentSession.close", False),
+                ("daemon.shutdown", False),
+            ]
+            assert journaled[1]["targetSessionId"] == other
+            infos = await rpc.call("agentSession.list", {})
+            phases = {s["sessionId"]: s["phase"] for s in infos["sessions"]}
+            assert phases[other] == "running"
+
+        # The user's CLI does the same, and it works.
+        assert cli(daemon, "approve", mine, approval["approvalId"]).returncode == 0
+        assert cli(daemon, "close", other).returncode == 0
+        assert cli(daemon, "daemon", "stop").returncode == 0
+        assert daemon.wait() == 0
