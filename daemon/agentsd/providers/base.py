@@ -253,7 +253,7 @@ class Adapter(abc.ABC):
 
 
 class Provider(abc.ABC):
-    name: ClassVar[str]
+    name: str  # the session's provider name: a class attribute, or per instance (ACP agents)
     # The agent program this provider runs, if it is a known one: its ``--version``
     # is asked when the handshake does not say (``agentsd.providers.versions``).
     program: ClassVar[Program | None] = None
