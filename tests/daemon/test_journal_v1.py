@@ -35,7 +35,7 @@ NEW_EXIT_ERROR = (
 
 Row = tuple[str, int, float, int, str, bytes]
 # Kinds added after the fixture was written: no v1 journal can hold them.
-KINDS_SINCE_V1 = {"thread.superseded"}
+KINDS_SINCE_V1 = {"thread.superseded", "commands.updated"}
 # A body's field "kind" before the union (the tag owns that name now).
 RENAMED_FIELDS = {
     "approval.requested": {"kind": "approvalKind"},

@@ -1,7 +1,8 @@
 """A minimal ACP agent for the tests, that misbehaves on request (stdlib only, so it
 starts in milliseconds).
 
-Started as ``python acp_test_agent.py [--hang-init] [--no-load]``. A prompt's text
+Started as ``python acp_test_agent.py [--hang-init] [--no-load] [--auth]``
+(``--auth``: ``session/new`` needs a login first). A prompt's text
 chooses what the turn does:
 
 - ``permission``: asks for permission and reports the outcome it got;
@@ -174,6 +175,7 @@ def prompt(request_id: Any, params: dict[str, Any]) -> None:
 def main() -> None:
     hang_init = "--hang-init" in sys.argv
     can_load = "--no-load" not in sys.argv
+    needs_auth = "--auth" in sys.argv
     while True:
         message = read()
         method, request_id = message.get("method"), message.get("id")
@@ -187,11 +189,14 @@ def main() -> None:
                     "result": {
                         "protocolVersion": 1,
                         "agentCapabilities": {"loadSession": can_load},
-                        "authMethods": [],
+                        "authMethods": [{"id": "login", "name": "Log in with Test"}],
                         "agentInfo": {"name": "acp-test-agent", "version": "1.2.3"},
                     },
                 }
             )
+        elif method == "session/new" and needs_auth:
+            error = {"code": -32000, "message": "Authentication required"}
+            write({"id": request_id, "error": error})
         elif method == "session/new":
             session_id = f"s-{os.getpid()}-{len(SESSIONS)}"
             SESSIONS[session_id] = []
@@ -203,7 +208,13 @@ def main() -> None:
             write({"id": request_id, "result": {"sessionId": session_id, "modes": modes}})
             update(
                 session_id,
-                {"sessionUpdate": "available_commands_update", "availableCommands": []},
+                {
+                    "sessionUpdate": "available_commands_update",
+                    "availableCommands": [
+                        {"name": "review", "description": "Review the changes"},
+                        {"name": "ask", "description": "Ask", "input": {"hint": "question"}},
+                    ],
+                },
             )
         elif method == "session/load":
             # Replays the conversation as updates, as ACP asks, before answering.

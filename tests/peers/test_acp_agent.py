@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from agentsctl.client import Client
-from agentsd_protocol.errors import HandshakeTimeout
+from agentsd_protocol.errors import AgentStartFailed, HandshakeTimeout, InvalidParams
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
 from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
 
@@ -28,6 +28,7 @@ def agent_config(path: Path, *flags: str, handshake_timeout_s: float = 10.0) -> 
         f"[agents.testacp]\ncommand = {json.dumps(command)}\n"
         'display_name = "ACP test agent"\n'
         f"[agents.testacp-noload]\ncommand = {json.dumps([*command, '--no-load'])}\n"
+        f"[agents.testacp-auth]\ncommand = {json.dumps([*command, '--auth'])}\n"
     )
     return path
 
@@ -110,6 +111,11 @@ def test_a_turn_streams_items_a_plan_and_completes(
         assert message["body"]["text"] == "echo: hello"
         assert message["body"]["turnId"] == turn_id
         assert follower.streamed_text(message["body"]["itemId"]) == "echo: hello"
+        commands = follower.wait_for("commands.updated")["body"]["commands"]
+        assert commands == [
+            {"name": "review", "description": "Review the changes"},
+            {"name": "ask", "description": "Ask", "hint": "question"},
+        ]
         plan = follower.wait_for("turn.plan")["body"]
         assert plan["plan"] == [{"step": "echo", "status": "in_progress"}]
         kinds = follower.kinds()
@@ -291,8 +297,6 @@ def test_a_mode_the_agent_switches_to_is_kept_for_its_next_start(
 
 
 def test_an_unknown_option_is_refused() -> None:
-    from agentsd_protocol.errors import InvalidParams
-
     base = make_temp_dir()
     try:
         config = agent_config(base / "config.toml")
@@ -321,3 +325,21 @@ def test_an_agent_that_hangs_in_initialize_times_out_its_handshake(workdir: Path
         assert hanging_agents() == []
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_an_agent_that_needs_a_login_fails_its_start_naming_its_methods(
+    client: Client, workdir: Path
+) -> None:
+    with pytest.raises(AgentStartFailed, match=r"log in first \(its methods: Log in with Test\)"):
+        create(client, workdir, provider="testacp-auth")
+
+
+def test_status_reports_acp_agents_and_the_version_they_reported(
+    client: Client, workdir: Path
+) -> None:
+    create(client, workdir)
+    programs = {p["provider"]: p for p in client.call("daemon.status", {})["agentEnv"]["programs"]}
+    assert {"testacp", "codex-acp", "claude-agent-acp", "gemini"} <= set(programs)
+    assert programs["testacp"]["path"] == sys.executable
+    assert programs["testacp"]["version"] == "1.2.3"
+    assert programs["gemini"]["command"] == "gemini"

@@ -31,8 +31,10 @@ decided (at once with ``cancelled`` when it comes outside a running turn, after 
 cancel, or cannot be recorded), anything else at once with method-not-found.
 
 Rule 3: an update outside a running turn is not journaled (a late update after the
-turn settled, or ``session/load``'s replay), except the session-wide ones (a mode
-change). A malformed update is journaled as ``agent.error``; the session goes on.
+turn settled, or ``session/load``'s replay), except the session-wide ones: a mode
+change (kept in the session's options, set again at the next start) and the
+commands offered (``commands.updated``, when they changed). A malformed update is
+journaled as ``agent.error``; the session goes on.
 """
 
 from __future__ import annotations
@@ -64,8 +66,10 @@ from agentsd.providers.base import (
 from agentsd.providers.codex_rpc import Call, Garbage, RpcPeer, clip, error_message
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.api.events import (
+    AgentCommand,
     AgentError,
     AgentWarning,
+    CommandsUpdated,
     ErrorInfo,
     ThreadSuperseded,
     TurnCompleted,
@@ -115,6 +119,27 @@ def parse_options(options: Mapping[str, Any]) -> str | None:
     return mode
 
 
+def agent_commands(value: Any) -> list[AgentCommand] | None:
+    """An ``availableCommands`` list as the journal's commands; None when malformed."""
+    if not isinstance(value, list):
+        return None
+    commands = []
+    for entry in value:
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            return None
+        description = entry.get("description")
+        given = entry.get("input")
+        hint = given.get("hint") if isinstance(given, dict) else None
+        commands.append(
+            AgentCommand(
+                name=entry["name"],
+                description=description if isinstance(description, str) else None,
+                hint=hint if isinstance(hint, str) else None,
+            )
+        )
+    return commands
+
+
 class AcpProvider(Provider):
     """One ACP agent, by the name sessions give as their provider."""
 
@@ -123,17 +148,20 @@ class AcpProvider(Provider):
         self.agent = agent
 
     def launch(self, session: SessionRow, state_dir: Any, env: Mapping[str, str]) -> LaunchSpec:
-        """``session.command``, else the agent's command. Raises ``InvalidParams`` for
-        bad options and ``AgentNotFound`` when the program is not on the agent's PATH."""
+        """``session.command``, else the agent's command, its program resolved on the
+        agent's PATH. Raises ``InvalidParams`` for bad options and ``AgentNotFound``
+        when the program is not there."""
         parse_options(session.options)
         argv = list(session.command or self.agent.command)
         path = {**env, **self.agent.env, **session.env}.get("PATH", "")
-        if shutil.which(argv[0], path=path) is None:
+        # Resolved here, so the daemon's status finds the version it reported by path.
+        program = shutil.which(argv[0], path=path)
+        if program is None:
             raise AgentNotFound(
                 f"cannot start {self.agent.display_name}: {argv[0]} is not installed; "
                 f"{self.agent.install_hint()}"
             )
-        return LaunchSpec(argv=argv, env=self.agent.env)
+        return LaunchSpec(argv=[program, *argv[1:]], env=self.agent.env)
 
     def adapter(self, link: LineLink, sink: SessionSink, session: SessionRow) -> Adapter:
         return AcpAdapter(link, sink, session, self.agent)
@@ -174,6 +202,7 @@ class AcpAdapter(Adapter):
         self._version: str | None = None
         self._capabilities: dict[str, Any] = {}
         self._auth_methods: list[str] = []
+        self._commands: list[AgentCommand] | None = None  # as last journaled by this child
 
     @property
     def agent_version(self) -> str | None:
@@ -412,11 +441,23 @@ class AcpAdapter(Adapter):
             )
             return
         update = params.get("update")
-        if isinstance(update, dict) and update.get("sessionUpdate") == "current_mode_update":
-            mode = update.get("currentModeId")
+        session_wide = update if isinstance(update, dict) else {}
+        kind = session_wide.get("sessionUpdate")
+        if kind == "current_mode_update":
+            mode = session_wide.get("currentModeId")
             if isinstance(mode, str):
                 self._mode = mode
                 await self._sink.options_changed({"mode": mode})
+            return
+        if kind == "available_commands_update":
+            commands = agent_commands(session_wide.get("availableCommands"))
+            if commands is None:
+                await self._protocol_error(
+                    f"{self._agent.display_name} sent a malformed available_commands_update"
+                )
+            elif commands != self._commands:
+                self._commands = commands
+                await self._sink.emit(CommandsUpdated(commands=commands))
             return
         turn = self._turn
         if turn is None:
@@ -470,19 +511,19 @@ class AcpAdapter(Adapter):
         ]
         if why_not is None and not valid:
             why_not = "it offers no options"
+        title = tool.get("title") if isinstance(tool.get("title"), str) else None
         if why_not is not None:
             await self._rpc.respond(request_id, CANCELLED)
             await self._sink.emit(
                 AgentWarning(
                     source="session/request_permission",
                     message=f"answered {name}'s permission request with cancelled: {why_not}",
-                    details=clip(tool.get("title")),
+                    details=title,
                 )
             )
             return
         native_id = str(request_id)
         tool_id = tool.get("toolCallId")
-        title = tool.get("title") if isinstance(tool.get("title"), str) else None
         self._requests[native_id] = PermissionRequest(
             request_id, tuple(o["optionId"] for o in valid)
         )

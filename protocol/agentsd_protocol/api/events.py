@@ -78,6 +78,15 @@ class FileChange(Value, frozen=True, kw_only=True):
     kind: str | None = None
 
 
+class AgentCommand(Value, frozen=True, kw_only=True):
+    """A command the agent offers: ``name`` without its slash, and what to type after
+    it (``hint``) when it takes input."""
+
+    name: str
+    description: str | None = None
+    hint: str | None = None
+
+
 class PlanStep(Value, frozen=True, kw_only=True):
     """One step of an agent's plan; ``status`` is the agent's (Codex: ``pending``,
     ``inProgress``, ``completed``)."""
@@ -336,6 +345,13 @@ class ThreadSuperseded(EventStruct, tag="thread.superseded", frozen=True, kw_onl
     reason: str
 
 
+class CommandsUpdated(EventStruct, tag="commands.updated", frozen=True, kw_only=True):
+    """The commands the agent offers now, replacing those it offered before (an ACP
+    agent's ``available_commands_update``: its slash commands)."""
+
+    commands: list[AgentCommand] = []
+
+
 class ThreadStatus(EventStruct, tag="thread.status", frozen=True, kw_only=True):
     """The agent's own thread status (Codex), journaled when it changes."""
 
@@ -369,6 +385,7 @@ Event = (
     | UsageUpdated
     | ThreadStatus
     | ThreadSuperseded
+    | CommandsUpdated
 )
 """Every event the daemon writes."""
 
