@@ -8,7 +8,6 @@ fails there, and is skipped only outside CI.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -19,7 +18,9 @@ from typing import Any
 import pytest
 
 from agentsctl.client import Client
-from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
+from tests.daemon_process import DaemonProcess, make_temp_dir
+from tests.peers import acp_peer
+from tests.peers.acp_peer import acp_daemon, processes_with_env, send
 from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
 from tests.peers.fake_openai import (
     API_KEY_ENV,
@@ -46,17 +47,14 @@ if not BINARY.exists() and os.environ.get("CI") != "true":
     )
 
 
-def daemon_config(base: Path) -> list[str]:
-    config = base / "config.toml"
-    config.write_text(f"[agents.codex-acp]\ncommand = {json.dumps([str(BINARY)])}\n")
-    return ["--config", str(config)]
+COMMAND = [str(BINARY)]
 
 
 @pytest.fixture(scope="module")
 def peer_daemon() -> Iterator[DaemonProcess]:
     base = make_temp_dir()
     try:
-        with running_daemon(extra_args=daemon_config(base)) as daemon:
+        with acp_daemon(base, "codex-acp", COMMAND, {}) as daemon:
             yield daemon
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -83,37 +81,11 @@ def codex_env(codex_home: Path) -> dict[str, str]:
 
 
 def create(client: Client, workdir: Path, env: dict[str, str]) -> dict[str, Any]:
-    result = client.call(
-        "agentSession.create", {"provider": "codex-acp", "cwd": str(workdir), "env": env}
-    )
-    session: dict[str, Any] = result["session"]
-    return session
-
-
-def send(client: Client, session_id: str, text: str) -> dict[str, Any]:
-    result: dict[str, Any] = client.call(
-        "agentSession.send", {"sessionId": session_id, "text": text}
-    )
-    assert result["dispatch"] == "accepted", result
-    return result
+    return acp_peer.create(client, "codex-acp", workdir, env)
 
 
 def agent_processes(codex_home: Path) -> list[int]:
-    """Pids of live processes (not zombies) whose environment carries our CODEX_HOME."""
-    needle = f"CODEX_HOME={codex_home}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-            stat = Path(f"/proc/{entry}/stat").read_bytes()
-        except OSError:
-            continue
-        state = stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3]
-        if needle in environ.split(b"\0") and state != b"Z":
-            found.append(int(entry))
-    return found
+    return processes_with_env("CODEX_HOME", str(codex_home))
 
 
 def test_a_turn_streams_text_and_completes(
@@ -250,7 +222,7 @@ def test_a_daemon_killed_mid_turn_leaves_no_agent_and_the_next_send_resumes(
     state = base / "state"
     fake.script(TextReply("word " * 400, chunks=400, chunk_delay_s=0.05), TextReply("Back again."))
     try:
-        with running_daemon(state_dir=state, extra_args=daemon_config(base)) as daemon:
+        with acp_daemon(base, "codex-acp", COMMAND, {}, state) as daemon:
             with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
                 session = create(client, workdir, codex_env)
                 sid, handle = session["sessionId"], session["providerHandle"]
@@ -260,7 +232,7 @@ def test_a_daemon_killed_mid_turn_leaves_no_agent_and_the_next_send_resumes(
                     assert agent_processes(codex_home)
             daemon.stop(signal.SIGKILL)
 
-        with running_daemon(state_dir=state, extra_args=daemon_config(base)) as daemon:
+        with acp_daemon(base, "codex-acp", COMMAND, {}, state) as daemon:
             # Recovery ran before the daemon answered its first ping.
             assert agent_processes(codex_home) == []
             with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
