@@ -160,6 +160,10 @@ def test_a_permission_answered_by_one_client_reaches_the_agent_while_another_fol
         assert asked["title"] == "Run ls"
         assert "yes (allow_once): Allow" in asked["detail"]
         assert asked["itemId"] == "call-1"
+        assert asked["optionDetails"] == [
+            {"optionId": "yes", "name": "Allow", "kind": "allow_once"},
+            {"optionId": "no", "name": "Reject", "kind": "reject_once"},
+        ]
         other.call(
             "agentSession.respond",
             {"sessionId": sid, "approvalId": asked["approvalId"], "decision": "yes"},

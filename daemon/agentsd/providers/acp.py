@@ -69,6 +69,7 @@ from agentsd_protocol.api.events import (
     AgentCommand,
     AgentError,
     AgentWarning,
+    ApprovalOption,
     CommandsUpdated,
     ErrorInfo,
     ThreadSuperseded,
@@ -540,6 +541,14 @@ class AcpAdapter(Adapter):
                 detail=detail,
                 options=[o["optionId"] for o in valid],
                 item_id=tool_id if isinstance(tool_id, str) else None,
+                option_details=[
+                    ApprovalOption(
+                        option_id=o["optionId"],
+                        name=o["name"] if isinstance(o.get("name"), str) else None,
+                        kind=o["kind"] if isinstance(o.get("kind"), str) else None,
+                    )
+                    for o in valid
+                ],
             )
         except RpcError as exc:
             # Rule 2: a question nobody can durably answer is refused, not left hanging.

@@ -42,7 +42,7 @@ from agentsd.providers.programs import Program
 from agentsd.store.journal import bounded_payload
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.api.conversation import DispatchOutcome
-from agentsd_protocol.api.events import BoundedPayload, Event, ThreadSuperseded
+from agentsd_protocol.api.events import ApprovalOption, BoundedPayload, Event, ThreadSuperseded
 from agentsd_protocol.errors import AgentProtocolError
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a tool result can be big; a line past this is broken
@@ -109,10 +109,12 @@ class SessionSink(Protocol):
         options: list[str],
         *,
         item_id: str | None = None,
+        option_details: list[ApprovalOption] | None = None,
     ) -> str:
         """Record an approval durably and return its stable approval id. ``item_id``
         is the item (tool call) it asks about, when the agent names one: clients then
-        show the question and the tool run as one thing."""
+        show the question and the tool run as one thing. ``option_details`` describe
+        the options when the agent does (names and kinds)."""
         ...
 
     async def approval_cancelled(self, native_id: str) -> None: ...

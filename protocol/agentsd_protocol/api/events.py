@@ -78,6 +78,15 @@ class FileChange(Value, frozen=True, kw_only=True):
     kind: str | None = None
 
 
+class ApprovalOption(Value, frozen=True, kw_only=True):
+    """One option of an approval as the agent described it. ``kind`` is ACP's
+    ``allow_once``, ``allow_always``, ``reject_once`` or ``reject_always``."""
+
+    option_id: str
+    name: str | None = None
+    kind: str | None = None
+
+
 class AgentCommand(Value, frozen=True, kw_only=True):
     """A command the agent offers: ``name`` without its slash, and what to type after
     it (``hint``) when it takes input."""
@@ -240,6 +249,9 @@ class ApprovalRequested(EventStruct, tag="approval.requested", frozen=True, kw_o
     detail: str
     options: list[str]
     item_id: str | None = None
+    # Each option as the agent described it, when it does (ACP agents: their option
+    # ids are ``options``, with a name and ACP's kind).
+    option_details: list[ApprovalOption] = []
 
 
 class ApprovalResolved(EventStruct, tag="approval.resolved", frozen=True, kw_only=True):
