@@ -272,6 +272,29 @@ def test_an_approval_is_a_tool_call_resolved_by_its_decision() -> None:
     assert translator.event(unknown) == []
 
 
+@pytest.mark.parametrize(("decision", "status"), [("go", "completed"), ("abort", "failed")])
+def test_an_acp_agents_option_allows_when_its_kind_says_so(decision: str, status: str) -> None:
+    translator = UpdateTranslator()
+    details = [
+        {"optionId": "go", "name": "Proceed", "kind": "allow_once"},
+        {"optionId": "abort", "name": "Stop", "kind": "reject_once"},
+    ]
+    requested = asked(
+        approvalId="ap-1",
+        nativeId="r1",
+        approvalKind="execute",
+        title="Run `ls`",
+        detail="",
+        options=["go", "abort"],
+        optionDetails=details,
+    )
+    translator.event(requested)
+    resolved = translator.event(
+        ev("approval.resolved", approvalId="ap-1", decision=decision, by="client")
+    )
+    assert [u["status"] for u in wire(resolved)] == [status]
+
+
 def tool_calls(updates: list[dict[str, Any]]) -> dict[str, list[str]]:
     """Each tool call the editor was shown, by id: every status it went through.
     Asserts ACP's shape: announced once, updated only once announced."""

@@ -435,7 +435,9 @@ class AcpAdapter(Adapter):
         await self._sink.emit(done)
 
     async def _on_update(self, params: dict[str, Any]) -> None:
-        if params.get("sessionId") != self._session_id:
+        # Before session/new has answered, the session's id is not known yet: an
+        # agent holds one session here, so its updates are this session's.
+        if self._session_id is not None and params.get("sessionId") != self._session_id:
             await self._protocol_error(
                 f"{self._agent.display_name} sent an update for session "
                 f"{clip(params.get('sessionId'))}, not {self._session_id}"
@@ -496,7 +498,9 @@ class AcpAdapter(Adapter):
         name = self._agent.display_name
         turn = self._turn
         why_not = None
-        if params.get("sessionId") != self._session_id:
+        # Before session/new has answered, the session's id is not known yet: an
+        # agent holds one session here, so its updates are this session's.
+        if self._session_id is not None and params.get("sessionId") != self._session_id:
             why_not = f"it names session {clip(params.get('sessionId'))}"
         elif turn is None:
             why_not = "no turn is running"
