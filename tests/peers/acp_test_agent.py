@@ -1,8 +1,9 @@
 """A minimal ACP agent for the tests, that misbehaves on request (stdlib only, so it
 starts in milliseconds).
 
-Started as ``python acp_test_agent.py [--hang-init] [--no-load] [--auth]``
-(``--auth``: ``session/new`` needs a login first). A prompt's text
+Started as ``python acp_test_agent.py [--hang-init] [--no-load] [--auth] [--forget]``
+(``--auth``: ``session/new`` needs a login first; ``--forget``: ``session/load``
+knows no session). A prompt's text
 chooses what the turn does:
 
 - ``permission``: asks for permission and reports the outcome it got;
@@ -176,6 +177,7 @@ def main() -> None:
     hang_init = "--hang-init" in sys.argv
     can_load = "--no-load" not in sys.argv
     needs_auth = "--auth" in sys.argv
+    forgets = "--forget" in sys.argv
     while True:
         message = read()
         method, request_id = message.get("method"), message.get("id")
@@ -216,6 +218,9 @@ def main() -> None:
                     ],
                 },
             )
+        elif method == "session/load" and forgets:
+            error = {"code": -32002, "message": f"Resource not found: {params['sessionId']}"}
+            write({"id": request_id, "error": error})
         elif method == "session/load":
             # Replays the conversation as updates, as ACP asks, before answering.
             SESSIONS.setdefault(params["sessionId"], [])

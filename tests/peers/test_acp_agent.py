@@ -29,6 +29,7 @@ def agent_config(path: Path, *flags: str, handshake_timeout_s: float = 10.0) -> 
         'display_name = "ACP test agent"\n'
         f"[agents.testacp-noload]\ncommand = {json.dumps([*command, '--no-load'])}\n"
         f"[agents.testacp-auth]\ncommand = {json.dumps([*command, '--auth'])}\n"
+        f"[agents.testacp-forget]\ncommand = {json.dumps([*command, '--forget'])}\n"
     )
     return path
 
@@ -347,3 +348,32 @@ def test_status_reports_acp_agents_and_the_version_they_reported(
     assert programs["testacp"]["path"] == sys.executable
     assert programs["testacp"]["version"] == "1.2.3"
     assert programs["gemini"]["command"] == "gemini"
+
+
+def test_a_lost_session_that_had_turns_is_resume_failed_with_the_agents_words(
+    client: Client, peer_daemon: DaemonProcess, workdir: Path, deadline: Deadline
+) -> None:
+    sid = create(client, workdir, provider="testacp-forget")
+    with Follower(peer_daemon, sid, deadline) as follower:
+        send(client, sid, "first")
+        follower.wait_for("turn.completed")
+    client.call("agentSession.close", {"sessionId": sid})
+    result = client.call("agentSession.send", {"sessionId": sid, "text": "second"})
+    assert result["dispatch"] == "rejected", result
+    assert result["reason"].startswith("resume_failed: testacp-forget could not resume session")
+    assert "Resource not found" in result["reason"]
+    assert not [e for e in history(client, sid) if e["kind"] == "thread.superseded"]
+
+
+def test_a_lost_session_without_turns_is_superseded(
+    client: Client, peer_daemon: DaemonProcess, workdir: Path, deadline: Deadline
+) -> None:
+    sid = create(client, workdir, provider="testacp-forget")
+    handle = client.call("agentSession.get", {"sessionId": sid})["session"]["providerHandle"]
+    client.call("agentSession.close", {"sessionId": sid})
+    with Follower(peer_daemon, sid, deadline) as follower:
+        send(client, sid, "hello")
+        note = follower.wait_for("thread.superseded")["body"]
+        follower.wait_for("item.completed", lambda b: b.get("text") == "echo: hello")
+    assert note["previousHandle"] == handle
+    assert "which had no turn: Resource not found" in note["reason"]
