@@ -51,7 +51,13 @@ import trio
 
 import agentsd
 from agentsd.providers.acp_agents import AcpAgent
-from agentsd.providers.acp_updates import MalformedUpdate, TurnItems
+from agentsd.providers.acp_permissions import (
+    CANCELLED,
+    Ask,
+    permission_answer,
+    read_permission,
+)
+from agentsd.providers.acp_updates import MalformedUpdate, TurnItems, agent_commands
 from agentsd.providers.base import (
     MAX_BAD_LINES,
     Adapter,
@@ -69,7 +75,6 @@ from agentsd_protocol.api.events import (
     AgentCommand,
     AgentError,
     AgentWarning,
-    ApprovalOption,
     CommandsUpdated,
     ErrorInfo,
     ThreadSuperseded,
@@ -101,7 +106,6 @@ STOP_REASONS: Mapping[str, TurnOutcome] = {
     "refusal": "completed",
     "cancelled": "interrupted",
 }
-CANCELLED = {"outcome": {"outcome": "cancelled"}}
 
 
 def parse_options(options: Mapping[str, Any]) -> str | None:
@@ -118,27 +122,6 @@ def parse_options(options: Mapping[str, Any]) -> str | None:
     if mode is not None and not isinstance(mode, str):
         raise InvalidParams("Invalid params: ACP agent option 'mode' must be a string")
     return mode
-
-
-def agent_commands(value: Any) -> list[AgentCommand] | None:
-    """An ``availableCommands`` list as the journal's commands; None when malformed."""
-    if not isinstance(value, list):
-        return None
-    commands = []
-    for entry in value:
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-            return None
-        description = entry.get("description")
-        given = entry.get("input")
-        hint = given.get("hint") if isinstance(given, dict) else None
-        commands.append(
-            AgentCommand(
-                name=entry["name"],
-                description=description if isinstance(description, str) else None,
-                hint=hint if isinstance(hint, str) else None,
-            )
-        )
-    return commands
 
 
 class AcpProvider(Provider):
@@ -497,62 +480,36 @@ class AcpAdapter(Adapter):
     async def _on_permission(self, request_id: int | str, params: dict[str, Any]) -> None:
         name = self._agent.display_name
         turn = self._turn
-        why_not = None
-        # Before session/new has answered, the session's id is not known yet: an
-        # agent holds one session here, so its updates are this session's.
-        if self._session_id is not None and params.get("sessionId") != self._session_id:
-            why_not = f"it names session {clip(params.get('sessionId'))}"
+        ask: Ask | str
+        if params.get("sessionId") != self._session_id:
+            ask = f"it names session {clip(params.get('sessionId'))}"
         elif turn is None:
-            why_not = "no turn is running"
+            ask = "no turn is running"
         elif turn.cancelled:
-            why_not = "its turn was cancelled"
-        options = params.get("options")
-        tool_call = params.get("toolCall")
-        tool = tool_call if isinstance(tool_call, dict) else {}
-        valid = [
-            o
-            for o in (options if isinstance(options, list) else [])
-            if isinstance(o, dict) and isinstance(o.get("optionId"), str)
-        ]
-        if why_not is None and not valid:
-            why_not = "it offers no options"
-        title = tool.get("title") if isinstance(tool.get("title"), str) else None
-        if why_not is not None:
+            ask = "its turn was cancelled"
+        else:
+            ask = read_permission(params, name)
+        if isinstance(ask, str):
             await self._rpc.respond(request_id, CANCELLED)
             await self._sink.emit(
                 AgentWarning(
                     source="session/request_permission",
-                    message=f"answered {name}'s permission request with cancelled: {why_not}",
-                    details=title,
+                    message=f"answered {name}'s permission request with cancelled: {ask}",
                 )
             )
             return
         native_id = str(request_id)
-        tool_id = tool.get("toolCallId")
-        self._requests[native_id] = PermissionRequest(
-            request_id, tuple(o["optionId"] for o in valid)
-        )
-        detail = "\n".join(
-            f"{o['optionId']} ({o.get('kind', '?')}): {o.get('name', '')}" for o in valid
-        )
-        if tool.get("rawInput") is not None:
-            detail += f"\ninput: {clip(tool['rawInput'], 2000)}"
+        # Registered before the await: a client may answer before the commit returns.
+        self._requests[native_id] = PermissionRequest(request_id, tuple(ask.options))
         try:
             await self._sink.approval_requested(
                 native_id=native_id,
-                kind=str(tool.get("kind") or "permission"),
-                title=title or f"{name} asks for permission",
-                detail=detail,
-                options=[o["optionId"] for o in valid],
-                item_id=tool_id if isinstance(tool_id, str) else None,
-                option_details=[
-                    ApprovalOption(
-                        option_id=o["optionId"],
-                        name=o["name"] if isinstance(o.get("name"), str) else None,
-                        kind=o["kind"] if isinstance(o.get("kind"), str) else None,
-                    )
-                    for o in valid
-                ],
+                kind=ask.kind,
+                title=ask.title,
+                detail=ask.detail,
+                options=ask.options,
+                item_id=ask.item_id,
+                option_details=ask.option_details,
             )
         except RpcError as exc:
             # Rule 2: a question nobody can durably answer is refused, not left hanging.
@@ -614,8 +571,4 @@ class AcpAdapter(Adapter):
         if request is None:
             log.info("no open permission request %s to answer", native_id)
             return
-        if decision in request.option_ids:
-            outcome = {"outcome": {"outcome": "selected", "optionId": decision}}
-        else:
-            outcome = CANCELLED
-        await self._rpc.respond(request.request_id, outcome)
+        await self._rpc.respond(request.request_id, permission_answer(request.option_ids, decision))

@@ -27,6 +27,7 @@ import msgspec
 
 from agentsd.providers.base import journal_payload
 from agentsd_protocol.api.events import (
+    AgentCommand,
     Event,
     FileChange,
     ItemCompleted,
@@ -236,6 +237,27 @@ class TurnItems:
         for tool_id in list(self._tools):
             events.append(self._completed(tool_id, incomplete=True))
         return events
+
+
+def agent_commands(value: Any) -> list[AgentCommand] | None:
+    """An ``availableCommands`` list as the journal's commands; None when malformed."""
+    if not isinstance(value, list):
+        return None
+    commands = []
+    for entry in value:
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            return None
+        description = entry.get("description")
+        given = entry.get("input")
+        hint = given.get("hint") if isinstance(given, dict) else None
+        commands.append(
+            AgentCommand(
+                name=entry["name"],
+                description=description if isinstance(description, str) else None,
+                hint=hint if isinstance(hint, str) else None,
+            )
+        )
+    return commands
 
 
 def _json(value: Any) -> str:
