@@ -18,9 +18,11 @@ Run with ``python -m tests.bench acp_turn``. Nothing here asserts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import time
@@ -54,6 +56,9 @@ class DirectAgent:
             stderr=subprocess.DEVNULL,
             cwd=cwd,
             env=env,
+            # codex-acp is a node wrapper around a native binary, which outlives the
+            # wrapper's exit: the group is ended at close.
+            start_new_session=True,
         )
         assert self.process.stdin is not None and self.process.stdout is not None
         self._stdin: IO[bytes] = self.process.stdin
@@ -102,11 +107,9 @@ class DirectAgent:
 
     def close(self) -> None:
         self._stdin.close()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
 
 
 class DaemonAgent:
