@@ -249,7 +249,12 @@ async def _handshake(
     )
     if session.child is not None:
         session.child = msgspec.structs.replace(session.child, agent_version=version)
-    ready = ChildReady(provider_handle=handle, generation=lease.generation, agent_version=version)
+    ready = ChildReady(
+        provider_handle=handle,
+        generation=lease.generation,
+        agent_version=version,
+        agent_name=adapter.agent_name,
+    )
     await session.journal.append(
         [ready] if adapter.superseded is None else [adapter.superseded, ready],
         fence=lease.fence,

@@ -102,6 +102,8 @@ def test_a_turn_streams_items_a_plan_and_completes(
     assert info["phase"] == "running"
     assert info["providerHandle"].startswith("s-")
     assert info["child"]["agentVersion"] == "1.2.3"
+    (ready,) = [e["body"] for e in history(client, sid) if e["kind"] == "child.ready"]
+    assert ready["agentName"] == "acp-test-agent"
     with Follower(peer_daemon, sid, deadline) as follower:
         turn_id = send(client, sid, "hello")["turnId"]
         done = follower.wait_for("turn.completed")

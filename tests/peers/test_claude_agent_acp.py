@@ -108,6 +108,8 @@ def test_a_turn_streams_text_and_completes(
         assert message["body"]["text"] == answer
         assert follower.streamed_text(message["body"]["itemId"]) == answer
         assert follower.wait_for("commands.updated")["body"]["commands"]
+        ready = follower.wait_for("child.ready")["body"]
+        assert ready["agentName"] == "@zed-industries/claude-agent-acp"
     assert fake.message_requests()[-1].texts()[-1] == "Say hello"
 
 

@@ -184,6 +184,7 @@ class AcpAdapter(Adapter):
         self._turn_prefix = secrets.token_hex(3)  # turn ids stay unique across restarts
         self._requests: dict[str, PermissionRequest] = {}  # by native id
         self._version: str | None = None
+        self._agent_name: str | None = None
         self._capabilities: dict[str, Any] = {}
         self._auth_methods: list[str] = []
         self._commands: list[AgentCommand] | None = None  # as last journaled by this child
@@ -191,6 +192,10 @@ class AcpAdapter(Adapter):
     @property
     def agent_version(self) -> str | None:
         return self._version
+
+    @property
+    def agent_name(self) -> str | None:
+        return self._agent_name
 
     # -- the handshake ----------------------------------------------------------------
 
@@ -242,8 +247,10 @@ class AcpAdapter(Adapter):
                 f"agentsd speaks version {PROTOCOL_VERSION}"
             )
         info = result.get("agentInfo")
-        version = info.get("version") if isinstance(info, dict) else None
+        info = info if isinstance(info, dict) else {}
+        version, agent_name = info.get("version"), info.get("name")
         self._version = version if isinstance(version, str) else None
+        self._agent_name = agent_name if isinstance(agent_name, str) else None
         capabilities = result.get("agentCapabilities")
         self._capabilities = capabilities if isinstance(capabilities, dict) else {}
         methods = result.get("authMethods")

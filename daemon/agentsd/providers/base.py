@@ -230,6 +230,12 @@ class Adapter(abc.ABC):
         (the daemon then asks the binary: ``agentsd.providers.versions``)."""
         return None
 
+    @property
+    def agent_name(self) -> str | None:
+        """The agent's own name as its handshake reported it (ACP's ``agentInfo``);
+        None when it did not."""
+        return None
+
     @abc.abstractmethod
     async def handshake(self, resume: Resume | None) -> str:
         """Initialize the agent (resuming natively when ``resume`` is given) and

@@ -274,11 +274,14 @@ class ChildSpawned(EventStruct, tag="child.spawned", frozen=True, kw_only=True):
 class ChildReady(EventStruct, tag="child.ready", frozen=True, kw_only=True):
     """The handshake completed; ``provider_handle`` resumes the conversation.
     ``agent_version`` is the agent's version (from its handshake, else its
-    ``--version``); None when it could not be read, or before agentsd recorded it."""
+    ``--version``); None when it could not be read, or before agentsd recorded it.
+    ``agent_name`` is the agent's own name where its handshake gives one (an ACP
+    agent's ``agentInfo.name``): what runs behind a provider name from the config."""
 
     provider_handle: str
     generation: str
     agent_version: str | None = None
+    agent_name: str | None = None
 
 
 class ChildExited(EventStruct, tag="child.exited", frozen=True, kw_only=True):
