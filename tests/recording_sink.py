@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agentsd_protocol.api.events import Event, body_fields, kind_of
+from agentsd_protocol.api.events import ApprovalOption, Event, body_fields, kind_of
 from agentsd_protocol.errors import StorageUnavailable
 
 
@@ -40,6 +40,7 @@ class RecordingSink:
         options: list[str],
         *,
         item_id: str | None = None,
+        option_details: list[ApprovalOption] | None = None,
     ) -> str:
         if self.refuse_approvals:
             raise StorageUnavailable("the disk is full")
@@ -51,6 +52,7 @@ class RecordingSink:
                 "detail": detail,
                 "options": options,
                 "itemId": item_id,
+                "optionDetails": option_details,
             }
         )
         return f"ap-{native_id}"

@@ -49,6 +49,7 @@ import trio
 from agentsd.config import Config
 from agentsd.login_shell import CAPTURE_VARS, CaptureFailed, capture, login_shell
 from agentsd.procfs import SPAWN_TOKEN_ENV
+from agentsd.providers.acp_agents import acp_agents
 from agentsd.providers.programs import CLAUDE, CODEX, Program, find_program
 from agentsd.providers.versions import ProgramVersions
 
@@ -123,23 +124,24 @@ def compose(captured: Mapping[str, str] | None, daemon_env: Mapping[str, str]) -
 def locate_programs(env: Mapping[str, str], config: Config) -> tuple[ProgramLocation, ...]:
     """Where each provider's program resolves for an agent started with ``env``: a
     ``command`` from ``[providers.NAME]`` (looked up on that table's PATH if it sets
-    one), else the built-in program on PATH or in its PyPI package. Touches the file
+    one), else an ACP agent's command, else the built-in program on PATH or in its
+    PyPI package. Touches the file
     system: run it in a worker thread."""
     found: list[ProgramLocation] = []
-    for name in sorted({*DEFAULT_PROGRAMS, *config.providers}):
+    agents = acp_agents(config.agents)
+    for name in sorted({*DEFAULT_PROGRAMS, *config.providers, *agents}):
         configured = config.providers.get(name)
+        agent = agents.get(name)
         path_var = env.get("PATH", os.defpath)
+        if agent is not None:
+            path_var = agent.env.get("PATH", path_var)
         if configured is not None:
             path_var = configured.env.get("PATH", path_var)
         if configured is not None and configured.command:
-            command = configured.command[0]
-            if os.sep in command:
-                usable = os.path.isfile(command) and os.access(command, os.X_OK)
-                found.append(ProgramLocation(name, command, command if usable else None, "config"))
-            else:
-                found.append(
-                    ProgramLocation(name, command, shutil.which(command, path=path_var), "PATH")
-                )
+            found.append(_locate_command(name, configured.command[0], path_var))
+            continue
+        if agent is not None:
+            found.append(_locate_command(name, agent.command[0], path_var))
             continue
         program = DEFAULT_PROGRAMS.get(name)
         if program is None:
@@ -151,6 +153,14 @@ def locate_programs(env: Mapping[str, str], config: Config) -> tuple[ProgramLoca
             packaged = find_program(program, path_var)
             found.append(ProgramLocation(name, program.name, packaged, "package"))
     return tuple(found)
+
+
+def _locate_command(provider: str, command: str, path_var: str) -> ProgramLocation:
+    """Where a configured command resolves: a path as is, a name on ``path_var``."""
+    if os.sep in command:
+        usable = os.path.isfile(command) and os.access(command, os.X_OK)
+        return ProgramLocation(provider, command, command if usable else None, "config")
+    return ProgramLocation(provider, command, shutil.which(command, path=path_var), "PATH")
 
 
 class AgentEnvironment:

@@ -161,6 +161,14 @@ class ProviderConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     env: Annotated[dict[str, str], EnvTable()] = {}
 
 
+class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """An ACP agent by name (``[agents.NAME]``): sessions with provider NAME run it."""
+
+    command: Annotated[list[str], Argv()]
+    env: Annotated[dict[str, str], EnvTable()] = {}
+    display_name: str | None = None
+
+
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     socket: Annotated[str | None, AbsolutePath(MAX_SOCKET_PATH_BYTES)] = None
     state_dir: Annotated[str | None, AbsolutePath()] = None
@@ -179,6 +187,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     send_timeout_s: Annotated[float, Range(0, MAX_WAIT_S, low_open=True, unit="s")] = 30.0
     ladder: Ladder = Ladder()
     providers: dict[str, ProviderConfig] = {}
+    # ACP agents by name, added to (or replacing) the built-in ones.
+    agents: dict[str, AgentConfig] = {}
     # Where agents' environment comes from (agentsd.agent_env): "auto" takes the login
     # shell's under systemd and the daemon's own elsewhere.
     agent_env: Literal["auto", "login-shell", "inherit"] = "auto"

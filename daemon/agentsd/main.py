@@ -19,7 +19,7 @@ from agentsd.config import MAX_SOCKET_PATH_BYTES, Config, ConfigError, load_conf
 from agentsd.listener import SocketInUse
 from agentsd.logging_setup import configure_logging
 from agentsd.paths import AlreadyRunning, UnsafeDirectory
-from agentsd.providers import provider_registry
+from agentsd.providers import BUILTIN_PROVIDERS, provider_registry
 from agentsd.server import ServiceManager, serve_daemon
 from agentsd.store.database import SchemaTooNew
 from agentsd.store.integrity import DatabaseDamaged
@@ -71,11 +71,18 @@ def main(argv: list[str] | None = None) -> None:
     try:
         config_path = Path(args.config) if args.config else default_config_path()
         config = load_config(config_path, required=args.config is not None)
-        unknown = sorted(set(config.providers) - set(provider_registry()))
+        taken = sorted(set(config.agents) & set(BUILTIN_PROVIDERS))
+        if taken:
+            raise ConfigError(
+                f"config file {config_path}: [agents.{taken[0]}]: {taken[0]} is a built-in "
+                "provider, not an ACP agent; name the agent otherwise"
+            )
+        known = provider_registry(config.agents)
+        unknown = sorted(set(config.providers) - set(known))
         if unknown:
             raise ConfigError(
                 f"config file {config_path}: unknown provider(s) {', '.join(unknown)} "
-                f"(known: {', '.join(sorted(provider_registry()))})"
+                f"(known: {', '.join(sorted(known))})"
             )
         if args.cgroup_root is not None:
             config = msgspec.structs.replace(

@@ -301,7 +301,12 @@ async def _handshake(
     )
     if session.child is not None:
         session.child = msgspec.structs.replace(session.child, agent_version=version)
-    ready = ChildReady(provider_handle=handle, generation=lease.generation, agent_version=version)
+    ready = ChildReady(
+        provider_handle=handle,
+        generation=lease.generation,
+        agent_version=version,
+        agent_name=adapter.agent_name,
+    )
     with trio.move_on_after(SETTLE_TIMEOUT_S) as slow:
         await session.journal.append(
             [ready] if adapter.superseded is None else [adapter.superseded, ready],

@@ -140,7 +140,7 @@ async def _serve_sessions(
     async with open_store(app.state_dir / DATABASE_NAME) as store:
         # Rule 1: the previous daemon's children are dealt with before anything is served.
         app.recovery = await recover(store, config.ladder, app.containment.root)
-        providers = provider_registry()
+        providers = provider_registry(config.agents)
         async with open_supervisor(
             store, config, app.state_dir, providers, app.agent_env, app.containment
         ) as supervisor:

@@ -25,6 +25,7 @@ import trio
 from agentsd.leases import Lease, is_current
 from agentsd.session import Session
 from agentsd_protocol.api.events import (
+    ApprovalOption,
     ApprovalRequested,
     ApprovalResolved,
     Event,
@@ -176,6 +177,7 @@ class Sink:
         options: list[str],
         *,
         item_id: str | None = None,
+        option_details: list[ApprovalOption] | None = None,
     ) -> str:
         approval_id = f"ap-{self._lease.fence}-{native_id}"
         await self.emit(
@@ -187,6 +189,7 @@ class Sink:
                 detail=detail,
                 options=options,
                 item_id=item_id,
+                option_details=option_details or [],
             )
         )
         return approval_id

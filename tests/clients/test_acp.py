@@ -45,7 +45,7 @@ from agentsd_protocol.api.conversation import RespondParams
 from agentsd_protocol.api.events import ApprovalRequested
 from agentsd_protocol.api.session import GetParams
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
-from tests.daemon_process import DaemonProcess, running_daemon
+from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
 
 TEST_TIMEOUT_S = 60.0  # each test's outer bound; steps take milliseconds, bridges ~0.5 s
 ACP_CLIENT = Path(__file__).parent / "acp_client"
@@ -270,6 +270,29 @@ def test_an_approval_is_a_tool_call_resolved_by_its_decision() -> None:
     ]
     unknown = ev("approval.resolved", approvalId="ap-0", decision="accept", by="client")
     assert translator.event(unknown) == []
+
+
+@pytest.mark.parametrize(("decision", "status"), [("go", "completed"), ("abort", "failed")])
+def test_an_acp_agents_option_allows_when_its_kind_says_so(decision: str, status: str) -> None:
+    translator = UpdateTranslator()
+    details = [
+        {"optionId": "go", "name": "Proceed", "kind": "allow_once"},
+        {"optionId": "abort", "name": "Stop", "kind": "reject_once"},
+    ]
+    requested = asked(
+        approvalId="ap-1",
+        nativeId="r1",
+        approvalKind="execute",
+        title="Run `ls`",
+        detail="",
+        options=["go", "abort"],
+        optionDetails=details,
+    )
+    translator.event(requested)
+    resolved = translator.event(
+        ev("approval.resolved", approvalId="ap-1", decision=decision, by="client")
+    )
+    assert [u["status"] for u in wire(resolved)] == [status]
 
 
 def tool_calls(updates: list[dict[str, Any]]) -> dict[str, list[str]]:
@@ -569,6 +592,19 @@ def test_only_a_refusing_first_word_makes_a_reject_option(decision: str, kind: s
 def test_the_answers_to_a_question_are_shown_as_the_agent_wrote_them(label: str, kind: str) -> None:
     option = acp.permission_option(label, "question")
     assert (option.option_id, option.name, option.kind) == (label, label, kind)
+
+
+def test_an_option_an_acp_agent_described_keeps_its_name_and_kind() -> None:
+    option = acp.permission_option(
+        "abort", "execute", agent_name="No, and tell Codex", agent_kind="reject_once"
+    )
+    assert (option.option_id, option.name, option.kind) == (
+        "abort",
+        "No, and tell Codex",
+        "reject_once",
+    )
+    # A kind ACP does not have is read from the words, as for any decision.
+    assert acp.permission_option("rejectAlways", agent_kind="maybe").kind == "reject_always"
 
 
 def test_a_plan_approval_is_a_mode_switch() -> None:
@@ -999,3 +1035,58 @@ def test_the_acp_help_does_not_import_trio() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip().splitlines()[-1] == "False"
+
+
+# -- an ACP agent behind the daemon, through the bridge ------------------------------
+
+
+ACP_TEST_AGENT = Path(__file__).parents[1] / "peers" / "acp_test_agent.py"
+
+
+@pytest.fixture(scope="module")
+def acp_agent_daemon() -> Iterator[DaemonProcess]:
+    """A daemon with the tests' minimal ACP agent as ``[agents.testacp]``."""
+    base = make_temp_dir()
+    try:
+        config = base / "config.toml"
+        command = json.dumps([sys.executable, str(ACP_TEST_AGENT)])
+        config.write_text(f"[agents.testacp]\ncommand = {command}\n")
+        with running_daemon(extra_args=["--config", str(config)]) as process:
+            yield process
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+async def test_an_editor_drives_an_acp_agent_through_the_bridge(
+    acp_agent_daemon: DaemonProcess,
+) -> None:
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with bridge(acp_agent_daemon.socket, provider="testacp") as editor:
+            new = await editor.call("session/new", {"cwd": "/tmp", "mcpServers": []})
+            session_id = new["sessionId"]
+
+            async def prompt(text: str) -> Any:
+                params = {"sessionId": session_id, "prompt": [{"type": "text", "text": text}]}
+                return await editor.call("session/prompt", params)
+
+            assert await prompt("hello") == {"stopReason": "end_turn"}
+            assert "".join(editor.texts("agent_message_chunk")) == "echo: hello"
+            assert "".join(editor.texts("agent_thought_chunk")) == "thinking"
+
+            async def allow(params: dict[str, Any]) -> Any:
+                # The agent's own options, names and kinds, through the daemon.
+                assert params["options"] == [
+                    {"optionId": "yes", "name": "Allow", "kind": "allow_once"},
+                    {"optionId": "no", "name": "Reject", "kind": "reject_once"},
+                ]
+                return {"outcome": {"outcome": "selected", "optionId": "yes"}}
+
+            editor.permission = allow
+            mark = len(editor.updates)
+            assert await prompt("permission") == {"stopReason": "end_turn"}
+            assert "".join(editor.texts("agent_message_chunk", mark)) == (
+                'outcome: {"outcome": "selected", "optionId": "yes"}'
+            )
+        with Client(acp_agent_daemon.socket) as client:
+            info = client.call("agentSession.get", {"sessionId": session_id})["session"]
+            assert info["provider"] == "testacp"

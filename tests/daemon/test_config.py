@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from agentsd.config import Config, ConfigError, Ladder, check_config, load_config
+from agentsd.providers import provider_registry
+from agentsd.providers.acp import AcpProvider
 from tests.daemon_process import (
     DaemonProcess,
     daemon_env,
@@ -158,6 +160,34 @@ def test_an_unknown_provider_in_the_config_is_refused(tmp_path: Path) -> None:
     assert "nosuch" in result.stderr
 
 
+def test_an_acp_agent_cannot_take_a_built_in_providers_name(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('[agents.codex]\ncommand = ["codex-acp"]\n')
+    result = run_daemon(["--config", str(config), "--state-dir", str(tmp_path / "state")])
+    assert result.returncode == 2
+    assert "[agents.codex]: codex is a built-in provider" in result.stderr
+
+
+def test_an_acp_agent_is_a_provider_the_config_can_override(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(
+        '[agents.opencode]\ncommand = ["opencode", "acp"]\ndisplay_name = "OpenCode"\n'
+        '[agents.gemini]\ncommand = ["gemini", "--experimental-acp"]\n'
+        '[providers.opencode]\nenv = { "A" = "1" }\n'
+    )
+    loaded = load_config(config, required=True)
+    registry = provider_registry(loaded.agents)
+    assert {"mock", "codex", "claude", "codex-acp", "claude-agent-acp", "gemini"} <= set(registry)
+    opencode = registry["opencode"]
+    assert isinstance(opencode, AcpProvider)
+    assert opencode.agent.command == ("opencode", "acp")
+    assert opencode.agent.display_name == "OpenCode"
+    gemini = registry["gemini"]
+    assert isinstance(gemini, AcpProvider)
+    assert gemini.agent.command == ("gemini", "--experimental-acp")
+    assert gemini.agent.display_name == "Gemini CLI"
+
+
 # ---- every value is checked at load (issue 18: nonsense config was accepted) ----------------
 
 # (TOML text, the dotted key, the value as shown, a piece of the allowed range)
@@ -186,6 +216,10 @@ NONSENSE = [
                  id="relative-state-dir"),
     pytest.param("[providers.mock]\ncommand = []\n", "providers.mock.command", "[]",
                  "non-empty list", id="empty-command"),
+    pytest.param("[agents.gemini]\ncommand = []\n", "agents.gemini.command", "[]",
+                 "non-empty list", id="empty-agent-command"),
+    pytest.param('[agents.x]\ncommand = ["x"]\nenv = { "A=B" = "1" }\n', "agents.x.env",
+                 "'A=B'", "without '='", id="agent-env-key-with-equals"),
 ]  # fmt: skip
 
 

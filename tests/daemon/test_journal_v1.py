@@ -44,6 +44,7 @@ KINDS_SINCE_V1 = {
     "queue.resumed",
     "session.acknowledged",
     "agent.request",
+    "commands.updated",
 }
 # A body's field "kind" before the union (the tag owns that name now).
 RENAMED_FIELDS = {

@@ -283,10 +283,19 @@ class Binding:
 
     async def _permission(self, permission: _Permission) -> None:
         approval = permission.approval
+        described = {o.option_id: o for o in approval.asked.option_details}
         params = acp.RequestPermissionParams(
             session_id=self.session_id,
             tool_call=approval_tool_call(approval.asked),
-            options=[acp.permission_option(option, approval.kind) for option in approval.options],
+            options=[
+                acp.permission_option(
+                    option,
+                    approval.kind,
+                    agent_name=described[option].name if option in described else None,
+                    agent_kind=described[option].kind if option in described else None,
+                )
+                for option in approval.options
+            ],
             # The daemon's id of the question (the tool call's id is its item's).
             meta={"agentsd": {"approvalId": approval.approval_id}},
         )

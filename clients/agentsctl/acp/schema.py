@@ -13,6 +13,7 @@ Pure: msgspec and the standard library only, no I/O.
 from __future__ import annotations
 
 import re
+import typing
 from typing import Any, Literal
 
 import msgspec
@@ -318,6 +319,7 @@ _REJECT_WORDS = {"decline", "deny", "reject", "no", "cancel", "abort"}
 # asks), shown as they are: only ``decline`` and ``cancel`` refuse.
 _WORDED_KINDS = {"question"}
 _REFUSALS = {"decline", "cancel"}
+_OPTION_KINDS = frozenset(typing.get_args(PermissionOptionKind))
 
 
 def _identifier_words(decision: str) -> list[str]:
@@ -326,10 +328,19 @@ def _identifier_words(decision: str) -> list[str]:
     return spaced.lower().split()
 
 
-def permission_option(decision: str, approval_kind: str | None = None) -> PermissionOption:
+def permission_option(
+    decision: str,
+    approval_kind: str | None = None,
+    *,
+    agent_name: str | None = None,
+    agent_kind: str | None = None,
+) -> PermissionOption:
     """One of the daemon's decisions as an ACP option; its ``optionId`` is the
     decision itself, so the editor's choice goes back to ``agentSession.respond``
     unchanged.
+
+    An option an ACP agent behind the daemon described keeps that agent's name and
+    kind (``agent_name``, ``agent_kind``).
 
     A decision of the daemon's vocabulary (``accept``, ``acceptForSession``, ...) is
     named in words and its kind read from its first word (``...ForSession`` and
@@ -338,6 +349,9 @@ def permission_option(decision: str, approval_kind: str | None = None) -> Permis
     and ``cancel``.
     """
     kind: PermissionOptionKind
+    if agent_kind in _OPTION_KINDS:
+        kind = typing.cast(PermissionOptionKind, agent_kind)
+        return PermissionOption(option_id=decision, name=agent_name or decision, kind=kind)
     if approval_kind in _WORDED_KINDS:
         kind = "reject_once" if decision in _REFUSALS else "allow_once"
         return PermissionOption(option_id=decision, name=decision, kind=kind)

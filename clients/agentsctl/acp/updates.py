@@ -19,7 +19,8 @@ that item's tool call, whichever of the two the journal shows first: ``pending``
 while it waits for the decision, ``in_progress`` once allowed, then what the item
 reports; ``failed`` once refused, whatever follows. An approval without an item is
 a tool call of its own, keyed by its approval id, ``completed`` when allowed and
-``failed`` otherwise.
+``failed`` otherwise. A decision allows when the agent said that option allows (an
+ACP agent's ``allow_*`` kinds), else when its first word does.
 
 Pure: no I/O, no trio.
 """
@@ -78,6 +79,8 @@ class UpdateTranslator:
         # Approvals announced, by approval id: the item each is about, or None when
         # the approval is a tool call of its own (Rule 4).
         self._approvals: dict[str, str | None] = {}
+        # The options that allow, by approval id, where the agent described its options.
+        self._allowing: dict[str, set[str]] = {}
         self._turn_id: str | None = None  # the turn running, as far as this stream shows
 
     def event(self, journal_event: JournalEvent) -> list[acp.SessionUpdate]:
@@ -259,6 +262,10 @@ class UpdateTranslator:
         approval_id = asked.approval_id
         item_id = asked.item_id
         self._approvals[approval_id] = item_id
+        if asked.option_details:
+            self._allowing[approval_id] = {
+                o.option_id for o in asked.option_details if (o.kind or "").startswith("allow")
+            }
         tool_call_id = item_id or approval_id
         detail = asked.detail
         if item_id is not None:
@@ -289,7 +296,11 @@ class UpdateTranslator:
             return []  # requested before this stream began: nothing to update
         item_id = self._approvals.pop(approval_id)
         decision = resolved.decision
-        allowed = decision.lower().startswith(_ALLOWING)
+        allowing = self._allowing.pop(approval_id, None)
+        if allowing is not None:  # the agent said which of its options allow
+            allowed = decision in allowing
+        else:
+            allowed = decision.lower().startswith(_ALLOWING)
         outcome = {"decision": decision, "by": resolved.by}
         if item_id is None:
             return [

@@ -42,7 +42,7 @@ from agentsd.providers.programs import Program
 from agentsd.store.journal import bounded_payload
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.api.conversation import DispatchOutcome
-from agentsd_protocol.api.events import BoundedPayload, Event, ThreadSuperseded
+from agentsd_protocol.api.events import ApprovalOption, BoundedPayload, Event, ThreadSuperseded
 from agentsd_protocol.errors import AgentProtocolError
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a tool result can be big; a line past this is broken
@@ -109,10 +109,12 @@ class SessionSink(Protocol):
         options: list[str],
         *,
         item_id: str | None = None,
+        option_details: list[ApprovalOption] | None = None,
     ) -> str:
         """Record an approval durably and return its stable approval id. ``item_id``
         is the item (tool call) it asks about, when the agent names one: clients then
-        show the question and the tool run as one thing."""
+        show the question and the tool run as one thing. ``option_details`` describe
+        the options when the agent does (names and kinds)."""
         ...
 
     async def approval_cancelled(self, native_id: str) -> None: ...
@@ -228,6 +230,12 @@ class Adapter(abc.ABC):
         (the daemon then asks the binary: ``agentsd.providers.versions``)."""
         return None
 
+    @property
+    def agent_name(self) -> str | None:
+        """The agent's own name as its handshake reported it (ACP's ``agentInfo``);
+        None when it did not."""
+        return None
+
     @abc.abstractmethod
     async def handshake(self, resume: Resume | None) -> str:
         """Initialize the agent (resuming natively when ``resume`` is given) and
@@ -253,7 +261,7 @@ class Adapter(abc.ABC):
 
 
 class Provider(abc.ABC):
-    name: ClassVar[str]
+    name: str  # the session's provider name: a class attribute, or per instance (ACP agents)
     # The agent program this provider runs, if it is a known one: its ``--version``
     # is asked when the handshake does not say (``agentsd.providers.versions``).
     program: ClassVar[Program | None] = None

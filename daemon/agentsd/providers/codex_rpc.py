@@ -78,8 +78,12 @@ class Garbage:
 class RpcPeer:
     """Requests to Codex and their responses; see the module's rules."""
 
-    def __init__(self, link: LineLink) -> None:
+    def __init__(self, link: LineLink, *, agent: str = "codex", jsonrpc: bool = False) -> None:
+        """``agent`` names the peer in messages; ``jsonrpc`` adds the ``"jsonrpc":
+        "2.0"`` member to every message (ACP agents require it, Codex omits it)."""
         self._link = link
+        self._agent = agent
+        self._envelope: dict[str, Any] = {"jsonrpc": "2.0"} if jsonrpc else {}
         self._ids = itertools.count(1)
         self._calls: dict[int, Call] = {}
         self.closed = False
@@ -88,19 +92,24 @@ class RpcPeer:
         """Send a request. Raises ``trio.ClosedResourceError`` once the output ended
         (``close``) and ``trio.BrokenResourceError`` when the child's stdin is gone."""
         if self.closed:
-            raise trio.ClosedResourceError("codex has exited")
+            raise trio.ClosedResourceError(f"{self._agent} has exited")
         request_id = next(self._ids)
         call = Call(method)
         self._calls[request_id] = call
         try:
-            await self._link.send({"id": request_id, "method": method, "params": params})
+            await self._link.send(
+                {**self._envelope, "id": request_id, "method": method, "params": params}
+            )
         except BaseException:
             self._calls.pop(request_id, None)
             raise
         return call
 
-    async def notify(self, method: str) -> None:
-        await self._link.send({"method": method})
+    async def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
+        message = {**self._envelope, "method": method}
+        if params is not None:
+            message["params"] = params
+        await self._link.send(message)
 
     async def respond(self, request_id: int | str, result: Any) -> bool:
         """Answer a server request; False when the child is gone (nothing to answer)."""
@@ -112,9 +121,11 @@ class RpcPeer:
 
     async def _reply(self, message: dict[str, Any]) -> bool:
         try:
-            await self._link.send(message)
+            await self._link.send({**self._envelope, **message})
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            log.info("codex exited before our answer to its request %r", message.get("id"))
+            log.info(
+                "%s exited before our answer to its request %r", self._agent, message.get("id")
+            )
             return False
         return True
 
@@ -149,5 +160,5 @@ class RpcPeer:
         raise ``trio.ClosedResourceError``."""
         self.closed = True
         for call in self._calls.values():
-            call.settle(error={"message": "codex exited before answering"})
+            call.settle(error={"message": f"{self._agent} exited before answering"})
         self._calls.clear()

@@ -117,6 +117,11 @@ class ProgramVersions:
             self._known[key] = version
         self._by_path[argv0] = version
 
+    def reported(self, argv0: str, version: str) -> None:
+        """Record the version an agent that is no known ``Program`` (an ACP agent,
+        from its ``agentInfo``) reported in its handshake, for the daemon's status."""
+        self._by_path[argv0] = version
+
     async def read(self, argv0: str, program: Program, env: Mapping[str, str]) -> str | None:
         """The version ``argv0 --version`` prints, from the cache when this binary
         was asked before; None when it cannot be read (Rules 1-3). ``env`` is the
@@ -185,6 +190,8 @@ async def settle_version(
     handshake ``reported`` (the adapter already judged it), else what ``argv0
     --version`` says, refused when known to be below ``minimum`` (Rule 1)."""
     if program is None:
+        if reported is not None:
+            versions.reported(argv0, reported)
         return reported
     if reported is not None:
         await versions.remember(argv0, program, reported)

@@ -78,6 +78,24 @@ class FileChange(Value, frozen=True, kw_only=True):
     kind: str | None = None
 
 
+class ApprovalOption(Value, frozen=True, kw_only=True):
+    """One option of an approval as the agent described it. ``kind`` is ACP's
+    ``allow_once``, ``allow_always``, ``reject_once`` or ``reject_always``."""
+
+    option_id: str
+    name: str | None = None
+    kind: str | None = None
+
+
+class AgentCommand(Value, frozen=True, kw_only=True):
+    """A command the agent offers: ``name`` without its slash, and what to type after
+    it (``hint``) when it takes input."""
+
+    name: str
+    description: str | None = None
+    hint: str | None = None
+
+
 class PlanStep(Value, frozen=True, kw_only=True):
     """One step of an agent's plan; ``status`` is the agent's (Codex: ``pending``,
     ``inProgress``, ``completed``)."""
@@ -232,6 +250,9 @@ class ApprovalRequested(EventStruct, tag="approval.requested", frozen=True, kw_o
     detail: str
     options: list[str]
     item_id: str | None = None
+    # Each option as the agent described it, when it does (ACP agents: their option
+    # ids are ``options``, with a name and ACP's kind).
+    option_details: list[ApprovalOption] = []
 
 
 class ApprovalResolved(EventStruct, tag="approval.resolved", frozen=True, kw_only=True):
@@ -264,11 +285,14 @@ class ChildSpawned(EventStruct, tag="child.spawned", frozen=True, kw_only=True):
 class ChildReady(EventStruct, tag="child.ready", frozen=True, kw_only=True):
     """The handshake completed; ``provider_handle`` resumes the conversation.
     ``agent_version`` is the agent's version (from its handshake, else its
-    ``--version``); None when it could not be read, or before agentsd recorded it."""
+    ``--version``); None when it could not be read, or before agentsd recorded it.
+    ``agent_name`` is the agent's own name where its handshake gives one (an ACP
+    agent's ``agentInfo.name``): what runs behind a provider name from the config."""
 
     provider_handle: str
     generation: str
     agent_version: str | None = None
+    agent_name: str | None = None
 
 
 class ChildExited(EventStruct, tag="child.exited", frozen=True, kw_only=True):
@@ -390,6 +414,13 @@ class SessionAcknowledged(EventStruct, tag="session.acknowledged", frozen=True, 
     seq: int
 
 
+class CommandsUpdated(EventStruct, tag="commands.updated", frozen=True, kw_only=True):
+    """The commands the agent offers now, replacing those it offered before (an ACP
+    agent's ``available_commands_update``: its slash commands)."""
+
+    commands: list[AgentCommand] = []
+
+
 class ThreadStatus(EventStruct, tag="thread.status", frozen=True, kw_only=True):
     """The agent's own thread status (Codex), journaled when it changes."""
 
@@ -430,6 +461,7 @@ Event = (
     | QueueResumed
     | SessionAcknowledged
     | AgentRequest
+    | CommandsUpdated
 )
 """Every event the daemon writes."""
 
