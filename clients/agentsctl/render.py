@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, TextIO
 
 import msgspec
@@ -175,15 +176,19 @@ class Transcript:
 
     # -- everything else ---------------------------------------------------------------
 
-    def line(self, text: str) -> None:
-        """Write one whole line (after ending a partial one)."""
+    def line(self, text: str, emphasis: Callable[[str], str] | None = None) -> None:
+        """Write one whole line (after ending a partial one). ``text`` is anyone's
+        (prompts, agents' words, tool input): its control characters are escaped
+        before ``emphasis`` adds this client's own styling, so nothing in it can drive
+        the terminal."""
         self.end_line()
-        self.out.write(text + "\n")
+        shown = printable(text, layout=True)
+        self.out.write((shown if emphasis is None else emphasis(shown)) + "\n")
         self.out.flush()
 
     def note(self, text: str) -> None:
         """A line about the session rather than from it (``-- ...``)."""
-        self.line(self.style.dim(f"-- {text}"))
+        self.line(f"-- {text}", self.style.dim)
 
     def event(self, journal_event: JournalEvent) -> None:
         """Write one journal event; kinds this client does not know show as notes."""
@@ -195,11 +200,11 @@ class Transcript:
             case ItemStarted() | TurnStarted():
                 pass  # its text (or its completion), or the prompt line above, shows it
             case Submission(text=text):
-                self.line(self.style.bold("> " + text.replace("\n", "\n  ")))
+                self.line("> " + text.replace("\n", "\n  "), self.style.bold)
             case SubmissionDispatched(outcome=outcome, reason=reason):
                 if outcome != "accepted":
                     why = f": {reason}" if reason else ""
-                    self.line(self.style.warn(f"! prompt {outcome}{why}"))
+                    self.line(f"! prompt {outcome}{why}", self.style.warn)
             case TurnCompleted(turn_id=turn_id, outcome=outcome, reason=reason):
                 if outcome == "completed":
                     self.end_line()
@@ -213,7 +218,7 @@ class Transcript:
             case ApprovalResolved(approval_id=approval_id, decision=decision, by=by):
                 self.note(f"approval {approval_id}: {decision} (by {by})")
             case AgentError(message=message):
-                self.line(self.style.warn(f"! agent error: {message}"))
+                self.line(f"! agent error: {message}", self.style.warn)
             case SessionCreated(provider=provider, cwd=cwd):
                 self.note(f"session created ({provider} in {cwd})")
             case ChildReady(agent_version=version):
@@ -226,7 +231,7 @@ class Transcript:
                 self.note(f"new conversation {handle} in place of {previous}: {reason}")
             case ExitUnproven():
                 self.line(
-                    self.style.warn("! the agent's exit could not be proven; it may still run")
+                    "! the agent's exit could not be proven; it may still run", self.style.warn
                 )
             case LeaseAcquired() | LeaseReleased() | ChildSpawned() | SessionAcknowledged():
                 pass  # supervision detail, or the user's own reading; `log --jsonl` has it
@@ -235,11 +240,11 @@ class Transcript:
 
     def _stderr_tail(self, tail: str) -> None:
         lines = [line for line in tail.splitlines() if line.strip()]
-        self.line(self.style.dim("  its stderr ends:"))
+        self.line("  its stderr ends:", self.style.dim)
         if len(lines) > MAX_DETAIL_LINES:
-            self.line(self.style.dim(f"  ({len(lines) - MAX_DETAIL_LINES} lines before)"))
+            self.line(f"  ({len(lines) - MAX_DETAIL_LINES} lines before)", self.style.dim)
         for text in lines[-MAX_DETAIL_LINES:]:
-            self.line(self.style.dim(f"  | {printable(text)}"))
+            self.line(f"  | {text}", self.style.dim)
 
     def _item_completed(self, item: ItemCompleted) -> None:
         kind = item.type
@@ -257,15 +262,15 @@ class Transcript:
             self.line(" ".join(parts))
         elif kind == "reasoning":
             if item.text:
-                self.line(self.style.dim("(thinking) " + _clip(item.text)))
+                self.line("(thinking) " + _clip(item.text), self.style.dim)
         else:
             self.note(f"{kind} item {item.item_id}")
         self._finish(item.item_id)
 
     def _approval_requested(self, asked: ApprovalRequested) -> None:
         self.line(
-            self.style.bold(f"? approval {asked.approval_id} ({asked.approval_kind}): ")
-            + asked.title
+            f"? approval {asked.approval_id} ({asked.approval_kind}): {asked.title}",
+            self.style.bold,
         )
         detail = [line for line in asked.detail.splitlines() if line.strip()]
         for text in detail[:MAX_DETAIL_LINES]:

@@ -1018,3 +1018,38 @@ def test_send_queue_holds_prompts_that_queue_lists_edits_withdraws_and_resumes(
     assert texts == ["go", "echo four", "echo now", "echo one", "echo TWO"]
     bash = run(daemon, capsys, "completion", "bash")[1]
     assert "--send-now" in bash and "--queue" in bash
+
+
+def test_the_transcript_escapes_what_others_wrote_before_it_reaches_the_terminal() -> None:
+    """Prompts, tool input, approvals and agents' errors are anyone's text: an escape
+    sequence or a carriage return in them is shown escaped, never sent raw."""
+    out = io.StringIO()
+    transcript = Transcript(out)
+    hostile = "\x1b]0;pwned\x07\x1b[2J\rfake"
+    transcript.event(_event(1, "submission", clientMessageId="c1", text=f"run {hostile}"))
+    transcript.event(
+        _event(
+            2,
+            "item.completed",
+            itemId="t1",
+            type="commandExecution",
+            input={"command": f"ls {hostile}"},
+            status="completed",
+        )
+    )
+    transcript.event(
+        _event(
+            3,
+            "approval.requested",
+            approvalId="ap-1",
+            nativeId="1",
+            approvalKind="command",
+            title=f"Run {hostile}",
+            detail=f"detail {hostile}",
+            options=["accept", "decline"],
+        )
+    )
+    transcript.event(_event(4, "agent.error", message=f"boom {hostile}"))
+    shown = out.getvalue()
+    assert "\x1b" not in shown and "\r" not in shown and "\x07" not in shown, repr(shown)
+    assert shown.count("\\x1b]0;pwned") == 5, shown  # prompt, tool, title, detail, error
