@@ -41,6 +41,7 @@ from agentsd_protocol.api.events import (
     LeaseReleased,
     SessionAcknowledged,
     SessionCreated,
+    SessionUpdated,
     Submission,
     SubmissionDispatched,
     ThreadSuperseded,
@@ -227,6 +228,8 @@ class Transcript:
                 self.note(f"agent exited: {_exit_text(exited)}")
                 if exited.stderr_tail:
                     self._stderr_tail(exited.stderr_tail)
+            case SessionUpdated(by="daemon"):
+                pass  # the title the daemon took from the prompt shown just above
             case ThreadSuperseded(previous_handle=previous, handle=handle, reason=reason):
                 self.note(f"new conversation {handle} in place of {previous}: {reason}")
             case ExitUnproven():

@@ -28,6 +28,7 @@ M.item_text = render.item_text -- an item's text (streamed pieces joined)
 -- Neovim 0.11: a character is a byte that is not a UTF-8 continuation byte, and the
 -- ones that follow it.
 local CHARACTER_START = '[^\128-\191]'
+local STDERR_LINES = 8 -- of an agent's stderr tail: the lines that say why it ended
 
 --- Characters (code points) in a UTF-8 string.
 ---@param s string
@@ -283,6 +284,30 @@ Transcript['on_child_exited'] = function(self, body)
     text = text .. ', code ' .. body.returncode
   end
   self:notice(text .. ']')
+  -- Why it failed, in its own words: the end of what it wrote to stderr.
+  if type(body.stderrTail) == 'string' and body.stderrTail ~= '' then
+    local shown = { '[its stderr ends]' }
+    for line in body.stderrTail:gmatch('[^\n]+') do
+      if line:match('%S') then
+        table.insert(shown, '  | ' .. line)
+      end
+    end
+    while #shown > STDERR_LINES + 1 do
+      table.remove(shown, 2)
+    end
+    self:notice(table.concat(shown, '\n'))
+  end
+end
+
+Transcript['on_thread_superseded'] = function(self, body)
+  self:notice(
+    string.format(
+      '[new conversation %s in place of %s: %s]',
+      tostring(body.handle),
+      tostring(body.previousHandle),
+      tostring(body.reason or '')
+    )
+  )
 end
 
 --- Apply one `agentSession.delta` (Rule 2).

@@ -283,6 +283,33 @@ local function socket_path()
     saved[1], saved[2], saved[3]
 end
 
+--- A failed agent's stderr tail and a superseded conversation show as notices.
+local function transcript_exit_and_supersede()
+  local t = transcript.new('s1')
+  t:apply({
+    seq = 1,
+    kind = 'thread.superseded',
+    body = { previousHandle = 'th-1', handle = 'th-2', reason = 'never saved' },
+  })
+  t:apply({
+    seq = 2,
+    kind = 'child.exited',
+    body = { cause = 'failed', returncode = 1, stderrTail = 'warming up\n\nError: bad flag\n' },
+  })
+  eq(t:lines(), {
+    'agents session s1',
+    '',
+    '[new conversation th-2 in place of th-1: never saved]',
+    '',
+    '[agent exited: failed, code 1]',
+    '',
+    '[its stderr ends]',
+    '  | warming up',
+    '  | Error: bad flag',
+    '',
+  }, 'exit and supersede lines')
+end
+
 function M.run()
   failures = {}
   for name, fn in pairs({
@@ -290,6 +317,7 @@ function M.run()
     transcript_streaming = transcript_streaming,
     transcript_flush = transcript_flush,
     transcript_items = transcript_items,
+    transcript_exit_and_supersede = transcript_exit_and_supersede,
     option_picking = option_picking,
     socket_path = socket_path,
   }) do
