@@ -17,6 +17,7 @@ import pytest
 from agentsd_protocol.api.session import LIST_PAGE_BYTES, MAX_ARG_BYTES, MAX_ENV_BYTES
 from tests.daemon_process import DaemonProcess, WireClient, make_temp_dir, running_daemon
 from tests.e2e.conftest import assert_error
+from tests.e2e.reliability import PingProbe
 
 CLI_TIMEOUT_S = 60.0
 INVALID_PARAMS = -32602
@@ -63,7 +64,11 @@ def test_an_environment_too_large_for_exec_still_returns_the_id(base: Path) -> N
     chunk = 100_000
     fill = {f"FILL_{i}": "f" * chunk for i in range((arg_max - 150_000) // chunk)}
     session_env = {"BIG_A": ENTRY_VALUE, "BIG_B": ENTRY_VALUE}
-    with running_daemon(env=fill) as daemon, daemon.connect() as client:
+    with (
+        running_daemon(env=fill) as daemon,
+        daemon.connect() as client,
+        PingProbe(daemon.socket) as probe,
+    ):
         reply = create(client, base, env=session_env)
         assert "error" in reply, reply
         data = reply["error"]["data"]
@@ -77,12 +82,17 @@ def test_an_environment_too_large_for_exec_still_returns_the_id(base: Path) -> N
         first = create(client, base, **op)
         again = create(client, base, **op)
         assert again["result"]["sessionId"] == first["error"]["data"]["sessionId"]
+        probe.check()
 
 
 def test_megabytes_of_env_in_sessions_do_not_break_ls(base: Path) -> None:
     env = {"BIG_A": ENTRY_VALUE, "BIG_B": ENTRY_VALUE}
     count = 40  # about 10 MB of env: more than a client's 8 MiB frame bound
-    with running_daemon() as daemon, daemon.connect() as client:
+    with (
+        running_daemon() as daemon,
+        daemon.connect() as client,
+        PingProbe(daemon.socket) as probe,
+    ):
         ids = {
             create(client, base, env=env, start=False)["result"]["sessionId"] for _ in range(count)
         }
@@ -99,6 +109,7 @@ def test_megabytes_of_env_in_sessions_do_not_break_ls(base: Path) -> None:
         as_json = cli(daemon, "ls", "--json")
         assert as_json.returncode == 0, as_json.stderr[-2000:]
         assert as_json.stdout.count('"sessionId"') == count
+        probe.check()
 
 
 @pytest.mark.parametrize(

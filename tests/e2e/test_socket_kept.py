@@ -25,6 +25,7 @@ from tests.daemon_process import (
     make_temp_dir,
     running_daemon,
 )
+from tests.e2e.reliability import PingProbe
 
 REBOUND_WITHIN_S = 10.0  # the daemon checks every second; the machine is shared
 CLI_TIMEOUT_S = 60.0
@@ -79,12 +80,13 @@ def cli(daemon: DaemonProcess, *args: str) -> subprocess.CompletedProcess[str]:
 def test_a_deleted_socket_is_bound_again_and_open_connections_go_on(base: Path) -> None:
     sock = base / "rt" / "agentsd" / "agentsd.sock"
     with running_daemon(state_dir=base / "state", socket_path=sock) as daemon:
-        with WireClient(sock) as old:
+        with WireClient(sock) as old, PingProbe(sock) as probe:
             session_id = create_session(old, base)
             sock.unlink()
             old.ping()  # served on the connection accepted before
             wait_answering(sock)
             old.ping()
+            probe.check()
         assert stat.S_ISSOCK(os.lstat(sock).st_mode) and mode_of(sock) == 0o600
         with WireClient(sock) as fresh:
             assert session_id in listed(fresh)
@@ -95,7 +97,7 @@ def test_a_runtime_dir_removed_and_created_again_gets_the_socket_back(base: Path
     runtime = base / "rt"
     sock = runtime / "agentsd" / "agentsd.sock"
     with running_daemon(state_dir=base / "state", socket_path=sock) as daemon:
-        with WireClient(sock) as old:
+        with WireClient(sock) as old, PingProbe(sock) as probe:
             session_id = create_session(old, base)
             shutil.rmtree(runtime)  # a logout without lingering
             old.ping()
@@ -105,6 +107,7 @@ def test_a_runtime_dir_removed_and_created_again_gets_the_socket_back(base: Path
             wait_answering(sock)
             assert mode_of(sock.parent) == 0o700 and mode_of(sock) == 0o600
             assert session_id in listed(old)
+            probe.check()
         with WireClient(sock) as fresh:
             assert session_id in listed(fresh)
         assert "waiting for" in daemon.log()

@@ -16,6 +16,7 @@ from tests.daemon_process import (
     make_temp_dir,
     running_daemon,
 )
+from tests.e2e.reliability import PingProbe
 
 
 def _create(client: WireClient, cwd: Path) -> dict[str, Any]:
@@ -48,7 +49,11 @@ def test_a_deleted_state_directory_never_acknowledges_a_write() -> None:
     """Before: records acknowledged after the deletion were gone after a restart."""
     cwd = make_temp_dir()
     state = make_temp_dir() / "state"
-    with running_daemon(state_dir=state) as daemon, daemon.connect() as client:
+    with (
+        running_daemon(state_dir=state) as daemon,
+        daemon.connect() as client,
+        PingProbe(daemon.socket) as probe,
+    ):
         assert "result" in _create(client, cwd)
         shutil.rmtree(state)
         acknowledged = []
@@ -62,6 +67,7 @@ def test_a_deleted_state_directory_never_acknowledges_a_write() -> None:
         storage = _storage(client)
         assert storage["state"] == "unavailable" and "deleted or moved" in storage["detail"]
         assert "storage unavailable" in daemon.log()
+        probe.check()  # the daemon answered all along (invariant 8)
         _stops_cleanly(daemon)
     assert _listed(state) == set()  # nothing acknowledged is missing: none was
 
@@ -70,7 +76,11 @@ def test_a_moved_state_directory_refuses_writes_until_it_is_back() -> None:
     cwd = make_temp_dir()
     base = make_temp_dir()
     state, moved = base / "state", base / "moved"
-    with running_daemon(state_dir=state) as daemon, daemon.connect() as client:
+    with (
+        running_daemon(state_dir=state) as daemon,
+        daemon.connect() as client,
+        PingProbe(daemon.socket) as probe,
+    ):
         kept = _create(client, cwd)["result"]["sessionId"]
         state.rename(moved)
         assert "deleted or moved" in _refused(_create(client, cwd))
@@ -82,6 +92,7 @@ def test_a_moved_state_directory_refuses_writes_until_it_is_back() -> None:
         assert _storage(client) == {"state": "ok", "detail": ""}
         resumed = _create(client, cwd)["result"]["sessionId"]
         assert "result" in client.call("agentSession.start", {"sessionId": resumed})
+        probe.check()  # the daemon answered all along (invariant 8)
         _stops_cleanly(daemon)
     assert _listed(state) == {kept, resumed}
 
@@ -91,7 +102,11 @@ def test_a_read_only_state_directory_refuses_writes_until_it_is_writable() -> No
     busy while the daemon holds its files open for writing.)"""
     cwd = make_temp_dir()
     state = make_temp_dir() / "state"
-    with running_daemon(state_dir=state) as daemon, daemon.connect() as client:
+    with (
+        running_daemon(state_dir=state) as daemon,
+        daemon.connect() as client,
+        PingProbe(daemon.socket) as probe,
+    ):
         kept = _create(client, cwd)["result"]["sessionId"]
         state.chmod(0o500)
         try:
@@ -106,6 +121,7 @@ def test_a_read_only_state_directory_refuses_writes_until_it_is_writable() -> No
         finally:
             state.chmod(0o700)
         resumed = _create(client, cwd)["result"]["sessionId"]
+        probe.check()  # the daemon answered all along (invariant 8)
         _stops_cleanly(daemon)
     assert _listed(state) == {kept, resumed}
 

@@ -172,6 +172,15 @@ class LineLink:
             await trio.lowlevel.checkpoint()
         while True:
             newline = self._buf.find(b"\n", self._scan_from)
+            # A line is past the bound whether or not its end has arrived yet: the
+            # read that crosses the bound may well hold its newline.
+            if (newline if newline >= 0 else len(self._buf)) > MAX_LINE_BYTES:
+                self._buf = bytearray()  # never read again: free it
+                self._broken = AgentProtocolError(
+                    f"the agent wrote a line longer than {MAX_LINE_BYTES} bytes; "
+                    "its output cannot be read any further"
+                )
+                raise self._broken
             if newline >= 0:
                 line = bytes(self._buf[:newline])
                 del self._buf[: newline + 1]
@@ -181,13 +190,6 @@ class LineLink:
                     return line
                 continue
             self._scan_from = len(self._buf)
-            if len(self._buf) > MAX_LINE_BYTES:
-                self._buf = bytearray()  # never read again: free it
-                self._broken = AgentProtocolError(
-                    f"the agent wrote a line longer than {MAX_LINE_BYTES} bytes; "
-                    "its output cannot be read any further"
-                )
-                raise self._broken
             data = await self._receive_stream.receive_some(READ_BYTES)
             self._lines_since_checkpoint = 0  # receive_some is a checkpoint
             if not data:
