@@ -90,3 +90,37 @@ def _phase(client: WireClient, session_id: str) -> str:
         "phase"
     ]
     return phase
+
+
+def test_an_agent_crashing_while_its_child_holds_its_output_is_seen_to_end() -> None:
+    """The agent exits (code 3) while a background child of its own keeps its stdout
+    open: the session ends as a crash, ``unexpected`` with its code, the child is
+    ended with it, and a send afterwards starts a fresh agent."""
+    base = make_temp_dir()
+    with (
+        running_daemon(state_dir=base / "state") as daemon,
+        daemon.connect() as client,
+        PingProbe(daemon.socket) as probe,
+    ):
+        created = client.call(
+            "agentSession.create",
+            {
+                "provider": "mock",
+                "cwd": str(base),
+                "options": {"crashAfterS": 0.5, "holdPipes": True},
+            },
+        )
+        session_id = created["result"]["session"]["sessionId"]
+        deadline = time.monotonic() + FLOOD_TIMEOUT_S
+        while _phase(client, session_id) != "stopped":
+            assert time.monotonic() < deadline, "the crashed agent's session never ended"
+            time.sleep(0.05)
+        info = client.call("agentSession.get", {"sessionId": session_id})["result"]["session"]
+        assert info["lastExit"]["cause"] == "unexpected", info["lastExit"]
+        assert info["lastExit"]["returncode"] == 3, info["lastExit"]
+        client.call(
+            "agentSession.setOptions", {"sessionId": session_id, "options": {}}
+        )  # the next agent need not crash
+        sent = client.call("agentSession.send", {"sessionId": session_id, "text": "echo again"})
+        assert sent["result"]["dispatch"] == "accepted", sent
+        probe.check()  # the daemon answered all along (invariant 8)
