@@ -21,6 +21,7 @@ import pytest
 
 from agentsctl.client import Client
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
+from tests.peers.fake_openai import API_KEY_ENV, FakeOpenAI
 
 TEST_TIMEOUT_S = 90.0  # one peer test: a few real agent turns on a shared 2-core machine
 CALL_TIMEOUT_S = 45.0  # one daemon call; a send waits for the agent's acknowledgement
@@ -149,3 +150,19 @@ def deadline() -> Deadline:
 def client(peer_daemon: DaemonProcess) -> Iterator[Client]:
     with Client(peer_daemon.socket, timeout_s=CALL_TIMEOUT_S) as c:
         yield c
+
+
+# Codex's home for the Codex-speaking peers (codex app-server, codex-acp), pointed at
+# the module's own ``fake`` OpenAI server.
+@pytest.fixture
+def codex_home(fake: FakeOpenAI) -> Iterator[Path]:
+    base = make_temp_dir()
+    try:
+        yield fake.write_codex_home(base / "codex-home")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def codex_env(codex_home: Path) -> dict[str, str]:
+    return {"CODEX_HOME": str(codex_home), API_KEY_ENV: "dummy"}

@@ -45,7 +45,6 @@ from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
 from tests.peers.agents import CODEX_RELEASES
 from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
 from tests.peers.fake_openai import (
-    API_KEY_ENV,
     FakeOpenAI,
     HttpError,
     ShellCall,
@@ -87,20 +86,6 @@ def peer_daemon() -> Iterator[DaemonProcess]:
 def fake() -> Iterator[FakeOpenAI]:
     with running_fake_openai() as server:
         yield server
-
-
-@pytest.fixture
-def codex_home(fake: FakeOpenAI) -> Iterator[Path]:
-    base = make_temp_dir()
-    try:
-        yield fake.write_codex_home(base / "codex-home")
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture
-def codex_env(codex_home: Path) -> dict[str, str]:
-    return {"CODEX_HOME": str(codex_home), API_KEY_ENV: "dummy"}
 
 
 def create_codex(

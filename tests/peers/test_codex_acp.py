@@ -23,7 +23,6 @@ from tests.peers import acp_peer
 from tests.peers.acp_peer import acp_daemon, processes_with_env, send
 from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
 from tests.peers.fake_openai import (
-    API_KEY_ENV,
     FakeOpenAI,
     ShellCall,
     TextReply,
@@ -64,20 +63,6 @@ def peer_daemon() -> Iterator[DaemonProcess]:
 def fake() -> Iterator[FakeOpenAI]:
     with running_fake_openai() as server:
         yield server
-
-
-@pytest.fixture
-def codex_home(fake: FakeOpenAI) -> Iterator[Path]:
-    base = make_temp_dir()
-    try:
-        yield fake.write_codex_home(base / "codex-home")
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture
-def codex_env(codex_home: Path) -> dict[str, str]:
-    return {"CODEX_HOME": str(codex_home), API_KEY_ENV: "dummy"}
 
 
 def create(client: Client, workdir: Path, env: dict[str, str]) -> dict[str, Any]:
