@@ -13,8 +13,10 @@ without a cgroup).
 Rule 2: a request from a session is journaled in that session as ``agent.request``
 (what, on which session, allowed or not), and `refusal` names what an agent must not
 do to its user unless the config's ``agent_allowance`` lifts it: answer any approval
-(its own included: ``approvals``), close, delete or change the options of another
-session (``other-sessions``), shut the daemon down (``daemon``).
+(its own included: ``approvals``), change another session in any way (send,
+interrupt, queue, close, delete, options, title, acknowledge: every mutation that
+names another session; ``other-sessions``), control the daemon (shutdown, reload of
+the agents' environment: ``daemon``). Reading is never refused.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, Literal
 from agentsd.cgroup import CGROUP_PREFIX
 from agentsd.procfs import SPAWN_TOKEN_ENV, read_proc_info
 from agentsd.session import Session
+from agentsd_protocol.methods import ACKNOWLEDGE, METHODS
 
 __all__ = ["Allowance", "identify_caller", "refusal"]
 
@@ -102,9 +105,12 @@ def refusal(method: str, params: Any, caller: str, allowance: Collection[Allowan
     or None (Rule 2)."""
     if method == "agentSession.respond" and "approvals" not in allowance:
         return "answering an approval"
-    others = method in _OTHER_SESSION_METHODS and params.session_id != caller
-    if others and "other-sessions" not in allowance:
-        return _OTHER_SESSION_METHODS[method]
+    changes = method in METHODS and (METHODS[method].mutation or method == ACKNOWLEDGE.name)
+    target = getattr(params, "session_id", None)
+    if changes and target is not None and target != caller and "other-sessions" not in allowance:
+        return _OTHER_SESSION_METHODS.get(method, f"acting on another session ({method})")
     if method == "daemon.shutdown" and "daemon" not in allowance:
         return "shutting the daemon down"
+    if changes and method.startswith("daemon.") and "daemon" not in allowance:
+        return f"controlling the daemon ({method})"
     return None

@@ -113,7 +113,24 @@ def test_the_user_is_no_session() -> None:
         ("agentSession.close", "other", ["other-sessions"], None),
         ("daemon.shutdown", None, [], "shutting the daemon down"),
         ("daemon.shutdown", None, ["daemon"], None),
-        ("agentSession.send", "other", [], None),
+        ("agentSession.send", "other", [], "acting on another session (agentSession.send)"),
+        ("agentSession.send", "mine", [], None),
+        (
+            "agentSession.interrupt",
+            "other",
+            [],
+            "acting on another session (agentSession.interrupt)",
+        ),
+        (
+            "agentSession.acknowledge",
+            "other",
+            [],
+            "acting on another session (agentSession.acknowledge)",
+        ),
+        ("agentSession.get", "other", [], None),
+        ("daemon.reloadEnv", None, [], "controlling the daemon (daemon.reloadEnv)"),
+        ("daemon.reloadEnv", None, ["daemon"], None),
+        ("daemon.status", None, [], None),
     ],
 )
 def test_refusal_follows_the_allowance(
