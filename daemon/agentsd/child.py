@@ -235,11 +235,11 @@ async def open_child(
     cgroup = None
     if spec.cgroup_root is not None:
         cgroup = await trio.to_thread.run_sync(
-            spec.cgroup_root.create, spec.token, limiter=_spawn_limiter()
+            spec.cgroup_root.create, spec.token, limiter=spawn_limiter()
         )
     try:
         if cgroup is not None:
-            await trio.to_thread.run_sync(cgroup.apply, spec.limits, limiter=_spawn_limiter())
+            await trio.to_thread.run_sync(cgroup.apply, spec.limits, limiter=spawn_limiter())
         process = await _spawn(spec, cgroup)
     except BaseException:
         if cgroup is not None:
@@ -251,7 +251,7 @@ async def open_child(
     try:
         assert process.stdin is not None and process.stdout is not None
         start_time = await trio.to_thread.run_sync(
-            read_start_time, process.pid, limiter=_spawn_limiter()
+            read_start_time, process.pid, limiter=spawn_limiter()
         )
         if start_time is None:  # cannot happen while the child is unreaped
             raise ProcessLookupError(f"child {process.pid} vanished before it was identified")
@@ -282,16 +282,23 @@ async def open_child(
             on_exit(outcome)
 
 
+def launch(spec: ChildSpec, cgroup: SessionCgroup | None) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that start ``spec`` (in ``cgroup``, Rule 7). Raises
+    what Popen would for a missing or non-executable program."""
+    env = {**spec.base_env, **spec.env, SPAWN_TOKEN_ENV: spec.token}
+    argv = spec.argv
+    if cgroup is not None:
+        _check_program(spec.argv[0], spec.cwd, env)
+        argv = [SHELL, "-c", JOIN_SCRIPT, str(cgroup.path / "cgroup.procs"), *spec.argv]
+    return argv, env
+
+
 async def _spawn(spec: ChildSpec, cgroup: SessionCgroup | None) -> trio.Process:
     """Start ``spec`` (in ``cgroup``, Rule 7); its environment lives only as long as
     this call."""
-    async with _spawn_limiter():  # open_process runs Popen in a thread of its own
+    async with spawn_limiter():  # open_process runs Popen in a thread of its own
         # Built here, not before the wait: a burst queued above holds no copies.
-        env = {**spec.base_env, **spec.env, SPAWN_TOKEN_ENV: spec.token}
-        argv = spec.argv
-        if cgroup is not None:
-            _check_program(spec.argv[0], spec.cwd, env)
-            argv = [SHELL, "-c", JOIN_SCRIPT, str(cgroup.path / "cgroup.procs"), *spec.argv]
+        argv, env = launch(spec, cgroup)
         return await trio.lowlevel.open_process(
             argv,
             stdin=subprocess.PIPE,
@@ -323,7 +330,7 @@ _SPAWN_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVa
 )
 
 
-def _spawn_limiter() -> trio.CapacityLimiter:
+def spawn_limiter() -> trio.CapacityLimiter:
     """The worker threads of spawning: a burst of starts queues here, rather than
     raising trio's thread pool to its limit, each thread's stack and state staying
     resident after the burst. A spawn is a CPU-bound fork and exec: more threads
@@ -363,7 +370,7 @@ async def _close(
                 if sig is not None:
                     with suppress(ProcessLookupError, PermissionError):
                         os.killpg(pgid, sig)
-                    signalled |= await _signal_carriers(token, pgid, sig, scanner)
+                    signalled |= await signal_carriers(token, pgid, sig, scanner)
                 await process.wait()
         outcome: ChildExit
         if process.returncode is None:
@@ -426,7 +433,7 @@ async def _close_cgroup(process: trio.Process, cgroup: SessionCgroup, ladder: La
     return outcome
 
 
-async def _signal_carriers(
+async def signal_carriers(
     token: str, pgid: int, sig: int, scanner: ProcScanner
 ) -> set[tuple[int, int]]:
     """Signal the token carriers outside group ``pgid``: a descendant that called

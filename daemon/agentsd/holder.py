@@ -149,6 +149,7 @@ class Agent:
         self.id = agent_id
         self.process = process  # kept until forgotten: a dropped Popen polls its pid
         self.pid = process.pid
+        self.start_time: int | None = None  # /proc/PID/stat field 22, read at the spawn
         self.stdin_fd: int | None = stdin
         self.stdin = bytearray()
         self.stdin_close = False  # close once the queue is written
@@ -163,6 +164,7 @@ class Agent:
         return {
             "id": self.id,
             "pid": self.pid,
+            "start_time": self.start_time,
             "returncode": self.returncode,
             **{
                 f"{name}_{key}": value
@@ -552,10 +554,12 @@ class Holder:
             for fd in theirs:
                 os.close(fd)
         agent = Agent(agent_id, process, *ours)
+        # Read before any reap: an unreaped child, even a zombie, keeps its pid.
+        agent.start_time = start_time(agent.pid)
         self.agents[agent_id] = agent
         self.by_pid[agent.pid] = agent
         self._reap()  # a SIGCHLD may have come before the agent was known
-        return {"op": "spawned", "id": agent_id, "pid": agent.pid}
+        return {"op": "spawned", "id": agent_id, "pid": agent.pid, "start_time": agent.start_time}
 
     def _forget(self, agent: Agent) -> None:
         del self.agents[agent.id]
@@ -654,6 +658,17 @@ def parent_pid(pid: int) -> int | None:
     # The command name may hold spaces and parentheses: fields follow the last ')'.
     fields = stat[stat.rfind(b")") + 2 :].split()
     return int(fields[1]) if len(fields) > 1 else None
+
+
+def start_time(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat (clock ticks since boot): with the pid, an identity."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[19]) if len(fields) > 19 else None
 
 
 def carries_token(pid: int) -> bool:

@@ -24,7 +24,8 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import attrs
@@ -34,7 +35,9 @@ import trio
 from agentsd.child import Child, open_child
 from agentsd.child import ChildSpec as ProcessSpec
 from agentsd.delivery import drain_queue
+from agentsd.held_child import HeldChild, open_held_child
 from agentsd.held_lease import SETTLE_TIMEOUT_S, HeldLease, open_lease
+from agentsd.holder_link import HolderLost
 from agentsd.leases import Lease
 from agentsd.providers.base import Adapter, LineLink, Provider, Resume
 from agentsd.providers.versions import settle_version
@@ -211,9 +214,7 @@ async def _run_child(
             supervisor, session, provider, held.lease, environment.env, stderr_fd
         )
         program = process_spec.argv[0]
-        async with open_child(
-            process_spec, supervisor.ladder, held.child_spawned, held.child_exited
-        ) as child:
+        async with _open_agent(supervisor, process_spec, held) as child:
             sink = Sink(session, held.lease, task)
             adapter = provider.adapter(LineLink(child.stdin, child.stdout), sink, session.row)
             return await _attend(
@@ -223,6 +224,26 @@ async def _run_child(
         return exc
     except (OSError, trio.TooSlowError) as exc:
         return _classify_start_failure(exc, program)
+    except HolderLost as exc:
+        return AgentStartFailed(f"cannot start the agent: the holder is unavailable: {exc}")
+
+
+@asynccontextmanager
+async def _open_agent(
+    supervisor: Supervisor, spec: ProcessSpec, held: HeldLease
+) -> AsyncIterator[Child | HeldChild]:
+    """The agent, as our own child or, with the config's ``holder``, the holder's."""
+    if supervisor.holder is None:
+        async with open_child(
+            spec, supervisor.ladder, held.child_spawned, held.child_exited
+        ) as child:
+            yield child
+        return
+    link = await supervisor.holder.link()
+    async with open_held_child(
+        spec, supervisor.ladder, held.child_spawned, held.child_exited, link
+    ) as held_child:
+        yield held_child
 
 
 def _quoting_stderr(failure: RpcError | None, tail: str | None) -> RpcError | None:
@@ -328,7 +349,7 @@ async def _attend(
     session: Session,
     lease: Lease,
     task: SessionTask,
-    child: Child,
+    child: Child | HeldChild,
     adapter: Adapter,
     sink: Sink,
     spec: ProcessSpec,

@@ -214,6 +214,7 @@ def test_an_agent_is_spawned_fed_and_relayed(make_holder: Any, tmp_path: Path) -
     # Its own session and process group, a child of the holder.
     assert os.getpgid(pid) == pid and os.getsid(pid) == pid
     assert holder.parent_pid(pid) == h.process.pid
+    assert holder.start_time(pid) == procfs.read_start_time(pid)
     assert daemon.request({"op": "resume", "id": "a", "stream": "out", "offset": 0})["op"] == "ok"
     daemon.send({"op": "write", "id": "a"}, b"hello\n")
     assert daemon.read_stream("a", "out", b"\n") == (0, b"echo: hello\n")

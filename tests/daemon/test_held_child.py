@@ -1,0 +1,225 @@
+"""held_child and holder_link: agents spawned through a real holder process, their
+close ladder and proof of exit, and what the loss of the holder does. Every test
+leaves no agent and no holder behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from agentsd.child import ChildSpec, ExitProof, new_spawn_token
+from agentsd.config import Ladder
+from agentsd.held_child import HeldChild, HeldExit, open_held_child
+from agentsd.holder_link import HolderKeeper, HolderLink, open_holder_keeper, socket_path
+from agentsd.leftovers import ChildIdentity, EndOutcome
+from agentsd.procfs import is_same_process, read_proc_info, scan_processes
+from tests.daemon.test_child import MOCK_AGENT, QUICK
+from tests.polling import eventually
+
+STUBBORN = {"ignoreSigterm": True, "ignoreEof": True}
+
+
+class Lines:
+    """The test's side of the mock agent's JSON lines."""
+
+    def __init__(self, child: HeldChild) -> None:
+        self.child = child
+        self._buf = bytearray()
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        await self.child.stdin.send_all(json.dumps(frame).encode() + b"\n")
+
+    async def receive(self) -> dict[str, Any] | None:
+        while (newline := self._buf.find(b"\n")) < 0:
+            data = await self.child.stdout.receive_some(65536)
+            if not data:
+                return None
+            self._buf += data
+        frame = json.loads(bytes(self._buf[:newline]))
+        del self._buf[: newline + 1]
+        assert isinstance(frame, dict)
+        return frame
+
+    async def handshake(self) -> None:
+        await self.send({"type": "initialize", "handle": None})
+        frame = await self.receive()
+        assert frame is not None and frame["type"] == "initialized", frame
+
+
+@pytest.fixture
+def tokens() -> Iterator[list[str]]:
+    made: list[str] = []
+    yield made
+    left = [p for t in made for p in scan_processes(made).carrying(t)]
+    for proc in left:
+        if is_same_process(proc.pid, proc.start_time):
+            fd = os.pidfd_open(proc.pid)
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            os.close(fd)
+    assert left == [], "the test left agents behind"
+
+
+def spec(tokens: list[str], options: dict[str, Any] | None = None, **kw: Any) -> ChildSpec:
+    token = new_spawn_token()
+    tokens.append(token)
+    env = {"AGENTSD_MOCK_OPTIONS": json.dumps(options or {})}
+    return ChildSpec(argv=MOCK_AGENT, cwd="/", env=env, token=token, base_env=os.environ, **kw)
+
+
+@pytest.fixture
+async def keeper(tmp_path: Path) -> AsyncIterator[HolderKeeper]:
+    holder_pid: list[int] = []
+    async with open_holder_keeper(tmp_path) as kept:
+        yield kept
+        if kept._link is not None:
+            holder_pid.append(kept._link.holder_pid)
+    # Detached and holding nothing, the holder leaves by itself.
+    for pid in holder_pid:
+        await eventually(lambda pid=pid: _ended(pid))
+
+
+def _ended(pid: int) -> bool:
+    info = read_proc_info(pid)
+    return info is None or info.is_zombie
+
+
+async def ignore_identity(identity: ChildIdentity) -> None:
+    await trio.lowlevel.checkpoint()
+
+
+async def test_an_agent_runs_as_the_holders_child_and_its_exit_is_proven(
+    keeper: HolderKeeper, tokens: list[str]
+) -> None:
+    link = await keeper.link()
+    exits: list[HeldExit] = []
+    identities: list[ChildIdentity] = []
+
+    async def spawned(identity: ChildIdentity) -> None:
+        identities.append(identity)
+        await trio.lowlevel.checkpoint()
+
+    with trio.fail_after(20):
+        async with open_held_child(spec(tokens), QUICK, spawned, exits.append, link) as child:
+            await Lines(child).handshake()
+            info = read_proc_info(child.identity.pid)
+            assert info is not None and info.ppid == link.holder_pid
+            assert info.pgid == child.identity.pid
+            assert identities == [child.identity]
+    assert exits == [ExitProof(returncode=0, signal=None, stragglers_killed=0)]
+    assert not is_same_process(child.identity.pid, child.identity.start_time)
+    # Forgotten by the holder once proven gone.
+    assert child.identity.token not in link.agents
+
+
+async def test_a_stubborn_agent_is_killed_by_the_ladder(
+    keeper: HolderKeeper, tokens: list[str]
+) -> None:
+    link = await keeper.link()
+    exits: list[HeldExit] = []
+    ladder = Ladder(eof_grace_s=0.2, term_grace_s=0.2, kill_wait_s=5.0)
+    with trio.fail_after(20):
+        async with open_held_child(
+            spec(tokens, STUBBORN), ladder, ignore_identity, exits.append, link
+        ) as child:
+            await Lines(child).handshake()
+    assert exits == [ExitProof(returncode=None, signal=signal.SIGKILL, stragglers_killed=0)]
+
+
+async def test_a_grandchild_that_left_the_group_is_ended_by_token(
+    keeper: HolderKeeper, tokens: list[str]
+) -> None:
+    link = await keeper.link()
+    exits: list[HeldExit] = []
+    with trio.fail_after(20):
+        async with open_held_child(
+            spec(tokens, {"spawnGrandchild": True}), QUICK, ignore_identity, exits.append, link
+        ) as child:
+            await Lines(child).handshake()
+            token = child.identity.token
+            [grandchild] = [
+                p for p in scan_processes([token]).carrying(token) if p.pid != child.identity.pid
+            ]
+    assert not is_same_process(grandchild.pid, grandchild.start_time)
+    assert exits == [ExitProof(returncode=0, signal=None, stragglers_killed=1)]
+
+
+async def test_the_agents_stderr_reaches_the_given_descriptor(
+    keeper: HolderKeeper, tokens: list[str]
+) -> None:
+    link = await keeper.link()
+    read_end, write_end = os.pipe()
+    token = new_spawn_token()
+    tokens.append(token)
+    stderr_spec = ChildSpec(
+        argv=[sys.executable, "-c", "import sys; sys.stderr.write('this run\\n')"],
+        cwd="/",
+        env={},
+        token=token,
+        stderr_fd=write_end,
+    )
+    exits: list[HeldExit] = []
+    try:
+        with trio.fail_after(20):
+            async with open_held_child(
+                stderr_spec, QUICK, ignore_identity, exits.append, link
+            ) as child:
+                assert await child.wait() == 0
+        os.fstat(write_end)  # still open: the caller closes it
+        os.close(write_end)
+        write_end = -1
+        assert os.read(read_end, 100) == b"this run\n"
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+    assert exits == [ExitProof(returncode=0, signal=None, stragglers_killed=0)]
+
+
+async def test_a_killed_holder_ends_its_agents_and_they_are_proven_gone(
+    keeper: HolderKeeper, tokens: list[str]
+) -> None:
+    link = await keeper.link()
+    exits: list[HeldExit] = []
+    with trio.fail_after(30):
+        async with open_held_child(
+            spec(tokens, {**STUBBORN, "spawnGrandchild": True}),
+            QUICK,
+            ignore_identity,
+            exits.append,
+            link,
+        ) as child:
+            lines = Lines(child)
+            await lines.handshake()
+            token = child.identity.token
+            carriers = scan_processes([token]).carrying(token)
+            assert len(carriers) == 2
+            os.kill(link.holder_pid, signal.SIGKILL)
+            # Its output ends: that is how the session task learns of it.
+            assert await lines.receive() is None
+            await link.lost.wait()
+    assert exits == [EndOutcome.ENDED]
+    for proc in carriers:
+        assert not is_same_process(proc.pid, proc.start_time)
+    # The next spawn gets a new holder.
+    fresh = await keeper.link()
+    assert fresh is not link and fresh.holder_pid != link.holder_pid
+    assert socket_path(keeper.state_dir).exists()
+
+
+async def test_a_spawn_that_fails_leaves_nothing(keeper: HolderKeeper, tokens: list[str]) -> None:
+    link: HolderLink = await keeper.link()
+    bad = ChildSpec(argv=["/nonexistent/agent"], cwd="/", env={}, token=new_spawn_token())
+    exits: list[HeldExit] = []
+    with pytest.raises(FileNotFoundError):
+        async with open_held_child(bad, QUICK, ignore_identity, exits.append, link):
+            pass
+    assert exits == []
+    assert link.agents == {}
