@@ -313,8 +313,9 @@ class HolderLink:
         if agent.returncode is not None:
             await agent.forget()
 
-    async def _read(self) -> None:
-        decoder = wire.Decoder()
+    async def _read(self, decoder: wire.Decoder, early: list[tuple[dict[str, Any], bytes]]) -> None:
+        for header, payload in early:
+            await self._dispatch(header, payload)
         while True:
             try:
                 data = await self.stream.receive_some(wire.READ_BYTES)
@@ -437,13 +438,17 @@ async def open_holder_link(state_dir: Path) -> AsyncIterator[HolderLink]:
         wire.encode({"op": "hello", "protocol": wire.PROTOCOL, "epoch": time.time_ns(), "ref": 0})
     )
     welcome: dict[str, Any] | None = None
+    early: list[tuple[dict[str, Any], bytes]] = []  # what came with it, in order
     with trio.move_on_after(CONNECT_TIMEOUT_S):
         while welcome is None:
             data = await stream.receive_some(wire.READ_BYTES)
             if not data:
                 break
-            for header, _ in decoder.feed(data):
-                welcome = header
+            for message in decoder.feed(data):
+                if welcome is None and message[0].get("ref") == 0:
+                    welcome = message[0]
+                elif welcome is not None:
+                    early.append(message)
     if welcome is None or welcome["op"] != "welcome":
         await stream.aclose()
         raise HolderLost(f"the holder at {path} did not attach us: {welcome}")
@@ -454,7 +459,7 @@ async def open_holder_link(state_dir: Path) -> AsyncIterator[HolderLink]:
             link.send_nowait({"op": "forget", "id": found["id"]})  # Rule 4
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(link._read)
+            nursery.start_soon(link._read, decoder, early)
             nursery.start_soon(link._write)
             nursery.start_soon(_watch_holder, link, started)
             try:
