@@ -10,10 +10,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import trio
 
 from agentsd.holder_link import socket_path
 from agentsd.procfs import read_proc_info
+from tests.cgroup_root import cgroup_root, unavailable
 from tests.daemon_process import running_daemon
 from tests.e2e.test_recovery import KINDS
 from tests.e2e.test_sessions import (
@@ -45,16 +47,40 @@ def holder_config() -> Iterator[Path]:
         yield path
 
 
+def _cgroup_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/cgroup").read_text()
+
+
 def _ended(pid: int) -> bool:
     info = read_proc_info(pid)
     return info is None or info.is_zombie
 
 
-async def test_held_agents_outlive_a_sigkilled_daemon_and_recovery_ends_them() -> None:
+@contextmanager
+def containment(mode: str) -> Iterator[list[str]]:
+    """The daemons' extra arguments for ``mode``: one cgroup root shared by both
+    daemons of a test (each ``running_daemon`` would otherwise make its own, and
+    kill what is in it when it ends)."""
+    if mode == "process-group":
+        yield []
+        return
+    if unavailable() is not None:
+        pytest.skip(str(unavailable()))
+    with cgroup_root() as root:
+        yield ["--cgroup-root", str(root)]
+
+
+@pytest.mark.parametrize("mode", ["process-group", "cgroup"])
+async def test_held_agents_outlive_a_sigkilled_daemon_and_recovery_ends_them(mode: str) -> None:
     tokens: list[str] = []
-    with trio.fail_after(120), temp_dir() as base, holder_config() as config:
+    with (
+        trio.fail_after(120),
+        temp_dir() as base,
+        holder_config() as config,
+        containment(mode) as extra,
+    ):
         state = base / "state"
-        args = ["--config", str(config)]
+        args = ["--config", str(config), *extra]
         db = state / DATABASE_NAME
         try:
             with running_daemon(state_dir=state, extra_args=args) as first:
@@ -76,6 +102,9 @@ async def test_held_agents_outlive_a_sigkilled_daemon_and_recovery_ends_them() -
                     assert info is not None
                     parents.add(info.ppid)
                 [holder_pid] = parents
+                if mode == "cgroup":  # each joined its own cgroup before it ran
+                    for pid in pids:
+                        assert "/agent-" in _cgroup_of(pid)
                 assert holder_pid != first.process.pid
                 first.process.send_signal(signal.SIGKILL)
                 assert first.wait() == -signal.SIGKILL
