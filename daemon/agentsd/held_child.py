@@ -110,11 +110,21 @@ async def open_held_child(
         if cgroup is not None:
             await trio.to_thread.run_sync(cgroup.apply, spec.limits)
         argv, env = launch(spec, cgroup)
-        agent = await link.spawn(spec.token, argv, spec.cwd, env, spec.stderr_fd)
+        # Once asked, the holder spawns whatever becomes of this task: its answer
+        # must be heard (each request is bounded), or the agent would run unladdered.
+        with trio.CancelScope(shield=True):
+            try:
+                agent = await link.spawn(spec.token, argv, spec.cwd, env, spec.stderr_fd)
+            except HolderLost:
+                # It may have started the agent before it was lost: end whatever
+                # carries the token, and say how that went.
+                on_exit(await _end_unconfirmed(spec, cgroup, ladder, scanner))
+                cgroup = None  # ended and removed there
+                raise
         del env
     except BaseException:
         if cgroup is not None:
-            cgroup.remove()  # nothing was started in it (a lost holder's spawn: see below)
+            cgroup.remove()  # nothing was started in it
         raise
     outcome: HeldExit = ExitUnproven(f"the close ladder of held agent {agent.pid} failed")
     signalled: set[tuple[int, int]] = set()  # (pid, start time) signalled individually
@@ -185,6 +195,23 @@ async def _close(
         except Exception:
             log.exception("the close ladder of held agent %d failed", agent.pid)
             outcome = ExitUnproven(f"the close ladder of held agent {agent.pid} failed")
+    return outcome
+
+
+async def _end_unconfirmed(
+    spec: ChildSpec, cgroup: SessionCgroup | None, ladder: Ladder, scanner: ProcScanner
+) -> EndOutcome:
+    """End what a spawn whose answer never came may have started, by its token (and
+    cgroup): as recovery ends a spawn that was never confirmed."""
+    identity = ChildIdentity(pid=0, pgid=0, start_time=-1, token=spec.token)
+    root = spec.cgroup_root if cgroup is not None else None
+    report = await end_contained([identity], ladder, scanner, root, sweep=False)
+    outcome = report.outcomes.get(identity, EndOutcome.UNPROVEN)
+    if cgroup is not None and outcome is not EndOutcome.UNPROVEN:
+        try:
+            cgroup.remove()
+        except OSError as exc:
+            log.warning("could not remove the empty cgroup %s: %s", cgroup.path, exc)
     return outcome
 
 

@@ -18,7 +18,13 @@ import trio
 from agentsd.child import ChildSpec, ExitProof, new_spawn_token
 from agentsd.config import Ladder
 from agentsd.held_child import HeldChild, HeldExit, open_held_child
-from agentsd.holder_link import HolderKeeper, HolderLink, open_holder_keeper, socket_path
+from agentsd.holder_link import (
+    HolderKeeper,
+    HolderLink,
+    HolderLost,
+    open_holder_keeper,
+    socket_path,
+)
 from agentsd.leftovers import ChildIdentity, EndOutcome
 from agentsd.procfs import is_same_process, read_proc_info, scan_processes
 from tests.daemon.test_child import MOCK_AGENT, QUICK
@@ -223,3 +229,47 @@ async def test_a_spawn_that_fails_leaves_nothing(keeper: HolderKeeper, tokens: l
             pass
     assert exits == []
     assert link.agents == {}
+
+
+async def test_a_spawn_cancelled_while_the_holder_starts_it_is_still_laddered(
+    keeper: HolderKeeper, tokens: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close that lands while the spawn request is in flight: the holder starts
+    the agent all the same, so its answer is heard and the agent laddered (found by
+    the crash harness: the lease was released as never started while it ran)."""
+    link = await keeper.link()
+    exits: list[HeldExit] = []
+    original = HolderLink.send
+    with trio.fail_after(20), trio.CancelScope() as scope:
+
+        async def send(self: HolderLink, header: dict[str, Any], payload: bytes = b"") -> None:
+            await original(self, header, payload)
+            if header["op"] == "spawn":
+                scope.cancel()
+
+        monkeypatch.setattr(HolderLink, "send", send)
+        async with open_held_child(spec(tokens), QUICK, ignore_identity, exits.append, link):
+            raise AssertionError("the body never runs: the task was cancelled")
+    assert scope.cancelled_caught
+    assert exits == [ExitProof(returncode=0, signal=None, stragglers_killed=0)]
+
+
+async def test_a_spawn_whose_holder_is_lost_ends_what_carries_its_token(
+    keeper: HolderKeeper, tokens: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holder dies right after it was asked to spawn: whatever it may have
+    started is found by the token and ended, and the outcome is reported."""
+    link = await keeper.link()
+    exits: list[HeldExit] = []
+    original = HolderLink.send
+
+    async def send(self: HolderLink, header: dict[str, Any], payload: bytes = b"") -> None:
+        await original(self, header, payload)
+        if header["op"] == "spawn":
+            os.kill(self.holder_pid, signal.SIGKILL)
+
+    monkeypatch.setattr(HolderLink, "send", send)
+    with trio.fail_after(20), pytest.raises(HolderLost):
+        async with open_held_child(spec(tokens), QUICK, ignore_identity, exits.append, link):
+            raise AssertionError("the body never runs: the holder is gone")
+    assert len(exits) == 1 and exits[0] in (EndOutcome.ENDED, EndOutcome.ALREADY_GONE)

@@ -31,6 +31,7 @@ import contextlib
 import random
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -293,11 +294,11 @@ def _follow(socket_path: Path, follower: Follower, stop: threading.Event) -> Non
 
 
 @contextlib.contextmanager
-def start_daemon(base: Path) -> Iterator[DaemonProcess]:
+def start_daemon(base: Path, holder: bool = False) -> Iterator[DaemonProcess]:
     state = base / "state"
     sock = base / "run" / "agentsd.sock"
     config = base / "chaos.toml"
-    config.write_text(LADDER_CONFIG)
+    config.write_text(("holder = true\n" if holder else "") + LADDER_CONFIG)
     log_path = base / "agentsd.log"
     with log_path.open("ab") as log_file:
         process = subprocess.Popen(
@@ -318,6 +319,20 @@ def start_daemon(base: Path) -> Iterator[DaemonProcess]:
 
 
 # ---- the checks --------------------------------------------------------------------
+
+
+def _holder_left(state: Path) -> bool:
+    """Whether nothing listens on the holder's socket any more (it leaves once it
+    holds nothing and no daemon is attached), within ``CLIENT_TIMEOUT_S``."""
+    deadline = time.monotonic() + CLIENT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            try:
+                sock.connect(str(state / "holder.sock"))
+            except (ConnectionRefusedError, FileNotFoundError):
+                return True
+        time.sleep(0.05)
+    return False
 
 
 def _db(state: Path) -> sqlite3.Connection:
@@ -444,7 +459,11 @@ def _read_all(client: Client, session_id: str, after: int) -> list[tuple[int, st
 # ---- the driver ----------------------------------------------------------------------
 
 
-def run(rounds: int, seed: int, clients: int = 3, verbose: bool = False) -> Summary:
+def run(
+    rounds: int, seed: int, clients: int = 3, verbose: bool = False, holder: bool = False
+) -> Summary:
+    """``rounds`` kills; with ``holder``, every agent runs in the holder (config
+    ``holder = true``), which outlives each kill, and at the end it must have left."""
     rng = random.Random(seed)
     base = make_temp_dir()
     cwd = base / "work"
@@ -453,7 +472,7 @@ def run(rounds: int, seed: int, clients: int = 3, verbose: bool = False) -> Summ
     summary = Summary()
     tokens_before: list[str] = []
     for round_no in range(rounds):
-        with start_daemon(base) as daemon:
+        with start_daemon(base, holder) as daemon:
             if round_no:
                 check(daemon.state_dir, tokens_before, record, summary)
                 check_followers(daemon, record, summary)
@@ -479,12 +498,14 @@ def run(rounds: int, seed: int, clients: int = 3, verbose: bool = False) -> Summ
         summary.acked = len(record.acked)
         if verbose:
             print(f"round {round_no + 1}: {summary.line()}", flush=True)
-    with start_daemon(base) as daemon:
+    with start_daemon(base, holder) as daemon:
         check(daemon.state_dir, tokens_before, record, summary)
         check_followers(daemon, record, summary)
         daemon.process.send_signal(signal.SIGTERM)
         if daemon.process.wait(timeout=60) != 0:
             summary.violations.append("the daemon did not exit 0 on SIGTERM")
+        if holder and not _holder_left(daemon.state_dir):
+            summary.violations.append("the holder still listened after the daemon's clean stop")
     summary.acked = len(record.acked)
     shutil.rmtree(base, ignore_errors=True)
     return summary
@@ -496,8 +517,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--clients", type=int, default=3)
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--holder", action="store_true", help="agents in the holder")
     args = parser.parse_args(argv)
-    summary = run(args.rounds, args.seed, args.clients, args.verbose)
+    summary = run(args.rounds, args.seed, args.clients, args.verbose, args.holder)
     print(summary.line())
     for violation in summary.violations[:50]:
         print(f"  violation: {violation}")
