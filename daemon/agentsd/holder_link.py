@@ -289,16 +289,23 @@ class HolderLink:
         """Have the holder start an agent. Raises OSError as Popen would (with the
         holder's errno), `HolderLost`."""
         header = {"op": "spawn", "id": agent_id, "argv": argv, "cwd": cwd, "env": dict(env)}
+        # Known before the answer: the holder may report its exit right behind it.
+        agent = HeldAgent(self, agent_id, 0, None)
+        self.agents[agent_id] = agent
         try:
             reply = await self.request(header)
         except HolderRefused as exc:
+            del self.agents[agent_id]
             if exc.errno is not None:
                 raise OSError(exc.errno, exc.message) from None
             raise OSError(errno.EINVAL, str(exc)) from None
-        agent = HeldAgent(self, agent_id, reply["pid"], reply.get("start_time"))
+        except BaseException:
+            del self.agents[agent_id]
+            raise
+        agent.pid = reply["pid"]
+        agent.start_time = reply.get("start_time")
         if stderr_fd is not None:
             agent._err_fd = os.dup(stderr_fd)
-        self.agents[agent_id] = agent
         # Everything it writes, from its first byte.
         await self.request({"op": "resume", "id": agent_id, "stream": "out", "offset": 0})
         await self.request({"op": "resume", "id": agent_id, "stream": "err", "offset": 0})

@@ -273,3 +273,20 @@ async def test_a_spawn_whose_holder_is_lost_ends_what_carries_its_token(
         async with open_held_child(spec(tokens), QUICK, ignore_identity, exits.append, link):
             raise AssertionError("the body never runs: the holder is gone")
     assert len(exits) == 1 and exits[0] in (EndOutcome.ENDED, EndOutcome.ALREADY_GONE)
+
+
+async def test_an_agent_that_exits_at_once_reports_its_status(
+    keeper: HolderKeeper, tokens: list[str]
+) -> None:
+    """Its exit may come right behind the spawn's answer: it is never taken for an
+    unknown agent's (which the link would have the holder forget)."""
+    link = await keeper.link()
+    for _ in range(10):
+        token = new_spawn_token()
+        tokens.append(token)
+        quick = ChildSpec(argv=["/bin/sh", "-c", "exit 7"], cwd="/", env={}, token=token)
+        exits: list[HeldExit] = []
+        with trio.fail_after(20):
+            async with open_held_child(quick, QUICK, ignore_identity, exits.append, link) as child:
+                assert await child.wait() == 7
+        assert exits == [ExitProof(returncode=7, signal=None, stragglers_killed=0)]
