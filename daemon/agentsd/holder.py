@@ -688,11 +688,18 @@ def in_agent_cgroup(pid: int) -> bool:
     except OSError:
         return False
     return any(
-        part.startswith(CGROUP_PREFIX)
+        is_agent_cgroup(part)
         for line in lines
         if line.startswith("0::")
         for part in line[3:].split("/")
     )
+
+
+def is_agent_cgroup(name: str) -> bool:
+    """Whether a cgroup directory name is a session's: ``agent-`` and a spawn token
+    (32 hex digits), so that a unit of the user's named ``agent-...`` is not one."""
+    token = name.removeprefix(CGROUP_PREFIX)
+    return token != name and len(token) == 32 and all(c in "0123456789abcdef" for c in token)
 
 
 def _become_subreaper() -> None:

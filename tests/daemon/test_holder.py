@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from agentsd import cgroup, holder, procfs
+from agentsd import child as child_module
 
 HOLDER = Path(holder.__file__)
 TIMEOUT_S = 20.0  # a loaded machine's bound on any one wait; never what a test asserts
@@ -202,6 +203,14 @@ def _wait(check: Any) -> None:
 def test_the_constants_it_copies_match_the_daemons() -> None:
     assert holder.SPAWN_TOKEN_ENV == procfs.SPAWN_TOKEN_ENV
     assert holder.CGROUP_PREFIX == cgroup.CGROUP_PREFIX
+
+
+def test_only_a_session_cgroup_counts_as_an_agents() -> None:
+    token = child_module.new_spawn_token()
+    assert holder.is_agent_cgroup(cgroup.CGROUP_PREFIX + token)
+    assert not holder.is_agent_cgroup("agent-runner.service")
+    assert not holder.is_agent_cgroup(cgroup.CGROUP_PREFIX + token.upper())
+    assert not holder.is_agent_cgroup(token)
 
 
 def test_an_agent_is_spawned_fed_and_relayed(make_holder: Any, tmp_path: Path) -> None:
