@@ -64,6 +64,7 @@ import struct
 import subprocess
 import sys
 import time
+import traceback
 from typing import Any
 
 PROTOCOL = 1
@@ -242,23 +243,39 @@ class Holder:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         self._reap()
         while not self._done():
-            self._refresh()
+            try:
+                self._refresh()
+            except Exception:
+                traceback.print_exc()  # as below: never the holder's end
             timeout = None if self.ever_attached else 1.0
             for key, events in self.selector.select(timeout):
-                kind, data = key.data
-                if kind == "accept":
-                    self._accept()
-                elif kind == "sigchld":
-                    with _suppress_eagain():
-                        while os.read(self.wake_r, 4096):
-                            pass
-                    self._reap()
-                elif kind == "conn":
-                    self._on_conn(data, events)
-                elif kind == "pipe":
-                    self._read_pipe(*data)
-                elif kind == "stdin":
-                    self._write_stdin(data)
+                try:
+                    self._dispatch(key.data, events)
+                except Exception:
+                    # Rule 1 first: the holder's death would take every agent's pipes.
+                    # A bug met serving one event costs that event (and a connection
+                    # it concerned), never the holder.
+                    traceback.print_exc()
+                    kind, data = key.data
+                    if kind == "conn":
+                        with _suppress_oserror():
+                            self._drop(data)
+
+    def _dispatch(self, key_data: tuple[str, Any], events: int) -> None:
+        kind, data = key_data
+        if kind == "accept":
+            self._accept()
+        elif kind == "sigchld":
+            with _suppress_eagain():
+                while os.read(self.wake_r, 4096):
+                    pass
+            self._reap()
+        elif kind == "conn":
+            self._on_conn(data, events)
+        elif kind == "pipe":
+            self._read_pipe(*data)
+        elif kind == "stdin":
+            self._write_stdin(data)
 
     def _done(self) -> bool:
         if self.agents or self.daemon is not None:
@@ -351,6 +368,8 @@ class Holder:
         conn.closing = True
         if self.daemon is conn:
             self._detach()
+        if conn.sock.fileno() < 0:
+            return  # a failed send closed it already
         if not conn.outbuf:
             self._drop(conn)
         else:

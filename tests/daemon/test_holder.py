@@ -366,6 +366,28 @@ def test_one_daemon_at_a_time_the_newest_epoch_wins(make_holder: Any, tmp_path: 
     assert new.read_stream("a", "out", b"\n") == (0, b"echo: still\n")
 
 
+def test_a_daemon_that_detaches_and_closes_at_once_leaves_the_holder_serving(
+    make_holder: Any, tmp_path: Path
+) -> None:
+    """The detach's answer meets a closed socket: the holder's failed send must not
+    end the holder (it did: a daemon's clean exit crashed it, with its agents)."""
+    h = make_holder()
+    daemon = h.connect()
+    daemon.hello(1)
+    pid = _spawn(daemon, "a", ECHO, tmp_path)
+    for epoch in range(2, 12):
+        daemon.send({"op": "detach", "ref": 1})
+        daemon.sock.shutdown(socket.SHUT_RDWR)
+        daemon.close()
+        daemon = h.connect()
+        (agent,) = daemon.hello(epoch)["agents"]
+        assert agent["pid"] == pid
+    assert h.process.poll() is None
+    daemon.request({"op": "resume", "id": "a", "stream": "out", "offset": 0})
+    daemon.send({"op": "write", "id": "a"}, b"alive\n")
+    assert daemon.read_stream("a", "out", b"\n") == (0, b"echo: alive\n")
+
+
 def test_requests_before_hello_and_bad_input_are_refused(make_holder: Any, tmp_path: Path) -> None:
     h = make_holder()
     early = h.connect()
