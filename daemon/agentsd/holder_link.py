@@ -18,8 +18,10 @@ holder's numbering; each byte handed to the reader is acknowledged at once, so t
 holder retains only what is still in flight. Stderr is copied to the caller's
 stderr pipe (``agentsd.stderr_log``) and acknowledged as it is written.
 
-Rule 4 (agents nobody claims): an agent the holder reports that no one here spawned
-or adopted is forgotten once it exited (recovery at start-up ends the previous
+Rule 4 (agents nobody claims): what the holder held at attach (``found``) may be
+adopted (`HolderLink.adopt`: its output resumed from a given offset) until
+`HolderLink.forget_unclaimed`; from then on an agent that no one here spawned or
+adopted is forgotten once it exited (recovery at start-up ends the previous
 daemon's; the holder then reaps them), so the holder does not keep their status for
 ever and leaves once it holds nothing.
 """
@@ -311,6 +313,44 @@ class HolderLink:
         await self.request({"op": "resume", "id": agent_id, "stream": "err", "offset": 0})
         return agent
 
+    async def adopt(
+        self, agent_id: str, out_offset: int, err_offset: int, stderr_fd: int | None
+    ) -> HeldAgent:
+        """Claim an agent the holder held at attach (Rule 4) and resume its output
+        at these offsets: the first byte read is the one at ``out_offset``. Raises
+        `HolderRefused` (``unknown_agent``; ``offset_gone`` when the holder no
+        longer retains that offset, or never had it), `HolderLost`."""
+        found = self.found.pop(agent_id, None)
+        if found is None:
+            raise HolderRefused("unknown_agent", f"the holder held no agent {agent_id!r} at attach")
+        agent = HeldAgent(self, agent_id, found["pid"], found.get("start_time"))
+        agent._out_offset = out_offset
+        agent._err_offset = err_offset
+        if found["returncode"] is not None:
+            agent.returncode = found["returncode"]
+            agent.exited.set()
+        self.agents[agent_id] = agent
+        try:
+            for stream, offset in (("out", out_offset), ("err", err_offset)):
+                await self.request(
+                    {"op": "resume", "id": agent_id, "stream": stream, "offset": offset}
+                )
+        except BaseException:
+            del self.agents[agent_id]
+            self.found[agent_id] = found
+            raise
+        if stderr_fd is not None:
+            agent._err_fd = os.dup(stderr_fd)
+        return agent
+
+    def forget_unclaimed(self) -> None:
+        """Give up what the holder held at attach and was not adopted (Rule 4):
+        forgotten now if it exited, else once its exit is reported."""
+        for agent_id, found in self.found.items():
+            if found["returncode"] is not None:
+                self.send_nowait({"op": "forget", "id": agent_id})
+        self.found.clear()
+
     async def release(self, agent: HeldAgent) -> None:
         """Forget ``agent`` here and in the holder (it exited and was proven gone)."""
         with trio.move_on_after(ERR_DRAIN_S):
@@ -352,8 +392,11 @@ class HolderLink:
         if op == "error":
             log.warning("holder: %s: %s", header.get("kind"), header.get("message"))
         elif agent is None:
-            if op == "exited":  # Rule 4
-                self.send_nowait({"op": "forget", "id": header.get("id")})
+            agent_id = header.get("id")
+            if op == "exited" and agent_id in self.found:
+                self.found[agent_id] = {**self.found[agent_id], "returncode": header["returncode"]}
+            elif op == "exited":  # Rule 4
+                self.send_nowait({"op": "forget", "id": agent_id})
         elif op == "out" and header.get("stream") == "out":
             agent._on_out(header["offset"], payload)
         elif op == "out":
@@ -461,9 +504,6 @@ async def open_holder_link(state_dir: Path) -> AsyncIterator[HolderLink]:
         raise HolderLost(f"the holder at {path} did not attach us: {welcome}")
     link = HolderLink(stream=stream, holder_pid=welcome["holder_pid"])
     link.found = {a["id"]: a for a in welcome["agents"]}
-    for found in link.found.values():
-        if found["returncode"] is not None:
-            link.send_nowait({"op": "forget", "id": found["id"]})  # Rule 4
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(link._read, decoder, early)
@@ -527,6 +567,9 @@ class HolderKeeper:
                     self._link = await self._nursery.start(self._hold)
                 except OSError as exc:
                     raise HolderLost(f"cannot start or reach the holder: {exc}") from None
+                # Nothing is adopted yet (reattach is not built): recovery ended
+                # what a previous daemon left in it.
+                self._link.forget_unclaimed()
             return self._link
 
     async def _hold(self, task_status: trio.TaskStatus[HolderLink]) -> None:

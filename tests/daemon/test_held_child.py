@@ -19,10 +19,13 @@ from agentsd.child import ChildSpec, ExitProof, new_spawn_token
 from agentsd.config import Ladder
 from agentsd.held_child import HeldChild, HeldExit, open_held_child
 from agentsd.holder_link import (
+    HeldAgent,
     HolderKeeper,
     HolderLink,
     HolderLost,
+    HolderRefused,
     open_holder_keeper,
+    open_holder_link,
     socket_path,
 )
 from agentsd.leftovers import ChildIdentity, EndOutcome
@@ -290,3 +293,58 @@ async def test_an_agent_that_exits_at_once_reports_its_status(
             async with open_held_child(quick, QUICK, ignore_identity, exits.append, link) as child:
                 assert await child.wait() == 7
         assert exits == [ExitProof(returncode=7, signal=None, stragglers_killed=0)]
+
+
+# After a "go" line: numbered lines, "done", then exit once a line comes.
+COUNTER = [
+    sys.executable,
+    "-I",
+    "-c",
+    "import sys\n"
+    "sys.stdin.readline()\n"
+    "for i in range(3000):\n"
+    "    sys.stdout.write(f'line {i}\\n')\n"
+    "sys.stdout.write('done\\n'); sys.stdout.flush()\n"
+    "sys.stdin.readline()\n",
+]
+
+
+async def _read_until(agent: HeldAgent, end: bytes, data: bytes = b"") -> bytes:
+    while end not in data:
+        chunk = await agent.stdout.receive_some(4096)
+        assert chunk, "its output ended early"
+        data += chunk
+    return data
+
+
+async def test_a_later_link_adopts_an_agent_and_resumes_its_output_exactly(
+    tmp_path: Path, tokens: list[str]
+) -> None:
+    """The transport half of reattach: the first link (a daemon) reads part of the
+    agent's output and goes away; the next adopts the agent at the offset the first
+    had consumed and reads exactly the rest; the agent's stdin stayed open."""
+    token = new_spawn_token()
+    tokens.append(token)
+    env = {**os.environ, "AGENTSD_SPAWN_TOKEN": token}
+    with trio.fail_after(30):
+        async with open_holder_link(tmp_path) as first:
+            agent = await first.spawn(token, COUNTER, "/", env, None)
+            await agent.stdin.send_all(b"go\n")
+            head = await _read_until(agent, b"line 99\n")
+            consumed = len(head)
+            pid, holder_pid = agent.pid, first.holder_pid
+        async with open_holder_link(tmp_path) as second:
+            assert second.holder_pid == holder_pid
+            assert second.found[token]["pid"] == pid
+            with pytest.raises(HolderRefused) as gone:
+                await second.adopt(token, consumed + 10**9, 0, None)
+            assert gone.value.kind == "offset_gone"
+            adopted = await second.adopt(token, consumed, 0, None)
+            rest = await _read_until(adopted, b"done\n")
+            expected = "".join(f"line {i}\n" for i in range(3000)) + "done\n"
+            assert head + rest == expected.encode()
+            await adopted.stdin.send_all(b"bye\n")
+            assert await adopted.wait() == 0
+            await second.release(adopted)
+            second.forget_unclaimed()
+    await eventually(lambda: _ended(holder_pid))
