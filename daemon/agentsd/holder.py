@@ -473,7 +473,8 @@ class Holder:
         if op not in AGENT_OPS:
             reply({"op": "error", "kind": "bad_request", "message": f"unknown op {op!r}"})
             return
-        agent = self.agents.get(header.get("id", ""))
+        agent_id = header.get("id")
+        agent = self.agents.get(agent_id) if isinstance(agent_id, str) else None
         if agent is None:
             reply(
                 {
@@ -522,10 +523,14 @@ class Holder:
             reply({"op": "ok"})
         elif op == "signal":
             # Only while unreaped is the pid, and so the group id, ours (child.py Rule 5).
+            sig = header.get("signal", signal.SIGTERM)
+            if not isinstance(sig, int) or isinstance(sig, bool) or not 0 < sig < signal.NSIG:
+                reply({"op": "error", "kind": "bad_request", "message": "a signal number"})
+                return
             sent = False
             if agent.returncode is None:
                 try:
-                    os.killpg(agent.pid, int(header.get("signal", signal.SIGTERM)))
+                    os.killpg(agent.pid, sig)
                     sent = True
                 except (ProcessLookupError, PermissionError):
                     pass

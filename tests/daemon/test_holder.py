@@ -4,8 +4,10 @@ connection closing without a word. Every test ends what it started."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -99,11 +101,14 @@ class Holder:
             os.umask(old)
         listener.listen(16)
         fd = listener.fileno()
-        self.process = subprocess.Popen(
-            [sys.executable, "-I", str(HOLDER), "--listen-fd", str(fd), *args],
-            pass_fds=[fd],
-            start_new_session=True,
-        )
+        self.errors = tmp_path / "holder.err"  # what it writes: tracebacks only
+        with self.errors.open("ab") as errors:
+            self.process = subprocess.Popen(
+                [sys.executable, "-I", str(HOLDER), "--listen-fd", str(fd), *args],
+                pass_fds=[fd],
+                stderr=errors,
+                start_new_session=True,
+            )
         listener.close()
         self.clients: list[Client] = []
 
@@ -523,3 +528,83 @@ def test_the_holder_is_standard_library_only() -> None:
     )
     assert json.loads(result.stdout.splitlines()[-1]) == []
     assert "import agentsd" not in source and "from agentsd" not in source
+
+
+def _random_value(rng: random.Random, depth: int = 0) -> Any:
+    kinds = ["int", "str", "none", "bool", "float", "list", "dict"][: 7 if depth < 2 else 5]
+    kind = rng.choice(kinds)
+    if kind == "int":
+        return rng.choice([0, -1, 1, 2**31, -(2**63), 10**30, rng.randint(-5, 5)])
+    if kind == "str":
+        return rng.choice(["", "a", "out", "err", "x" * 300, "\udcff", "\0"])
+    if kind == "none":
+        return None
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "float":
+        return rng.choice([0.5, -1.0, 1e308])
+    if kind == "list":
+        return [_random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return {
+        rng.choice(["id", "op", "argv", "env", "cwd"]): _random_value(rng, depth + 1)
+        for _ in range(rng.randint(0, 3))
+    }
+
+
+def test_random_requests_never_end_the_holder_or_its_agents(
+    make_holder: Any, tmp_path: Path
+) -> None:
+    """Whatever the daemon (or anything else) sends, the holder goes on holding: its
+    death would take every agent's pipes. Requests never name the held agent, so
+    nothing here may legitimately end it."""
+    rng = random.Random(20261201)
+    h = make_holder()
+    daemon = h.connect()
+    daemon.hello(1)
+    pid = _spawn(daemon, "a", ECHO, tmp_path)
+    ops = [*holder.AGENT_OPS, "spawn", "hello", "detach", "frobnicate", 7, None]
+    epoch = 1
+    for _ in range(300):
+        header = {
+            key: _random_value(rng)
+            for key in rng.sample(
+                ["id", "stream", "offset", "signal", "argv", "cwd", "env", "epoch", "protocol"], 3
+            )
+        }
+        header["op"] = rng.choice(ops)
+        if header.get("id") == "a":
+            header["id"] = "b"
+        if header["op"] in ("spawn", "hello"):
+            header["op"] = "ack"  # a spawn could start anything; a hello would re-attach
+        with contextlib.suppress(OSError):
+            daemon.sock.sendall(_frame(header, rng))
+        if rng.random() < 0.1:  # garbage on a connection of its own
+            other = h.connect()
+            with contextlib.suppress(OSError):
+                other.sock.sendall(rng.randbytes(rng.randint(1, 64)))
+            other.close()
+        if rng.random() < 0.05 or daemon.sock.fileno() < 0:
+            daemon.close()
+            epoch += 1
+            daemon = h.connect()
+            daemon.hello(epoch)
+    assert h.process.poll() is None
+    # Every bad request was refused as such, none met a bug (the safety net).
+    assert "Traceback" not in h.errors.read_text()
+    epoch += 1
+    final = h.connect()
+    (agent,) = final.hello(epoch)["agents"]
+    assert agent["pid"] == pid and agent["returncode"] is None
+    final.request({"op": "resume", "id": "a", "stream": "out", "offset": agent["out_base"]})
+    final.send({"op": "write", "id": "a"}, b"still here\n")
+    _, out = final.read_stream("a", "out", b"still here\n")
+    assert out.endswith(b"echo: still here\n")
+
+
+def _frame(header: dict[str, Any], rng: random.Random) -> bytes:
+    try:
+        head = json.dumps(header).encode("utf-8", "surrogatepass")
+    except (TypeError, ValueError):
+        head = b"{}"
+    payload = rng.randbytes(rng.choice([0, 0, 1, 100]))
+    return holder.HEADER.pack(len(head), len(payload)) + head + payload
