@@ -501,6 +501,10 @@ async def open_holder_link(state_dir: Path) -> AsyncIterator[HolderLink]:
                     early.append(message)
     if welcome is None or welcome["op"] != "welcome":
         await stream.aclose()
+        if started is not None:
+            # Ours, and it holds nothing yet: a holder that cannot serve is ended, not
+            # left listening for the next daemon to meet.
+            await trio.to_thread.run_sync(_end_started, started)
         raise HolderLost(f"the holder at {path} did not attach us: {welcome}")
     link = HolderLink(stream=stream, holder_pid=welcome["holder_pid"])
     link.found = {a["id"]: a for a in welcome["agents"]}
@@ -525,6 +529,14 @@ async def open_holder_link(state_dir: Path) -> AsyncIterator[HolderLink]:
 
 # Holders this daemon started, until reaped: a dropped running Popen would warn.
 _STARTED: set[subprocess.Popen[bytes]] = set()
+
+
+def _end_started(started: subprocess.Popen[bytes]) -> None:
+    """Kill and reap a holder we started that never attached us (blocking)."""
+    with suppress(ProcessLookupError):
+        started.kill()
+    started.wait(CONNECT_TIMEOUT_S)
+    _STARTED.discard(started)
 
 
 async def _watch_holder(link: HolderLink, started: subprocess.Popen[bytes] | None) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import trio
 
+from agentsd import holder_link
 from agentsd.child import ChildSpec, ExitProof, new_spawn_token
 from agentsd.config import Ladder
 from agentsd.held_child import HeldChild, HeldExit, open_held_child
@@ -348,3 +350,29 @@ async def test_a_later_link_adopts_an_agent_and_resumes_its_output_exactly(
             await second.release(adopted)
             second.forget_unclaimed()
     await eventually(lambda: _ended(holder_pid))
+
+
+async def test_a_holder_that_never_answers_is_ended_and_the_link_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broken holder (here: one that never reads its socket) fails the attach
+    with HolderLost after the connect bound, and is killed and reaped, not left
+    listening for the next daemon."""
+    mute = tmp_path / "mute_holder.py"
+    mute.write_text("import time\ntime.sleep(600)\n")
+    monkeypatch.setattr(holder_link, "HOLDER_SCRIPT", mute)
+    monkeypatch.setattr(holder_link, "CONNECT_TIMEOUT_S", 0.5)
+    started: list[subprocess.Popen[bytes]] = []
+    original = holder_link._start_holder
+
+    def start(state_dir: Path) -> subprocess.Popen[bytes]:
+        started.append(original(state_dir))
+        return started[-1]
+
+    monkeypatch.setattr(holder_link, "_start_holder", start)
+    with trio.fail_after(20), pytest.raises(HolderLost, match="did not attach us"):
+        async with open_holder_link(tmp_path):
+            raise AssertionError("never attached")
+    [mute_holder] = started
+    assert mute_holder.returncode == -signal.SIGKILL  # killed and reaped
+    assert mute_holder not in holder_link._STARTED
