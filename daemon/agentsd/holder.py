@@ -4,7 +4,9 @@ Standard library only, run by path (``python -I .../holder.py --listen-fd N``) s
 that a daemon upgraded in place never changes the code of a holder already running.
 One holder serves every session of a state directory; the daemon that starts it
 binds the listening socket (0600, in the state directory) and hands it over as
-``--listen-fd``, so it accepts from its first instruction.
+``--listen-fd``, so it accepts from its first instruction. With ``--detach`` it
+forks once more and reports its pid: it is never the daemon's child, so no daemon
+(or test) is left with its zombie, and it outlives any daemon.
 
 Rule 1 (the agents are its children): it spawns each agent on the daemon's request
 (own session and process group, environment and argv exactly as given: the daemon
@@ -738,7 +740,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen-fd", type=int, required=True)
     parser.add_argument("--retain-bytes", type=int, default=DEFAULT_RETAIN_BYTES)
     parser.add_argument("--idle-exit-s", type=float, default=DEFAULT_IDLE_EXIT_S)
+    parser.add_argument(
+        "--detach",
+        action="store_true",
+        help="fork once more, so as never to be the starter's child (nor its zombie), "
+        "and write the holder's pid and a newline on stdout, then close it",
+    )
     args = parser.parse_args(argv)
+    if args.detach:
+        if os.fork() > 0:
+            os._exit(0)
+        os.write(1, f"{os.getpid()}\n".encode())
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
     listener = socket.socket(fileno=args.listen_fd)
     _become_subreaper()
     Holder(listener, max(1, args.retain_bytes), args.idle_exit_s).run()

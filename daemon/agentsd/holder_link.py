@@ -31,6 +31,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
@@ -437,9 +439,10 @@ async def _connect(path: Path) -> trio.SocketStream | None:
         return None
 
 
-def _start_holder(state_dir: Path) -> subprocess.Popen[bytes]:
-    """Bind a fresh listening socket (0600) and start a holder on it, detached.
-    Blocking: run it in a thread."""
+def _start_holder(state_dir: Path) -> int:
+    """Bind a fresh listening socket (0600) and start a holder on it, detached (it
+    forks once more: never our child); its pid. Blocking: run it in a thread.
+    Raises `HolderLost` when it does not report its pid in time (it is killed)."""
     path = socket_path(state_dir)
     with suppress(FileNotFoundError):
         path.unlink()  # a dead holder's: nothing listened there
@@ -455,17 +458,46 @@ def _start_holder(state_dir: Path) -> subprocess.Popen[bytes]:
         logs = state_dir / "logs"
         logs.mkdir(mode=0o700, exist_ok=True)
         with open(logs / LOG_NAME, "ab") as log_file:
-            return subprocess.Popen(
-                [sys.executable, "-I", str(HOLDER_SCRIPT), "--listen-fd", str(fd)],
+            process = subprocess.Popen(
+                [sys.executable, "-I", str(HOLDER_SCRIPT), "--listen-fd", str(fd), "--detach"],
                 pass_fds=[fd],
                 stdin=subprocess.DEVNULL,
-                stdout=log_file,
+                stdout=subprocess.PIPE,
                 stderr=log_file,
                 start_new_session=True,  # outlives this daemon and its terminal
                 close_fds=True,
             )
     finally:
         listener.close()
+    assert process.stdout is not None
+    try:
+        line = _read_line(process.stdout.fileno(), CONNECT_TIMEOUT_S)
+        process.wait(CONNECT_TIMEOUT_S)  # the first fork's parent, gone at once
+    except (subprocess.TimeoutExpired, ValueError) as exc:
+        with suppress(ProcessLookupError):
+            process.kill()
+        process.wait()
+        raise HolderLost(f"the holder did not start: {exc}") from None
+    finally:
+        process.stdout.close()
+    return int(line)
+
+
+def _read_line(fd: int, timeout_s: float) -> bytes:
+    """One line from ``fd`` within ``timeout_s``; ValueError if none came."""
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    while not data.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            raise ValueError(f"no pid within {timeout_s:g} s")
+        chunk = os.read(fd, 64)
+        if not chunk:
+            raise ValueError("it exited without its pid")
+        data += chunk
+    if not data.strip().isdigit():
+        raise ValueError(f"not a pid: {data[:64]!r}")
+    return data
 
 
 @asynccontextmanager
@@ -474,11 +506,10 @@ async def open_holder_link(state_dir: Path) -> AsyncIterator[HolderLink]:
     (Rule 1); yield the link. Raises `HolderLost` when no holder can be attached.
     On exit the link detaches: the holder keeps running what it holds."""
     path = socket_path(state_dir)
-    started: subprocess.Popen[bytes] | None = None
+    started: int | None = None  # the pid of the holder we started
     stream = await _connect(path)
     if stream is None:
         started = await trio.to_thread.run_sync(_start_holder, state_dir)
-        _STARTED.add(started)
         with trio.move_on_after(CONNECT_TIMEOUT_S):
             stream = await _connect(path)
         if stream is None:
@@ -504,7 +535,7 @@ async def open_holder_link(state_dir: Path) -> AsyncIterator[HolderLink]:
         if started is not None:
             # Ours, and it holds nothing yet: a holder that cannot serve is ended, not
             # left listening for the next daemon to meet.
-            await trio.to_thread.run_sync(_end_started, started)
+            _end_started(started)
         raise HolderLost(f"the holder at {path} did not attach us: {welcome}")
     link = HolderLink(stream=stream, holder_pid=welcome["holder_pid"])
     link.found = {a["id"]: a for a in welcome["agents"]}
@@ -512,7 +543,7 @@ async def open_holder_link(state_dir: Path) -> AsyncIterator[HolderLink]:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(link._read, decoder, early)
             nursery.start_soon(link._write)
-            nursery.start_soon(_watch_holder, link, started)
+            nursery.start_soon(_watch_holder, link)
             try:
                 yield link
             finally:
@@ -527,21 +558,29 @@ async def open_holder_link(state_dir: Path) -> AsyncIterator[HolderLink]:
             await stream.aclose()
 
 
-# Holders this daemon started, until reaped: a dropped running Popen would warn.
-_STARTED: set[subprocess.Popen[bytes]] = set()
+def _end_started(pid: int) -> None:
+    """Kill a holder we started that never attached us. Not our child (it forked
+    once more): its new parent reaps it. Only while it still runs our holder's
+    program, so a reused pid is never signalled."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return
+        if str(HOLDER_SCRIPT).encode() in cmdline.split(b"\0"):
+            with suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    finally:
+        os.close(pidfd)
 
 
-def _end_started(started: subprocess.Popen[bytes]) -> None:
-    """Kill and reap a holder we started that never attached us (blocking)."""
-    with suppress(ProcessLookupError):
-        started.kill()
-    started.wait(CONNECT_TIMEOUT_S)
-    _STARTED.discard(started)
-
-
-async def _watch_holder(link: HolderLink, started: subprocess.Popen[bytes] | None) -> None:
-    """The holder's death, through a pidfd (it need not be our child), ends the link
-    even should its socket somehow stay open; one we started is reaped."""
+async def _watch_holder(link: HolderLink) -> None:
+    """The holder's death, through a pidfd (it is not our child), ends the link
+    even should its socket somehow stay open."""
     try:
         pidfd = os.pidfd_open(link.holder_pid)
     except ProcessLookupError:
@@ -551,9 +590,6 @@ async def _watch_holder(link: HolderLink, started: subprocess.Popen[bytes] | Non
         await trio.lowlevel.wait_readable(pidfd)
     finally:
         os.close(pidfd)
-    if started is not None:
-        started.poll()
-        _STARTED.discard(started)
     link.fail("the holder exited")
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agentsctl.client import Client
+from agentsd.holder_link import HOLDER_SCRIPT
 from agentsd.procfs import read_proc_info
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
 from tests.peers.conftest import CALL_TIMEOUT_S
@@ -63,5 +64,9 @@ def test_claude_runs_as_the_holders_child(
         child = read_proc_info(created["session"]["child"]["pid"])
         assert child is not None and child.ppid != daemon.process.pid
         holder = read_proc_info(child.ppid)
-        assert holder is not None and holder.ppid == daemon.process.pid  # it started it
+        assert holder is not None and _runs_the_holder(child.ppid)
         client.call("agentSession.close", {"sessionId": created["sessionId"]})
+
+
+def _runs_the_holder(pid: int) -> bool:
+    return str(HOLDER_SCRIPT).encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from agentsctl.client import Client
+from agentsd.holder_link import HOLDER_SCRIPT
 from agentsd.procfs import read_proc_info
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
 from tests.peers.fake_openai import FakeOpenAI, TextReply
@@ -63,5 +64,9 @@ def test_codex_runs_as_the_holders_child(
     child = read_proc_info(session["child"]["pid"])
     assert child is not None and child.ppid != peer_daemon.process.pid
     holder = read_proc_info(child.ppid)
-    assert holder is not None and holder.ppid == peer_daemon.process.pid  # it started it
+    assert holder is not None and _runs_the_holder(child.ppid)
     client.call("agentSession.close", {"sessionId": session["sessionId"]})
+
+
+def _runs_the_holder(pid: int) -> bool:
+    return str(HOLDER_SCRIPT).encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
