@@ -342,12 +342,44 @@ def test_a_frame_is_written_whole_even_when_the_daemon_dies_at_once(
         ),
         tmp_path,
     )
-    daemon.send({"op": "write", "id": "a"}, b"y" * (size - 1) + b"\n")
+    # Once the holder said "queued", the frame is the holder's to write, whole.
+    reply = daemon.request({"op": "write", "id": "a"}, b"y" * (size - 1) + b"\n")
+    assert reply["op"] == "queued"
     daemon.close()
     second = h.connect()
     second.hello(2)
     second.request({"op": "resume", "id": "a", "stream": "out", "offset": 0})
     assert second.read_stream("a", "out", b"\n") == (0, f"{size}\n".encode())
+
+
+def test_a_frame_still_arriving_when_another_daemon_attaches_is_dropped_whole(
+    make_holder: Any, tmp_path: Path
+) -> None:
+    """Fencing: what the replaced daemon had not finished sending never reaches the
+    agent, not even in part (its send is in flight: the unknown rule's case)."""
+    h = make_holder()
+    old = h.connect()
+    old.hello(1)
+    _spawn(
+        old,
+        "a",
+        _python(
+            "import sys\n"
+            "data = sys.stdin.buffer.readline()\n"
+            "sys.stdout.write(f'{data!r}\\n'); sys.stdout.flush()\n"
+            "sys.stdin.readline()\n"
+        ),
+        tmp_path,
+    )
+    whole = holder.encode({"op": "write", "id": "a"}, b"z" * 1000 + b"\n")
+    old.sock.sendall(whole[: len(whole) // 2])
+    new = h.connect()
+    new.hello(2)
+    with contextlib.suppress(OSError):  # too late: it was cut off
+        old.sock.sendall(whole[len(whole) // 2 :])
+    new.request({"op": "resume", "id": "a", "stream": "out", "offset": 0})
+    new.send({"op": "write", "id": "a"}, b"fresh\n")
+    assert new.read_stream("a", "out", b"\n") == (0, b"b'fresh\\n'\n")
 
 
 def test_one_daemon_at_a_time_the_newest_epoch_wins(make_holder: Any, tmp_path: Path) -> None:
