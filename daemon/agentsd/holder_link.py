@@ -515,21 +515,23 @@ async def open_holder_link(state_dir: Path) -> AsyncIterator[HolderLink]:
         if stream is None:
             raise HolderLost(f"the holder started at {path} does not accept")
     decoder = wire.Decoder()
-    await stream.send_all(
-        wire.encode({"op": "hello", "protocol": wire.PROTOCOL, "epoch": time.time_ns(), "ref": 0})
-    )
+    hello = {"op": "hello", "protocol": wire.PROTOCOL, "epoch": time.time_ns(), "ref": 0}
     welcome: dict[str, Any] | None = None
     early: list[tuple[dict[str, Any], bytes]] = []  # what came with it, in order
     with trio.move_on_after(CONNECT_TIMEOUT_S):
-        while welcome is None:
-            data = await stream.receive_some(wire.READ_BYTES)
-            if not data:
-                break
-            for message in decoder.feed(data):
-                if welcome is None and message[0].get("ref") == 0:
-                    welcome = message[0]
-                elif welcome is not None:
-                    early.append(message)
+        try:
+            await stream.send_all(wire.encode(hello))
+            while welcome is None:
+                data = await stream.receive_some(wire.READ_BYTES)
+                if not data:
+                    break
+                for message in decoder.feed(data):
+                    if welcome is None and message[0].get("ref") == 0:
+                        welcome = message[0]
+                    elif welcome is not None:
+                        early.append(message)
+        except (trio.BrokenResourceError, OSError, wire.ProtocolError) as exc:
+            log.warning("attaching the holder at %s failed: %s", path, exc)  # refused
     if welcome is None or welcome["op"] != "welcome":
         await stream.aclose()
         if started is not None:

@@ -395,3 +395,24 @@ async def test_a_holder_that_never_attaches_is_ended_and_the_link_fails(
             raise AssertionError("never attached")
     await eventually(lambda: _running(broken) == [])
     assert [p for p in scan_processes().processes.values() if p.ppid == os.getpid()] == []
+
+
+async def test_a_holder_that_refuses_the_daemon_fails_the_attach(tmp_path: Path) -> None:
+    """A holder that closes the connection on the daemon (as it does for a peer it
+    refuses) is HolderLost, never another exception out of the attach."""
+    listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    await listener.bind(str(socket_path(tmp_path)))
+    listener.listen(4)
+
+    async def refuse() -> None:
+        while True:
+            conn, _ = await listener.accept()
+            conn.close()  # unread: the daemon's hello is answered by a reset
+
+    with trio.fail_after(20), listener:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(refuse)
+            with pytest.raises(HolderLost, match="did not attach us"):
+                async with open_holder_link(tmp_path):
+                    raise AssertionError("never attached")
+            nursery.cancel_scope.cancel()
