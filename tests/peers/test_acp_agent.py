@@ -232,6 +232,20 @@ def test_requests_it_does_not_offer_are_refused_method_not_found(
         assert sources == {"fs/read_text_file", "x/unknown"}
 
 
+def test_initialize_offers_no_file_system_and_no_terminal(
+    client: Client, peer_daemon: DaemonProcess, workdir: Path, deadline: Deadline
+) -> None:
+    # What agentsd does not implement it must not offer: an agent that believed it
+    # would send fs/* or terminal/* requests that can only be refused.
+    sid = create(client, workdir)
+    with Follower(peer_daemon, sid, deadline) as follower:
+        send(client, sid, "capabilities")
+        follower.wait_for("turn.completed")
+        message = follower.wait_for("item.completed", lambda b: b["type"] == "agentMessage")
+    offered = json.loads(message["body"]["text"])
+    assert offered == {"fs": {"readTextFile": False, "writeTextFile": False}, "terminal": False}
+
+
 def test_an_agent_that_exits_mid_turn_settles_the_turn_and_leaves_nothing(
     client: Client, peer_daemon: DaemonProcess, workdir: Path, deadline: Deadline
 ) -> None:
