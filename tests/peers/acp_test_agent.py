@@ -224,7 +224,12 @@ def main() -> None:
                 },
             )
         elif method == "session/load" and forgets:
-            error = {"code": -32002, "message": f"Resource not found: {params['sessionId']}"}
+            # What went wrong in ``data.details``, as the ACP SDKs put it.
+            error = {
+                "code": -32002,
+                "message": "Resource not found",
+                "data": {"details": f"no session {params['sessionId']} here"},
+            }
             write({"id": request_id, "error": error})
         elif method == "session/load":
             # Replays the conversation as updates, as ACP asks, before answering.

@@ -370,6 +370,7 @@ def test_a_lost_session_that_had_turns_is_resume_failed_with_the_agents_words(
     client: Client, peer_daemon: DaemonProcess, workdir: Path, deadline: Deadline
 ) -> None:
     sid = create(client, workdir, provider="testacp-forget")
+    handle = client.call("agentSession.get", {"sessionId": sid})["session"]["providerHandle"]
     with Follower(peer_daemon, sid, deadline) as follower:
         send(client, sid, "first")
         follower.wait_for("turn.completed")
@@ -378,6 +379,7 @@ def test_a_lost_session_that_had_turns_is_resume_failed_with_the_agents_words(
     assert result["dispatch"] == "rejected", result
     assert result["reason"].startswith("resume_failed: testacp-forget could not resume session")
     assert "Resource not found" in result["reason"]
+    assert f"no session {handle} here" in result["reason"]
     assert not [e for e in history(client, sid) if e["kind"] == "thread.superseded"]
 
 

@@ -40,7 +40,12 @@ import attrs
 import trio
 
 from agentsd.providers.acp_agents import AcpAgent
-from agentsd.providers.acp_handshake import SessionOpener, garbage_message, parse_options
+from agentsd.providers.acp_handshake import (
+    SessionOpener,
+    acp_error_message,
+    garbage_message,
+    parse_options,
+)
 from agentsd.providers.acp_permissions import (
     CANCELLED,
     Ask,
@@ -57,7 +62,7 @@ from agentsd.providers.base import (
     SessionSink,
     Submission,
 )
-from agentsd.providers.codex_rpc import Call, Garbage, RpcPeer, clip, error_message
+from agentsd.providers.codex_rpc import Call, Garbage, RpcPeer, clip
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.api.events import (
     AgentCommand,
@@ -194,7 +199,7 @@ class AcpAdapter(Adapter):
         result = call.result if isinstance(call.result, dict) else {}
         stop = result.get("stopReason")
         if call.error is not None:
-            words = error_message(call.error)
+            words = acp_error_message(call.error)
             done = TurnCompleted(
                 turn_id=turn.turn_id,
                 outcome="interrupted" if turn.cancelled else "failed",

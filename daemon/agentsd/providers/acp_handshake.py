@@ -70,6 +70,17 @@ def parse_options(options: Mapping[str, Any]) -> str | None:
     return mode
 
 
+def acp_error_message(error: Any) -> str:
+    """An ACP error member in words: its ``message``, and the ``details`` the ACP SDKs
+    put in ``data`` (Gemini CLI's "Internal error" says what went wrong only there)."""
+    words = error_message(error)
+    data = error.get("data") if isinstance(error, dict) else None
+    details = data.get("details") if isinstance(data, dict) else data
+    if isinstance(details, str) and details.strip() and details not in words:
+        return f"{words}: {clip(details.strip())}"
+    return words
+
+
 def garbage_message(agent: AcpAgent, frame: Garbage) -> str:
     return f"{agent.display_name} wrote a line that is not a JSON object: {frame.line[:200]!r}"
 
@@ -136,7 +147,7 @@ class SessionOpener:
         )
         name = self.agent.display_name
         if init.error is not None:
-            raise AgentProtocolError(f"{name} refused initialize: {error_message(init.error)}")
+            raise AgentProtocolError(f"{name} refused initialize: {acp_error_message(init.error)}")
         result = init.result if isinstance(init.result, dict) else None
         if result is None:
             raise AgentProtocolError(f"{name} answered initialize with {clip(init.result)}")
@@ -166,7 +177,7 @@ class SessionOpener:
         call = await self.call("session/new", self._session_params())
         name = self.agent.display_name
         if call.error is not None:
-            words = error_message(call.error)
+            words = acp_error_message(call.error)
             if isinstance(call.error, dict) and call.error.get("code") == AUTH_REQUIRED:
                 methods = ", ".join(self.auth_methods) or "none named"
                 raise AgentStartFailed(
@@ -202,7 +213,7 @@ class SessionOpener:
         call = await self.call(method, {"sessionId": resume.handle, **self._session_params()})
         if call.error is None:
             return call.result if isinstance(call.result, dict) else {}
-        words = error_message(call.error)
+        words = acp_error_message(call.error)
         if resume.had_turns:
             raise ResumeFailed(f"{name} could not resume session {resume.handle}: {words}")
         return await self._supersede(
@@ -231,6 +242,6 @@ class SessionOpener:
                 AgentWarning(
                     source="session/set_mode",
                     message=f"{self.agent.display_name} refused mode {self.mode!r}: "
-                    f"{error_message(call.error)}",
+                    f"{acp_error_message(call.error)}",
                 )
             )
