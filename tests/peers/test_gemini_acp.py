@@ -26,6 +26,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -275,5 +277,46 @@ def test_a_daemon_killed_mid_turn_leaves_no_agent_and_ends_the_turn(
                 assert ended == [
                     {"turnId": turn_id, "outcome": "interrupted", "reason": "daemon-restart"}
                 ]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_agentsctl_new_with_a_message_runs_a_turn_as_the_readme_says(
+    fake: FakeGemini, gemini_home: Path, workdir: Path
+) -> None:
+    """``agentsctl new --provider gemini --cwd DIR -m TEXT`` against a daemon whose
+    config has the README's ``[agents.gemini]`` table (the command, and the agent's
+    environment in its ``env``)."""
+    deadline = Deadline()
+    base = make_temp_dir()
+    fake.script(TextReply("Fixed it."))
+    try:
+        with acp_daemon(base, "gemini", COMMAND, fake.gemini_env(gemini_home)) as daemon:
+            cli = [sys.executable, "-m", "agentsctl.cli", "--socket", str(daemon.socket)]
+            new = ["new", "--provider", "gemini", "--cwd", str(workdir)]
+            done = subprocess.run(
+                [*cli, *new, "-m", "fix the failing test"],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=CALL_TIMEOUT_S * 2,
+                check=False,
+            )
+            assert done.returncode == 0, done.stderr
+            sid = done.stdout.split()[0]
+            with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
+                info = client.call("agentSession.get", {"sessionId": sid})["session"]
+                assert info["provider"] == "gemini"
+                assert info["cwd"] == str(workdir)
+                with Follower(daemon, sid, deadline) as follower:
+                    follower.wait_for("turn.completed", lambda b: b["outcome"] == "completed")
+                    message = follower.wait_for(
+                        "item.completed", lambda b: b["type"] == "agentMessage"
+                    )
+                    assert message["body"]["text"] == "Fixed it."
+                client.call("agentSession.close", {"sessionId": sid})
+            deadline.poll(lambda: not agent_processes(gemini_home), "Gemini CLI to exit")
+        (request,) = fake.requests()
+        assert contents_texts(request.body, "user")[-1] == "fix the failing test"
     finally:
         shutil.rmtree(base, ignore_errors=True)
