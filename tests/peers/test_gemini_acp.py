@@ -262,8 +262,9 @@ def test_a_daemon_killed_mid_turn_leaves_no_agent_and_ends_the_turn(
                 with Follower(daemon, sid, deadline) as follower:
                     turn_id = send(client, sid, "Talk for a long while")["turnId"]
                     follower.wait_for_delta()
-                    # The launcher and the CLI it relaunched as its child.
-                    assert len(agent_processes(gemini_home)) == 2
+                    # The launcher and the CLI it relaunched as its child (and
+                    # whatever short-lived helper either runs just now).
+                    assert len(agent_processes(gemini_home)) >= 2
             daemon.stop(signal.SIGKILL)
 
         with acp_daemon(base, "gemini", COMMAND, {}, state) as daemon:
