@@ -183,6 +183,7 @@ COMMANDS = (
     Command("approve", "answer a pending approval (accept, or --decline / --decision)", f"{_C}:run_approve", f"{_C}:configure_approve", section="conversation"),
     Command("acp", "serve the Agent Client Protocol on stdio for an editor (a daemon session per ACP session)", "agentsctl.acp.command:run_acp", "agentsctl.acp.command:configure_acp", section="conversation"),
     Command("status", "the daemon's version, uptime, paths, connections and sessions", f"{_D}:run_status", f"{_D}:configure_status", section="daemon"),
+    Command("providers", "the providers `new` takes: the daemon's, with its config's ACP agents", f"{_D}:run_providers", section="daemon"),
     Command("daemon start", "start agentsd detached (or --foreground) and wait until it answers", f"{_D}:run_daemon_start", f"{_D}:configure_daemon_start", section="daemon"),
     Command("daemon stop", "ask agentsd to shut down and wait until it is gone", f"{_D}:run_daemon_stop", section="daemon"),
     Command("daemon ping", "time one round trip to a running agentsd", f"{_D}:run_daemon_ping", section="daemon"),

@@ -38,13 +38,17 @@ def configure_session_id(parser: argparse.ArgumentParser) -> None:
 
 def configure_new(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "provider", nargs="?", metavar="PROVIDER", help="codex, claude or mock (or --provider)"
+        "provider",
+        nargs="?",
+        metavar="PROVIDER",
+        help="codex, claude, mock or an ACP agent such as gemini (or --provider); "
+        "`agentsctl providers` lists them",
     )
     parser.add_argument(
         "--provider",
         dest="provider_option",
         metavar="PROVIDER",
-        help="the agent provider: codex, claude or mock",
+        help="the agent provider: codex, claude, mock or an ACP agent such as gemini",
     )
     parser.add_argument(
         "-m",
@@ -154,7 +158,7 @@ def configure_ls(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--state", choices=PHASES, help="only sessions whose agent is in this phase"
     )
-    parser.add_argument("--provider", help="only sessions of this provider")
+    parser.add_argument("--provider", metavar="PROVIDER", help="only sessions of this provider")
     parser.add_argument("--json", action="store_true", help="print the whole JSON result")
 
 

@@ -4,9 +4,13 @@ the parser that ``agentsctl.cli.COMMANDS`` builds, so they never drift from it.
 Rule 1: the scripts complete commands, group verbs, each command's options, option
 values (files, directories, choices, providers) and session ids.
 
-Rule 2: session ids come from ``agentsctl --no-start ls --json`` run quietly (stderr
-discarded, and never starting a daemon from a TAB press), with the ``--socket`` and
-``--state-dir`` already typed passed along; no daemon means no ids, never an error.
+Rule 2: session ids come from ``agentsctl --no-start ls --json``, and provider names
+from ``agentsctl providers`` (the daemon's, with its config's ``[agents.NAME]``; the
+built-in ones when no daemon answers), run quietly (stderr discarded, and never
+starting a daemon from a TAB press), with the ``--socket`` and ``--state-dir``
+already typed passed along; no daemon means no ids, never an error. Should
+``agentsctl`` itself not run, providers fall back to the built-in names written into
+the script.
 
 zsh uses the bash script through its own ``bashcompinit`` (zsh's bash emulation
 runs it with bash's 0-based arrays); fish gets ``complete`` rules of its own.
@@ -21,12 +25,12 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from agentsctl.cli import COMMANDS, EXIT_OK, GROUPS, build_parser
+from agentsd_protocol.providers import builtin_provider_names
 
 if TYPE_CHECKING:
     from agentsctl.target import Target
 
 SHELLS = ("bash", "zsh", "fish")
-PROVIDERS = ("codex", "claude", "acp", "mock")  # what `new --provider` offers
 
 
 class Option(msgspec.Struct, frozen=True):
@@ -59,8 +63,8 @@ def run_completion(args: argparse.Namespace, target: Target) -> int:
 
 
 def _kind(action: argparse.Action) -> str:
-    """What completes an argument: ``session``, ``file``, ``dir``, ``choices A B``,
-    or ``none`` (free text)."""
+    """What completes an argument: ``session``, ``provider``, ``file``, ``dir``,
+    ``choices A B``, or ``none`` (free text)."""
     if action.choices is not None and not isinstance(action, argparse._SubParsersAction):
         return "choices " + " ".join(str(c) for c in action.choices)
     if action.dest == "session_id":
@@ -71,7 +75,7 @@ def _kind(action: argparse.Action) -> str:
     if metavar in ("PATH", "FILE"):
         return "file"
     if metavar == "PROVIDER":
-        return "choices " + " ".join(PROVIDERS)
+        return "provider"
     return "none"
 
 
@@ -154,11 +158,17 @@ def bash_body() -> str:
     ]
     verbs = [(group, " ".join(v for v, _ in _verbs(group))) for group in GROUPS]
     commands = " ".join(word for word, _ in _top_words())
+    builtin = " ".join(builtin_provider_names())
     return f"""\
 _agentsctl_sessions() {{
     # Session ids, quietly: no daemon (or no agentsctl) means none.
     command agentsctl "$@" --no-start ls --json 2>/dev/null |
         sed -n 's/^[[:space:]]*"sessionId":[[:space:]]*"\\([^"]*\\)".*/\\1/p'
+}}
+
+_agentsctl_providers() {{
+    # Provider names, quietly: the daemon's, or the built-in ones.
+    command agentsctl "$@" --no-start providers 2>/dev/null || echo "{builtin}"
 }}
 
 _agentsctl_value() {{  # $1 command path ("" for global options), $2 option: its value kind
@@ -188,6 +198,7 @@ _agentsctl_verbs() {{  # $1 group: its verbs
 _agentsctl_complete_kind() {{  # $1 kind, $2 the word being completed
     case "$1" in
         session) COMPREPLY=($(compgen -W "$(_agentsctl_sessions "${{_agentsctl_globals[@]}}")" -- "$2")) ;;
+        provider) COMPREPLY=($(compgen -W "$(_agentsctl_providers "${{_agentsctl_globals[@]}}")" -- "$2")) ;;
         file) local IFS=$'\\n'; COMPREPLY=($(compgen -f -- "$2")); compopt -o filenames 2>/dev/null ;;
         dir) local IFS=$'\\n'; COMPREPLY=($(compgen -d -- "$2")); compopt -o filenames 2>/dev/null ;;
         choices\\ *) COMPREPLY=($(compgen -W "${{1#choices }}" -- "$2")) ;;
@@ -267,6 +278,8 @@ def _fish_value_args(kind: str) -> str:
         return "-r -x -a '(__fish_complete_directories)'"
     if kind == "session":
         return "-r -x -a '(__agentsctl_sessions)'"
+    if kind == "provider":
+        return "-r -x -a '(__agentsctl_providers)'"
     if kind.startswith("choices "):
         return f"-r -x -a {_fish_quote(kind.removeprefix('choices '))}"
     return "-r -x"
@@ -339,6 +352,12 @@ def fish_script() -> str:
         '        string match -r -g \'"sessionId":\\s*"([^"]*)"\'',
         "end",
         "",
+        "function __agentsctl_providers",
+        "    __agentsctl_parse",
+        "    command agentsctl $__agentsctl_globals --no-start providers 2>/dev/null",
+        "    or string split ' ' -- " + _fish_quote(" ".join(builtin_provider_names())),
+        "end",
+        "",
         "complete -c agentsctl -f",
     ]
     for word, summary in _top_words():
@@ -369,6 +388,8 @@ def fish_script() -> str:
         for index, kind in enumerate(spec.positionals):
             if kind == "session":
                 candidates = "'(__agentsctl_sessions)'"
+            elif kind == "provider":
+                candidates = "'(__agentsctl_providers)'"
             elif kind.startswith("choices "):
                 candidates = _fish_quote(kind.removeprefix("choices "))
             else:

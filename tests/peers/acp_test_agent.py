@@ -12,6 +12,7 @@ chooses what the turn does:
 - ``malformed``: sends malformed updates, then a good chunk;
 - ``exit``: streams a chunk and exits mid-turn;
 - ``requests``: asks ``fs/read_text_file`` and ``x/unknown`` and reports the answers;
+- ``capabilities``: reports the ``clientCapabilities`` its ``initialize`` carried;
 - ``tool``: a tool call with a diff and text content, completed;
 - ``switch``: switches itself to mode ``code``; ``whatmode``: says its mode;
 - anything else: echoes the prompt, with a thought and a plan first."""
@@ -25,6 +26,7 @@ import time
 from typing import Any
 
 SESSIONS: dict[str, list[str]] = {}
+CLIENT_CAPABILITIES: list[Any] = []  # as the client's initialize offered them
 MODES: dict[str, str] = {}
 NEXT_ID = [100]
 
@@ -125,6 +127,8 @@ def prompt(request_id: Any, params: dict[str, Any]) -> None:
         )
         unknown = request("x/unknown", {}, cancelled)
         chunk(session_id, json.dumps([read_answer["error"]["code"], unknown["error"]["code"]]))
+    elif text == "capabilities":
+        chunk(session_id, json.dumps(CLIENT_CAPABILITIES[0], sort_keys=True))
     elif text == "switch":
         MODES[session_id] = "code"
         update(session_id, {"sessionUpdate": "current_mode_update", "currentModeId": "code"})
@@ -185,6 +189,7 @@ def main() -> None:
         if method == "initialize":
             if hang_init:
                 continue
+            CLIENT_CAPABILITIES.append(params.get("clientCapabilities"))
             write(
                 {
                     "id": request_id,
@@ -219,7 +224,12 @@ def main() -> None:
                 },
             )
         elif method == "session/load" and forgets:
-            error = {"code": -32002, "message": f"Resource not found: {params['sessionId']}"}
+            # What went wrong in ``data.details``, as the ACP SDKs put it.
+            error = {
+                "code": -32002,
+                "message": "Resource not found",
+                "data": {"details": f"no session {params['sessionId']} here"},
+            }
             write({"id": request_id, "error": error})
         elif method == "session/load":
             # Replays the conversation as updates, as ACP asks, before answering.

@@ -232,6 +232,20 @@ def test_requests_it_does_not_offer_are_refused_method_not_found(
         assert sources == {"fs/read_text_file", "x/unknown"}
 
 
+def test_initialize_offers_no_file_system_and_no_terminal(
+    client: Client, peer_daemon: DaemonProcess, workdir: Path, deadline: Deadline
+) -> None:
+    # What agentsd does not implement it must not offer: an agent that believed it
+    # would send fs/* or terminal/* requests that can only be refused.
+    sid = create(client, workdir)
+    with Follower(peer_daemon, sid, deadline) as follower:
+        send(client, sid, "capabilities")
+        follower.wait_for("turn.completed")
+        message = follower.wait_for("item.completed", lambda b: b["type"] == "agentMessage")
+    offered = json.loads(message["body"]["text"])
+    assert offered == {"fs": {"readTextFile": False, "writeTextFile": False}, "terminal": False}
+
+
 def test_an_agent_that_exits_mid_turn_settles_the_turn_and_leaves_nothing(
     client: Client, peer_daemon: DaemonProcess, workdir: Path, deadline: Deadline
 ) -> None:
@@ -356,6 +370,7 @@ def test_a_lost_session_that_had_turns_is_resume_failed_with_the_agents_words(
     client: Client, peer_daemon: DaemonProcess, workdir: Path, deadline: Deadline
 ) -> None:
     sid = create(client, workdir, provider="testacp-forget")
+    handle = client.call("agentSession.get", {"sessionId": sid})["session"]["providerHandle"]
     with Follower(peer_daemon, sid, deadline) as follower:
         send(client, sid, "first")
         follower.wait_for("turn.completed")
@@ -364,6 +379,7 @@ def test_a_lost_session_that_had_turns_is_resume_failed_with_the_agents_words(
     assert result["dispatch"] == "rejected", result
     assert result["reason"].startswith("resume_failed: testacp-forget could not resume session")
     assert "Resource not found" in result["reason"]
+    assert f"no session {handle} here" in result["reason"]
     assert not [e for e in history(client, sid) if e["kind"] == "thread.superseded"]
 
 

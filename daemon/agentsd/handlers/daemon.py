@@ -7,6 +7,8 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from agentsd.providers import BUILTIN_PROVIDERS
+from agentsd.providers.acp_agents import acp_agents
 from agentsd_protocol.api import daemon as api
 
 if TYPE_CHECKING:
@@ -38,6 +40,7 @@ async def handle_status(call: Call, params: api.StatusParams) -> api.StatusResul
             root=None if app.containment.root is None else str(app.containment.root.path),
             detail=app.containment.detail,
         ),
+        providers=sorted({*BUILTIN_PROVIDERS, *acp_agents(app.config.agents)}),
     )
 
 

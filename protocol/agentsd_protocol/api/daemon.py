@@ -100,6 +100,10 @@ class StatusResult(Result, frozen=True, kw_only=True):
     containment: Containment = Containment()
     agent_env: AgentEnv | None = None
     storage: Storage = Storage()
+    # Every name ``agentSession.create`` takes as its provider, sorted: the native
+    # providers and every ACP agent (the built-in registry and the config's
+    # ``[agents.NAME]``).
+    providers: list[str] = []
 
 
 class ShutdownParams(Empty, frozen=True, kw_only=True):
