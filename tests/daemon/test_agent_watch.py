@@ -27,7 +27,9 @@ def task_count() -> int:
     def count(task: trio.lowlevel.Task) -> int:
         return 1 + sum(count(t) for n in task.child_nurseries for t in n.child_tasks)
 
-    return count(trio.lowlevel.current_root_task())
+    root = trio.lowlevel.current_root_task()
+    assert root is not None
+    return count(root)
 
 
 async def test_many_captures_share_one_thread_and_add_no_task(tmp_path: Path) -> None:
