@@ -95,7 +95,9 @@ class AgentWatch:
         """Stop watching ``fd`` and close it, in the watch's thread, soon (Rule 1)."""
         with self._lock:
             self._released.append(fd)
-            os.write(self._wake_write, b"\0")
+            # A full wake pipe already holds a wake-up the thread has yet to read.
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._wake_write, b"\0")
 
     def _add(
         self,
