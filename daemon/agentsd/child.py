@@ -79,6 +79,7 @@ __all__ = [
     "ExitUnproven",
     "new_spawn_token",
     "open_child",
+    "spawn_limiter",
 ]
 
 
@@ -88,7 +89,7 @@ SHELL = "/bin/sh"  # POSIX; dash or bash: either starts in well under a millisec
 # $0 is the cgroup.procs path, "$@" the agent's argv; `&&`: no join, no agent.
 JOIN_SCRIPT = 'echo 0 >"$0" && exec "$@"'
 
-SPAWN_THREADS = 4  # worker threads that spawn at once; see `_spawn_limiter`
+SPAWN_THREADS = 4  # worker threads that spawn at once; see `spawn_limiter`
 
 
 def new_spawn_token() -> str:
@@ -235,11 +236,11 @@ async def open_child(
     cgroup = None
     if spec.cgroup_root is not None:
         cgroup = await trio.to_thread.run_sync(
-            spec.cgroup_root.create, spec.token, limiter=_spawn_limiter()
+            spec.cgroup_root.create, spec.token, limiter=spawn_limiter()
         )
     try:
         if cgroup is not None:
-            await trio.to_thread.run_sync(cgroup.apply, spec.limits, limiter=_spawn_limiter())
+            await trio.to_thread.run_sync(cgroup.apply, spec.limits, limiter=spawn_limiter())
         process = await _spawn(spec, cgroup)
     except BaseException:
         if cgroup is not None:
@@ -251,7 +252,7 @@ async def open_child(
     try:
         assert process.stdin is not None and process.stdout is not None
         start_time = await trio.to_thread.run_sync(
-            read_start_time, process.pid, limiter=_spawn_limiter()
+            read_start_time, process.pid, limiter=spawn_limiter()
         )
         if start_time is None:  # cannot happen while the child is unreaped
             raise ProcessLookupError(f"child {process.pid} vanished before it was identified")
@@ -285,7 +286,7 @@ async def open_child(
 async def _spawn(spec: ChildSpec, cgroup: SessionCgroup | None) -> trio.Process:
     """Start ``spec`` (in ``cgroup``, Rule 7); its environment lives only as long as
     this call."""
-    async with _spawn_limiter():  # open_process runs Popen in a thread of its own
+    async with spawn_limiter():  # open_process runs Popen in a thread of its own
         # Built here, not before the wait: a burst queued above holds no copies.
         env = {**spec.base_env, **spec.env, SPAWN_TOKEN_ENV: spec.token}
         argv = spec.argv
@@ -323,11 +324,12 @@ _SPAWN_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVa
 )
 
 
-def _spawn_limiter() -> trio.CapacityLimiter:
-    """The worker threads of spawning: a burst of starts queues here, rather than
-    raising trio's thread pool to its limit, each thread's stack and state staying
-    resident after the burst. A spawn is a CPU-bound fork and exec: more threads
-    than cores would not make a burst finish sooner."""
+def spawn_limiter() -> trio.CapacityLimiter:
+    """The worker threads of spawning (and of what a start must do on disk before
+    it, such as creating the agent's stderr log): a burst of starts queues here,
+    rather than raising trio's thread pool to its limit, each thread's stack and
+    state staying resident after the burst. A spawn is a CPU-bound fork and exec:
+    more threads than cores would not make a burst finish sooner."""
     try:
         return _SPAWN_LIMITER.get()
     except LookupError:

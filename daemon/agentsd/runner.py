@@ -31,6 +31,7 @@ import attrs
 import msgspec
 import trio
 
+from agentsd.agent_watch import current_watch
 from agentsd.child import Child, open_child
 from agentsd.child import ChildSpec as ProcessSpec
 from agentsd.delivery import drain_queue
@@ -337,20 +338,40 @@ async def _attend(
     stopped. Returns the failure that ended it, if any; never raises anything but
     cancellation, so the nursery below never wraps an error in a group.
 
-    The child itself is watched meanwhile (``watch_exit``): its exit, not the end of
-    its output, is what says it is gone, since a process it started in the
+    The child itself is watched meanwhile (``agentsd.agent_watch``, which ends
+    ``_keep_time``; then ``_outlive``): its exit, not the end of its output, is
+    what says it is gone, since a process it started in the
     background may hold its stdout for ever. Once it exited, its output gets
     ``EXIT_EOF_GRACE_S`` to end on its own, then what it left running is ended
     (``Child.end_remains``), which ends the output; should something no scan can
     find still hold it after ``EXIT_DRAIN_S``, the reader is stopped.
 
-    Three tasks per live agent: a child task reads the agent, one waits for its
-    exit, and the session task itself keeps the session's time (``_keep_time``)
-    instead of waiting idle in the nursery: each task parked per session costs
-    memory, at hundreds of sessions."""
+    Two tasks per live agent, each task parked per session costing memory at
+    hundreds of sessions: a child task runs the handshake and then reads the
+    agent, and the session task itself keeps the session's time (``_keep_time``)
+    instead of waiting idle in the nursery. The agent's exit and its stderr are
+    watched by the daemon's one watcher thread (``agentsd.agent_watch``)."""
     failure: list[RpcError] = []
+    exited = False  # the watch saw the child exit
 
-    async def read_agent() -> None:
+    def exit_seen() -> None:
+        nonlocal exited
+        exited = True
+        if sink.alarm is not None:
+            sink.alarm.cancel()
+
+    async def handshake_and_read() -> None:
+        try:
+            await _handshake(supervisor, session, lease, task, adapter, spec)
+        except RpcError as exc:
+            failure.append(exc)
+            nursery.cancel_scope.cancel()
+            return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            failure.append(AgentExited("the agent exited during its handshake"))
+            nursery.cancel_scope.cancel()
+            return
+        task.serve_queue((nursery, functools.partial(drain_queue, supervisor, session)))
         try:
             await adapter.run()
         except RpcError as exc:
@@ -361,40 +382,19 @@ async def _attend(
             task.stop_cause = "failed" if failure else "unexpected"
         nursery.cancel_scope.cancel()
 
-    async def watch_exit() -> None:
-        returncode = await child.wait()
-        if task.stop_cause is None:
-            log.warning("session %s: its agent %s", session.id, _exit_status(returncode))
-            if task.ready.is_set():
-                task.stop_cause = "unexpected"
-        await trio.sleep(EXIT_EOF_GRACE_S)
-        await child.end_remains()
-        await trio.sleep(EXIT_DRAIN_S)
-        log.warning("session %s: its agent's output did not end after it exited", session.id)
-        if not task.ready.is_set():
-            failure.append(
-                AgentExited(f"the agent {_exit_status(returncode)} during its handshake")
-            )
-        nursery.cancel_scope.cancel()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(watch_exit)
-        try:
-            await _handshake(supervisor, session, lease, task, adapter, spec)
-        except RpcError as exc:
-            failure.append(exc)
-            nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            failure.append(AgentExited("the agent exited during its handshake"))
-            nursery.cancel_scope.cancel()
-        else:
-            task.serve_queue((nursery, functools.partial(drain_queue, supervisor, session)))
+    watch = current_watch()
+    pidfd = watch.add_exit(child.process.pid, exit_seen)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(handshake_and_read)
             try:
-                nursery.start_soon(read_agent)
-                await _keep_time(supervisor, session, task, sink)
+                if await _keep_time(supervisor, session, task, sink, lambda: exited):
+                    await _outlive(session, task, child, await child.wait(), failure)
             finally:
                 task.serve_queue(None)
             nursery.cancel_scope.cancel()
+    finally:
+        watch.release(pidfd)
     task.adapter = None
     if task.ready.is_set():
         with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
@@ -405,6 +405,25 @@ async def _attend(
     return failure[0] if failure else None
 
 
+async def _outlive(
+    session: Session, task: SessionTask, child: Child, returncode: int, failure: list[RpcError]
+) -> None:
+    """The child exited (its own exit, not the end of its output): give its output
+    ``EXIT_EOF_GRACE_S`` to end, then end what it left running, then give the output
+    ``EXIT_DRAIN_S`` more before the caller stops reading it. The end of the output
+    cancels this at any point."""
+    if task.stop_cause is None:
+        log.warning("session %s: its agent %s", session.id, _exit_status(returncode))
+        if task.ready.is_set():
+            task.stop_cause = "unexpected"
+    await trio.sleep(EXIT_EOF_GRACE_S)
+    await child.end_remains()
+    await trio.sleep(EXIT_DRAIN_S)
+    log.warning("session %s: its agent's output did not end after it exited", session.id)
+    if not task.ready.is_set():
+        failure.append(AgentExited(f"the agent {_exit_status(returncode)} during its handshake"))
+
+
 def _exit_status(returncode: int) -> str:
     if returncode < 0:
         return f"was killed by signal {-returncode}"
@@ -412,16 +431,22 @@ def _exit_status(returncode: int) -> str:
 
 
 async def _keep_time(
-    supervisor: Supervisor, session: Session, task: SessionTask, sink: Sink
-) -> None:
-    """Journal streamed text at most ``SNAPSHOT_INTERVAL_S`` after it arrived, and stop
-    an agent that did nothing for ``idle_timeout_s`` while its session was idle (a
-    long silent turn or a pending approval is not idleness). Returns once it stopped
-    the agent. One deadline serves both, and ``Sink.delta`` pulls it in when text
-    starts to stream: an idle session never wakes on a period (20 wakeups a second
-    each would cost most of a core at a few hundred sessions)."""
+    supervisor: Supervisor,
+    session: Session,
+    task: SessionTask,
+    sink: Sink,
+    exited: Callable[[], bool],
+) -> bool:
+    """Until the child exited (``exited()``, which holds once the watch cancelled
+    the alarm: True), journal streamed text at most ``SNAPSHOT_INTERVAL_S`` after
+    it arrived, and stop an agent that did nothing for ``idle_timeout_s`` while its
+    session was idle (a long silent turn or a pending approval is not idleness;
+    an agent not ready yet is never idle): False once it stopped the agent. One
+    deadline serves both, and ``Sink.delta`` pulls it in when text starts to
+    stream: an idle session never wakes on a period (20 wakeups a second each
+    would cost most of a core at a few hundred sessions)."""
     idle_s = supervisor.config.idle_timeout_s
-    while True:
+    while not exited():
         idle_at = trio.current_time() + (task.last_activity + idle_s - time.monotonic())
         with trio.CancelScope(deadline=min(idle_at, sink.snapshot_due)) as alarm:
             sink.alarm = alarm
@@ -429,6 +454,8 @@ async def _keep_time(
                 await trio.sleep_forever()
             finally:
                 sink.alarm = None
+        if exited():
+            break
         if sink.snapshot_due <= trio.current_time():
             try:
                 await sink.flush_snapshots()
@@ -436,9 +463,10 @@ async def _keep_time(
                 # A snapshot is only a cache of streamed text; the next one retries.
                 log.warning("could not journal streamed text: %s", exc.message)
         if time.monotonic() - task.last_activity >= idle_s:
-            if session.status != "idle":
+            if session.status != "idle" or not task.ready.is_set():
                 task.touch()
             else:
                 log.info("stopping an agent idle for %g s", idle_s)
                 task.stop("idle")
-                return
+                return False
+    return True
