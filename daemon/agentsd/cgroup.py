@@ -114,6 +114,14 @@ class SessionCgroup:
             quota = max(1000, round(limits.cpu_max * CPU_PERIOD_US))
             (self.path / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
 
+    def oom_kills(self) -> int | None:
+        """How many of its processes the OOM killer killed (``memory.events``
+        ``oom_kill``); None without the memory controller or once it is gone."""
+        try:
+            return _keyed(self.path / "memory.events").get("oom_kill")
+        except FileNotFoundError:
+            return None
+
     def figures(self) -> CgroupFigures | None:
         """What it uses now, from its own files; None if it is gone."""
         try:

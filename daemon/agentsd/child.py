@@ -126,23 +126,25 @@ class ExitProof:
     signal: int | None
     stragglers_killed: int  # processes other than the child that had to be signalled
     cgroup_empty: bool = False  # proven by the cgroup's ``populated 0`` (Rule 7)
+    # Its cgroup's OOM kills (``memory.events``), read before the cgroup was removed;
+    # None without a cgroup or its memory controller.
+    oom_kills: int | None = None
 
     @classmethod
     def from_returncode(
-        cls, returncode: int, stragglers_killed: int, *, cgroup_empty: bool = False
+        cls,
+        returncode: int,
+        stragglers_killed: int,
+        *,
+        cgroup_empty: bool = False,
+        oom_kills: int | None = None,
     ) -> ExitProof:
-        if returncode < 0:
-            return cls(
-                returncode=None,
-                signal=-returncode,
-                stragglers_killed=stragglers_killed,
-                cgroup_empty=cgroup_empty,
-            )
         return cls(
-            returncode=returncode,
-            signal=None,
+            returncode=None if returncode < 0 else returncode,
+            signal=-returncode if returncode < 0 else None,
             stragglers_killed=stragglers_killed,
             cgroup_empty=cgroup_empty,
+            oom_kills=oom_kills,
         )
 
 
@@ -413,12 +415,13 @@ async def _close_cgroup(process: trio.Process, cgroup: SessionCgroup, ladder: La
                     "after cgroup.kill"
                 )
             else:
+                oom_kills = cgroup.oom_kills()  # the file goes with the cgroup
                 try:
                     cgroup.remove()
                 except OSError as exc:  # proven all the same; recovery removes it later
                     log.warning("could not remove the empty cgroup %s: %s", cgroup.path, exc)
                 outcome = ExitProof.from_returncode(
-                    process.returncode, stragglers, cgroup_empty=True
+                    process.returncode, stragglers, cgroup_empty=True, oom_kills=oom_kills
                 )
         except OSError as exc:
             outcome = ExitUnproven(f"cgroup {cgroup.path} could not be ended: {exc}")

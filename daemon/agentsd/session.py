@@ -23,8 +23,10 @@ import sqlite3
 from typing import TYPE_CHECKING
 
 import attrs
+import msgspec
 import trio
 
+from agentsd.config import Limits
 from agentsd.leases import Lease
 from agentsd.phase import advance, initial_phase
 from agentsd.prompt_queue import PromptQueue
@@ -51,6 +53,7 @@ from agentsd_protocol.api.session import (
     Phase,
     SessionError,
     SessionInfo,
+    SessionLimits,
     Status,
 )
 
@@ -234,6 +237,22 @@ class Session:
             child=self.child,
             last_exit=self.last_exit,
             error=self.error,
+            limits=self.own_limits_info(),
+        )
+
+    def own_limits_info(self) -> SessionLimits | None:
+        """The limits it was created with, as the wire shows them."""
+        if self.row.limits is None:
+            return None
+        return msgspec.convert(self.row.limits, SessionLimits)
+
+    def own_limits(self) -> Limits:
+        """The limits it was created with (unset ones: the daemon's defaults)."""
+        info = self.own_limits_info()
+        if info is None:
+            return Limits()
+        return Limits(
+            memory_max_bytes=info.memory_max, pids_max=info.pids_max, cpu_max=info.cpu_max
         )
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import trio
 
+from agentsd.config import Limits, check_config
 from agentsd_protocol.api import conversation as capi
 from agentsd_protocol.api import session as api
 from agentsd_protocol.api.events import SessionUpdated
@@ -71,12 +72,30 @@ def _check_create(params: api.CreateParams) -> None:
     _check_size("options", len(_encoder.encode(params.options)), api.MAX_OPTIONS_BYTES)
 
 
+def _own_limits(params: api.CreateParams) -> dict[str, Any] | None:
+    """The session's own limits, as stored, each checked against the range the
+    config's ``[limits]`` allow; None when it gives none."""
+    own = Limits(
+        memory_max_bytes=params.memory_max, pids_max=params.pids_max, cpu_max=params.cpu_max
+    )
+    wire = {"memory_max_bytes": "memoryMax", "pids_max": "pidsMax", "cpu_max": "cpuMax"}
+    for key, value, problem in check_config(own):
+        raise InvalidParams(f"Invalid params: {wire[key]} = {value!r}: {problem}", limit=wire[key])
+    if not own.controllers():
+        return None
+    limits = api.SessionLimits(
+        memory_max=params.memory_max, pids_max=params.pids_max, cpu_max=params.cpu_max
+    )
+    return msgspec.to_builtins(limits)  # type: ignore[no-any-return]
+
+
 async def handle_create(call: Call, params: api.CreateParams) -> api.CreateResult:
     """Store the session, then (``start``) start its agent. A start that fails
     raises its error with ``data.sessionId`` naming the stored session, so the id is
     never lost; a retry with the same ``clientOperationId`` replays the stored
     session (``phase`` stopped, ``error`` set)."""
     _check_create(params)
+    limits = _own_limits(params)
     supervisor = call.app.supervisor
     supervisor.provider(params.provider)
     cwd = supervisor.check_cwd(params.cwd)
@@ -97,6 +116,7 @@ async def handle_create(call: Call, params: api.CreateParams) -> api.CreateResul
         options=params.options,
         env=params.env,
         command=params.command,
+        limits=limits,
         operation=call.operation,
         provisional=provisional,
     )

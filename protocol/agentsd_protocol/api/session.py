@@ -28,7 +28,11 @@ MAX_LIST_LIMIT = 1000  # sessions per page a client may ask for
 
 Phase = Literal["stopped", "starting", "running", "stopping", "exit-unproven"]
 Status = Literal["idle", "working", "attention"]
-ExitCause = Literal["requested", "unexpected", "shutdown", "daemon-restart", "idle", "failed"]
+# "oom": it ended by itself and the kernel's OOM killer had killed in its cgroup
+# (``memory.events`` ``oom_kill``): its memory limit was reached.
+ExitCause = Literal[
+    "requested", "unexpected", "oom", "shutdown", "daemon-restart", "idle", "failed"
+]
 
 
 class ChildInfo(Result, frozen=True, kw_only=True):
@@ -73,6 +77,16 @@ class Resources(Result, frozen=True, kw_only=True):
     memory_peak_bytes: int | None = None  # memory.peak
 
 
+class SessionLimits(Result, frozen=True, kw_only=True):
+    """A session's own limits, given at create: each one set replaces the daemon's
+    default (the config's ``[limits]``) for every agent of the session; None: the
+    default applies."""
+
+    memory_max: int | None = None  # bytes, cgroup memory.max
+    pids_max: int | None = None  # processes, cgroup pids.max
+    cpu_max: float | None = None  # CPUs (1.5: one and a half), cgroup cpu.max
+
+
 class SessionInfo(Result, frozen=True, kw_only=True):
     session_id: str
     provider: str
@@ -93,7 +107,8 @@ class SessionInfo(Result, frozen=True, kw_only=True):
     error: SessionError | None = None
     queued: int = 0  # prompts held behind the running turn (``agentSession.queue``)
     queue_paused: str | None = None  # why they wait for a client to resume them
-    resources: Resources | None = None  # while its agent runs in a cgroup
+    resources: Resources | None = None  # while its agent runs (see `Resources`)
+    limits: SessionLimits | None = None  # its own limits, if it was given any
 
 
 class CreateParams(MutationParams, frozen=True, kw_only=True):
@@ -104,6 +119,12 @@ class CreateParams(MutationParams, frozen=True, kw_only=True):
     env: dict[str, str] = {}
     command: list[str] | None = None
     start: bool = True
+    # Limits for this session's agents (see `SessionLimits`): each needs its cgroup
+    # controller enabled where the daemon makes session cgroups, or the create fails
+    # with ``limit_unavailable`` and nothing is stored.
+    memory_max: int | None = None
+    pids_max: int | None = None
+    cpu_max: float | None = None
 
 
 class CreateResult(Result, frozen=True, kw_only=True):
