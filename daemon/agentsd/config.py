@@ -219,9 +219,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     # the process group and spawn token.
     cgroup_root: Annotated[str | None, AbsolutePath()] = None
     # What a request from inside a session (an agent calling the daemon) may do
-    # beyond the default (agentsd.caller): "approvals" (answer them),
-    # "other-sessions" (close, delete, set options of others), "daemon" (shut it down).
-    agent_allowance: list[Literal["approvals", "other-sessions", "daemon"]] = []
+    # beyond the default (agentsd.caller): "approvals" (answer them), "sessions"
+    # (create sessions and act on those it created: an orchestrating agent),
+    # "other-sessions" (act on any other session), "daemon" (shut it down).
+    agent_allowance: list[Literal["approvals", "sessions", "other-sessions", "daemon"]] = []
     # Per agent, with everything it starts (needs a cgroup with the controllers on).
     limits: Limits = Limits()
 

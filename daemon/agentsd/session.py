@@ -238,6 +238,7 @@ class Session:
             last_exit=self.last_exit,
             error=self.error,
             limits=self.own_limits_info(),
+            created_by=row.created_by,
         )
 
     def own_limits_info(self) -> SessionLimits | None:

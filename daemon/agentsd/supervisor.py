@@ -202,13 +202,15 @@ class Supervisor:
         env: dict[str, str],
         command: list[str] | None,
         limits: dict[str, Any] | None = None,
+        created_by: str | None = None,
         operation: Operation | None = None,
         provisional: Callable[[SessionInfo], Any] | None = None,
     ) -> Session:
         """Insert the record and its ``session.created`` event; with ``operation``,
         the ledger's provisional entry commits in the same transaction, so a retry
         after a crash finds this session instead of creating another. ``limits`` are
-        the session's own (``SessionLimits`` as the wire spells it). Raises
+        the session's own (``SessionLimits`` as the wire spells it); ``created_by``
+        is the session whose agent asks (None: the user). Raises
         ``LimitUnavailable``, with nothing stored, if its limits cannot be applied."""
         self.provider(provider)
         now = time.time()
@@ -225,8 +227,9 @@ class Supervisor:
             created_at=now,
             updated_at=now,
             limits=limits,
+            created_by=created_by,
         )
-        created = SessionCreated(provider=provider, cwd=cwd, title=title)
+        created = SessionCreated(provider=provider, cwd=cwd, title=title, by=created_by)
         session = self._bound(Session(row=row, head_seq=0, board=self.board))
         await self.check_limits(session)
 

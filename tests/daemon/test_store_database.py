@@ -33,6 +33,7 @@ EXPECTED_COLUMNS = {
         "last_exit",
         "error",
         "limits",
+        "created_by",
     ],
     "leases": [
         "session_id",
@@ -366,8 +367,9 @@ def _replay(conn: sqlite3.Connection) -> dict[str, list[list[StoredEvent]]]:
 def test_a_v3_database_gains_session_limits_and_keeps_its_sessions(
     db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Version 4 adds each session's own limits; a version 3 file keeps its sessions,
-    which have none (the daemon's defaults apply to them)."""
+    """Version 4 adds each session's own limits and its creator; a version 3 file
+    keeps its sessions, which have no limits (the daemon's defaults apply to them)
+    and were created by the user."""
     with monkeypatch.context() as v3:
         v3.setattr(database, "MIGRATIONS", database.MIGRATIONS[:3])
         v3.setattr(database, "SCHEMA_VERSION", 3)
@@ -376,4 +378,4 @@ def test_a_v3_database_gains_session_limits_and_keeps_its_sessions(
     with closing(open_database(db_path)) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
         [row] = load_sessions(conn)
-        assert (row.id, row.limits) == ("old", None)
+        assert (row.id, row.limits, row.created_by) == ("old", None, None)

@@ -117,6 +117,7 @@ async def handle_create(call: Call, params: api.CreateParams) -> api.CreateResul
         env=params.env,
         command=params.command,
         limits=limits,
+        created_by=call.connection.caller_session,
         operation=call.operation,
         provisional=provisional,
     )

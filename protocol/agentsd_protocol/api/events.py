@@ -119,9 +119,13 @@ class EventStruct(
 
 
 class SessionCreated(EventStruct, tag="session.created", frozen=True, kw_only=True):
+    """``by``: the session whose agent created it (allowed by the config's
+    ``agent_allowance``); None: the user did."""
+
     provider: str
     cwd: str
     title: str | None = None
+    by: str | None = None
 
 
 class SessionUpdated(EventStruct, tag="session.updated", frozen=True, kw_only=True):

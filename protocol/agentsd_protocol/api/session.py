@@ -109,6 +109,7 @@ class SessionInfo(Result, frozen=True, kw_only=True):
     queue_paused: str | None = None  # why they wait for a client to resume them
     resources: Resources | None = None  # while its agent runs (see `Resources`)
     limits: SessionLimits | None = None  # its own limits, if it was given any
+    created_by: str | None = None  # the session whose agent created it; None: the user
 
 
 class CreateParams(MutationParams, frozen=True, kw_only=True):
