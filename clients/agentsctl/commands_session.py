@@ -293,15 +293,19 @@ def _containment(info: s.SessionInfo) -> str:
     if info.child is None:
         return "-"
     res = info.resources
-    if res is None:
-        return "process group and spawn token (no cgroup)"
+    if res is None or res.cgroup is None:
+        where = "process group and spawn token (no cgroup)"
+        if res is None:
+            return where
+    else:
+        where = f"cgroup {res.cgroup}"
     figures = [f"{res.processes} processes"]
     if res.cpu_us is not None:
         figures.append(f"cpu {res.cpu_us / 1e6:.2f} s")
     if res.memory_bytes is not None:
         peak = "" if res.memory_peak_bytes is None else f", peak {res.memory_peak_bytes >> 20} MiB"
         figures.append(f"memory {res.memory_bytes >> 20} MiB{peak}")
-    return f"cgroup {res.cgroup} ({', '.join(figures)})"
+    return f"{where} ({', '.join(figures)})"
 
 
 def run_start(args: argparse.Namespace, target: Target) -> int:

@@ -51,6 +51,7 @@ from agentsd_protocol.api.session import (
     ChildInfo,
     ExitInfo,
     Phase,
+    Resources,
     SessionError,
     SessionInfo,
     SessionLimits,
@@ -147,6 +148,9 @@ class Session:
         init=False, default=attrs.Factory(lambda self: initial_phase(self.lease), takes_self=True)
     )
     child: ChildInfo | None = None
+    # The latest sample of its running agent's figures (``agentsd.resources``), for
+    # the status feed; shown only while ``child`` is set.
+    resources: Resources | None = None
     last_exit: ExitInfo | None = None
     error: SessionError | None = None
     conversation: Conversation = attrs.field(factory=Conversation)

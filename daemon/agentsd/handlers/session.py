@@ -10,6 +10,7 @@ import msgspec
 import trio
 
 from agentsd.config import Limits, check_config
+from agentsd.resources import read_resources
 from agentsd_protocol.api import conversation as capi
 from agentsd_protocol.api import session as api
 from agentsd_protocol.api.events import SessionUpdated
@@ -143,36 +144,17 @@ async def handle_get(call: Call, params: api.GetParams) -> api.GetResult:
 
 
 async def _with_resources(supervisor: Supervisor, sessions: list[Session]) -> list[api.SessionInfo]:
-    """The sessions' infos with their agents' cgroup figures (cgroup mode), read in
-    one worker thread: cgroupfs is in memory, but a page holds many sessions."""
-    root = supervisor.containment.root
+    """The sessions' infos with their running agents' figures (``agentsd.resources``),
+    read in one worker thread for the page."""
     infos = [session.info() for session in sessions]
-    if root is None:
+    if not any(session.child is not None for session in sessions):
         return infos
-    cgroups = [
-        None
-        if session.child is None or session.lease is None
-        else root.for_token(session.lease.token)
-        for session in sessions
+    root = supervisor.containment.root
+    figures = await trio.to_thread.run_sync(read_resources, root, sessions)
+    return [
+        info if found is None else msgspec.structs.replace(info, resources=found)
+        for info, found in zip(infos, figures, strict=True)
     ]
-    if not any(cgroups):
-        return infos
-    figures = await trio.to_thread.run_sync(
-        lambda: [None if cgroup is None else cgroup.figures() for cgroup in cgroups]
-    )
-    out = []
-    for info, cgroup, found in zip(infos, cgroups, figures, strict=True):
-        if cgroup is not None and found is not None:
-            resources = api.Resources(
-                cgroup=str(cgroup.path),
-                cpu_us=found.cpu_us,
-                processes=found.processes,
-                memory_bytes=found.memory_bytes,
-                memory_peak_bytes=found.memory_peak_bytes,
-            )
-            info = msgspec.structs.replace(info, resources=resources)
-        out.append(info)
-    return out
 
 
 async def handle_list(call: Call, params: api.ListParams) -> api.ListResult:

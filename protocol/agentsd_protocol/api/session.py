@@ -66,11 +66,20 @@ class SessionError(Result, frozen=True, kw_only=True):
 
 
 class Resources(Result, frozen=True, kw_only=True):
-    """What a running agent and everything it started use, from its own cgroup's
-    files (cgroup mode only). Memory is reported where the memory controller is
-    enabled for the cgroup, else None."""
+    """What a running agent and everything it started use.
 
-    cgroup: str  # the cgroup directory
+    With a cgroup (``cgroup`` set): its own files. ``cpuUs`` is ``cpu.stat``
+    ``usage_usec`` (all that ever ran in it), ``processes`` counts ``cgroup.procs``,
+    memory is ``memory.current`` / ``memory.peak`` where the memory controller is
+    enabled for it, else None.
+
+    In the fallback (``processGroup`` set): what ``/proc`` says of the agent's
+    process group: its live members, and their CPU time with that of the children
+    they waited for. Memory is None (resident sizes summed over processes count
+    shared pages many times), and a process that left the group is not counted."""
+
+    cgroup: str | None = None  # the cgroup directory
+    process_group: int | None = None  # the process group, in the fallback
     cpu_us: int | None = None  # CPU time used, user and system, in microseconds
     processes: int = 0  # processes in it now
     memory_bytes: int | None = None  # memory.current
