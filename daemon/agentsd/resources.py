@@ -9,11 +9,15 @@ time with that of the children they waited for; memory is None there (a sum of
 resident sizes counts shared pages once per process: no honest figure), and so is
 anything a process that left the group (``setsid``) uses.
 
-Rule 2: ``get`` and ``list`` read the figures when asked (`read_resources`, one
-worker thread per page); the status feed carries the latest sample, taken every
-``SAMPLE_INTERVAL_S`` while anyone watches (`run_sampler`), and a new sample is a
-content change of the summary, paced like streaming text (``agentsd.status_board``
-Rule 2).
+Rule 2: ``get`` and ``list`` read the figures when asked (`read_resources`): the
+cgroup's files in a worker thread; in the fallback, an index of the process groups
+built from a ``/proc`` scan at most ``SCAN_MAX_AGE_S`` old (a scan of every process
+takes milliseconds: a client polling ``get`` costs one a second, not one a call,
+and a fresh index answers without leaving the trio thread).
+
+Rule 3: the status feed carries the latest sample, taken every ``SAMPLE_INTERVAL_S``
+while anyone watches (`run_sampler`); a new sample is a content change of the
+summary, paced like streaming text (``agentsd.status_board`` Rule 2).
 """
 
 from __future__ import annotations
@@ -22,25 +26,59 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import attrs
 import trio
 
 from agentsd.cgroup import CgroupRoot
-from agentsd.procfs import scan_processes
+from agentsd.procfs import ProcessTable, current_scanner
 from agentsd_protocol.api.session import Resources
 
 if TYPE_CHECKING:
     from agentsd.session import Session
     from agentsd.supervisor import Supervisor
 
-__all__ = ["SAMPLE_INTERVAL_S", "read_resources", "run_sampler"]
+__all__ = ["SAMPLE_INTERVAL_S", "SCAN_MAX_AGE_S", "read_resources", "run_sampler"]
 
 SAMPLE_INTERVAL_S = 5.0  # a status bar's CPU and memory figures: fresh enough, cheap
+SCAN_MAX_AGE_S = 1.0  # fallback figures a second old at most: one /proc scan a second
 _CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
-def read_resources(root: CgroupRoot | None, sessions: Sequence[Session]) -> list[Resources | None]:
+@attrs.frozen
+class _Group:
+    processes: int
+    cpu_ticks: int
+
+
+@attrs.frozen
+class _GroupIndex:
+    """The live processes of every process group, as one /proc scan saw them."""
+
+    taken_at: float  # trio.current_time() when the scan was asked for
+    groups: dict[int, _Group]
+
+    @classmethod
+    def of(cls, table: ProcessTable, taken_at: float) -> _GroupIndex:
+        counts: dict[int, list[int]] = {}
+        for info in table.processes.values():
+            if not info.is_zombie:
+                entry = counts.setdefault(info.pgid, [0, 0])
+                entry[0] += 1
+                entry[1] += info.cpu_ticks
+        groups = {pgid: _Group(processes=n, cpu_ticks=t) for pgid, (n, t) in counts.items()}
+        return cls(taken_at=taken_at, groups=groups)
+
+
+_INDEX: trio.lowlevel.RunVar[_GroupIndex | None] = trio.lowlevel.RunVar(
+    "agentsd_resources_group_index", default=None
+)
+
+
+async def read_resources(
+    root: CgroupRoot | None, sessions: Sequence[Session]
+) -> list[Resources | None]:
     """The figures of each session's running agent, None for a session without one
-    (Rule 1). Blocking: reads cgroupfs or ``/proc``; run it in a worker thread."""
+    (Rules 1 and 2). Raises nothing: figures that cannot be read are None."""
     running = [
         (s.lease.token, s.child.pgid) if s.child is not None and s.lease is not None else None
         for s in sessions
@@ -48,31 +86,52 @@ def read_resources(root: CgroupRoot | None, sessions: Sequence[Session]) -> list
     if not any(running):
         return [None] * len(sessions)
     if root is not None:
-        return [None if r is None else _from_cgroup(root, r[0]) for r in running]
-    table = scan_processes()
+        return await trio.to_thread.run_sync(
+            lambda: [None if r is None else _from_cgroup(root, r[0]) for r in running]
+        )
+    index = await _group_index(fresh=False)
+    if index is not None and any(r is not None and r[1] not in index.groups for r in running):
+        # An agent started since the scan: one it was made before cannot show it.
+        index = await _group_index(fresh=True)
     out: list[Resources | None] = []
     for r in running:
-        if r is None:
+        group = None if index is None or r is None else index.groups.get(r[1])
+        if r is None or group is None:
             out.append(None)
             continue
-        members = table.group_members(r[1])
-        if not members:
-            out.append(None)
-            continue
-        ticks = sum(p.cpu_ticks for p in members)
         out.append(
             Resources(
                 process_group=r[1],
-                cpu_us=ticks * 1_000_000 // _CLOCK_TICKS_PER_S,
-                processes=len(members),
+                cpu_us=group.cpu_ticks * 1_000_000 // _CLOCK_TICKS_PER_S,
+                processes=group.processes,
             )
         )
     return out
 
 
+async def _group_index(*, fresh: bool) -> _GroupIndex | None:
+    """A process-group index at most ``SCAN_MAX_AGE_S`` old (``fresh``: from a scan
+    begun now); None if /proc cannot be read. Concurrent callers share a scan
+    (``agentsd.procfs.ProcScanner``)."""
+    now = trio.current_time()
+    index = _INDEX.get()
+    if not fresh and index is not None and now - index.taken_at <= SCAN_MAX_AGE_S:
+        return index
+    try:
+        table = await current_scanner().scan()
+    except OSError:
+        return None
+    index = _GroupIndex.of(table, now)
+    _INDEX.set(index)
+    return index
+
+
 def _from_cgroup(root: CgroupRoot, token: str) -> Resources | None:
     cgroup = root.for_token(token)
-    found = cgroup.figures()
+    try:
+        found = cgroup.figures()
+    except (OSError, ValueError):
+        return None
     if found is None:
         return None
     return Resources(
@@ -87,7 +146,7 @@ def _from_cgroup(root: CgroupRoot, token: str) -> Resources | None:
 async def run_sampler(supervisor: Supervisor, interval_s: float = SAMPLE_INTERVAL_S) -> None:
     """Never returns: every ``interval_s``, while the status board has a watcher,
     sample the running agents' figures into ``Session.resources`` and tell the board
-    of each that changed (Rule 2)."""
+    of each that changed (Rule 3)."""
     board = supervisor.board
     while True:
         await trio.sleep(interval_s)
@@ -95,7 +154,7 @@ async def run_sampler(supervisor: Supervisor, interval_s: float = SAMPLE_INTERVA
             continue
         sessions = [s for s in supervisor.sessions.values() if s.child is not None]
         root = supervisor.containment.root
-        figures = await trio.to_thread.run_sync(read_resources, root, sessions)
+        figures = await read_resources(root, sessions)
         for session, resources in zip(sessions, figures, strict=True):
             if resources != session.resources:
                 session.resources = resources

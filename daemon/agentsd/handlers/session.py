@@ -7,7 +7,6 @@ import bisect
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-import trio
 
 from agentsd.config import Limits, check_config
 from agentsd.resources import read_resources
@@ -144,13 +143,11 @@ async def handle_get(call: Call, params: api.GetParams) -> api.GetResult:
 
 
 async def _with_resources(supervisor: Supervisor, sessions: list[Session]) -> list[api.SessionInfo]:
-    """The sessions' infos with their running agents' figures (``agentsd.resources``),
-    read in one worker thread for the page."""
+    """The sessions' infos with their running agents' figures (``agentsd.resources``)."""
     infos = [session.info() for session in sessions]
     if not any(session.child is not None for session in sessions):
         return infos
-    root = supervisor.containment.root
-    figures = await trio.to_thread.run_sync(read_resources, root, sessions)
+    figures = await read_resources(supervisor.containment.root, sessions)
     return [
         info if found is None else msgspec.structs.replace(info, resources=found)
         for info, found in zip(infos, figures, strict=True)
