@@ -45,17 +45,12 @@ _CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 @attrs.frozen
-class _Group:
-    processes: int
-    cpu_ticks: int
-
-
-@attrs.frozen
 class _GroupIndex:
-    """The live processes of every process group, as one /proc scan saw them."""
+    """The figures of every process group, as one /proc scan saw its live members;
+    built once per scan so that a lookup is all a ``get`` pays."""
 
     taken_at: float  # trio.current_time() when the scan was asked for
-    groups: dict[int, _Group]
+    groups: dict[int, Resources]
 
     @classmethod
     def of(cls, table: ProcessTable, taken_at: float) -> _GroupIndex:
@@ -65,7 +60,14 @@ class _GroupIndex:
                 entry = counts.setdefault(info.pgid, [0, 0])
                 entry[0] += 1
                 entry[1] += info.cpu_ticks
-        groups = {pgid: _Group(processes=n, cpu_ticks=t) for pgid, (n, t) in counts.items()}
+        groups = {
+            pgid: Resources(
+                process_group=pgid,
+                cpu_us=ticks * 1_000_000 // _CLOCK_TICKS_PER_S,
+                processes=processes,
+            )
+            for pgid, (processes, ticks) in counts.items()
+        }
         return cls(taken_at=taken_at, groups=groups)
 
 
@@ -79,44 +81,33 @@ async def read_resources(
 ) -> list[Resources | None]:
     """The figures of each session's running agent, None for a session without one
     (Rules 1 and 2). Raises nothing: figures that cannot be read are None."""
-    running = [
-        (s.lease.token, s.child.pgid) if s.child is not None and s.lease is not None else None
-        for s in sessions
-    ]
-    if not any(running):
-        return [None] * len(sessions)
     if root is not None:
+        tokens = [
+            s.lease.token if s.child is not None and s.lease is not None else None for s in sessions
+        ]
+        if not any(tokens):
+            return [None] * len(sessions)
         return await trio.to_thread.run_sync(
-            lambda: [None if r is None else _from_cgroup(root, r[0]) for r in running]
+            lambda: [None if t is None else _from_cgroup(root, t) for t in tokens]
         )
-    index = await _group_index(fresh=False)
-    if index is not None and any(r is not None and r[1] not in index.groups for r in running):
-        # An agent started since the scan: one it was made before cannot show it.
-        index = await _group_index(fresh=True)
-    out: list[Resources | None] = []
-    for r in running:
-        group = None if index is None or r is None else index.groups.get(r[1])
-        if r is None or group is None:
-            out.append(None)
-            continue
-        out.append(
-            Resources(
-                process_group=r[1],
-                cpu_us=group.cpu_ticks * 1_000_000 // _CLOCK_TICKS_PER_S,
-                processes=group.processes,
-            )
-        )
-    return out
-
-
-async def _group_index(*, fresh: bool) -> _GroupIndex | None:
-    """A process-group index at most ``SCAN_MAX_AGE_S`` old (``fresh``: from a scan
-    begun now); None if /proc cannot be read. Concurrent callers share a scan
-    (``agentsd.procfs.ProcScanner``)."""
-    now = trio.current_time()
+    pgids = [None if s.child is None else s.child.pgid for s in sessions]
+    if not any(pgids):
+        return [None] * len(sessions)
     index = _INDEX.get()
-    if not fresh and index is not None and now - index.taken_at <= SCAN_MAX_AGE_S:
-        return index
+    if index is None or trio.current_time() - index.taken_at > SCAN_MAX_AGE_S:
+        index = await _scan()
+    if index is not None and any(g is not None and g not in index.groups for g in pgids):
+        # An agent started since the scan: one it was made before cannot show it.
+        index = await _scan()
+    if index is None:
+        return [None] * len(sessions)
+    return [None if g is None else index.groups.get(g) for g in pgids]
+
+
+async def _scan() -> _GroupIndex | None:
+    """A process-group index from a scan begun now; None if /proc cannot be read.
+    Concurrent callers share a scan (``agentsd.procfs.ProcScanner``)."""
+    now = trio.current_time()
     try:
         table = await current_scanner().scan()
     except OSError:
