@@ -23,8 +23,11 @@ from agentsd.config import Limits
 from agentsd.held_lease import exit_cause, exited_event
 from agentsd.leases import ExitEvidence
 from agentsd.leftovers import EndOutcome
+from agentsd.session import Session
+from agentsd.status_board import StatusBoard
 from agentsd.store.database import open_database
 from agentsd.store.sessions import SessionRow, insert_session, load_sessions
+from agentsd_protocol.api.session import SessionLimits
 from tests.cgroup_root import cgroup_root, unavailable
 
 # memory.events of a cgroup v2 whose member was OOM-killed (Documentation/
@@ -118,3 +121,28 @@ def test_a_session_limits_are_stored_with_it(tmp_path: Path) -> None:
         conn.execute("COMMIT")
         loaded = {r.id: r.limits for r in load_sessions(conn)}
     assert loaded == {"s1": limits, "s2": None}
+
+
+def test_a_session_shows_and_applies_the_limits_it_was_created_with() -> None:
+    row = SessionRow(
+        id="s1",
+        host_id="h",
+        provider="mock",
+        cwd="/",
+        title=None,
+        options={},
+        env={},
+        command=None,
+        provider_handle=None,
+        created_at=1.0,
+        updated_at=1.0,
+        limits={"memoryMax": 1 << 30, "pidsMax": None, "cpuMax": 0.5},
+        created_by="parent",
+    )
+    session = Session(row=row, head_seq=0, board=StatusBoard())
+    assert session.own_limits() == Limits(memory_max_bytes=1 << 30, cpu_max=0.5)
+    info = session.info()
+    assert info.limits == SessionLimits(memory_max=1 << 30, cpu_max=0.5)
+    assert info.created_by == "parent"
+    plain = Session(row=attrs.evolve(row, limits=None), head_seq=0, board=StatusBoard())
+    assert (plain.own_limits(), plain.info().limits) == (Limits(), None)
