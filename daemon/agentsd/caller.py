@@ -24,7 +24,8 @@ Rule 3: a session an agent creates is recorded as created by it (``created_by``,
 ``session.created {by}``), runs in a container of its own like any other, and its
 approvals are the user's. It may not be given its own ``command`` or ``env``: that
 would let the agent run any program, with any environment, outside its own
-container; the provider's configured agent is what runs.
+container; the provider's configured agent is what runs. Nor limits above the
+daemon's defaults: an agent may lower a sub-session's budget, never lift it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Literal
 
 from agentsd.cgroup import CGROUP_PREFIX
+from agentsd.config import Limits
 from agentsd.procfs import SPAWN_TOKEN_ENV, read_proc_info
 from agentsd.session import Session
 from agentsd_protocol.methods import ACKNOWLEDGE, METHODS
@@ -82,6 +84,18 @@ def identify_caller(pid: int, sessions: Iterable[Session]) -> str | None:
     return None
 
 
+def _raises(params: Any, defaults: Limits) -> bool:
+    """Whether ``params`` give a limit above a default (no default: no ceiling)."""
+    given = (
+        (getattr(params, "memory_max", None), defaults.memory_max_bytes),
+        (getattr(params, "pids_max", None), defaults.pids_max),
+        (getattr(params, "cpu_max", None), defaults.cpu_max),
+    )
+    return any(
+        value is not None and ceiling is not None and value > ceiling for value, ceiling in given
+    )
+
+
 def _by_cgroup(pid: int, by_token: Mapping[str, str]) -> str | None:
     try:
         with open(f"/proc/{pid}/cgroup") as f:
@@ -114,10 +128,12 @@ def refusal(
     caller: str,
     allowance: Collection[Allowance],
     target_created_by: str | None = None,
+    defaults: Limits | None = None,
 ) -> str | None:
     """What an agent of session ``caller`` must not do with this request, in words,
     or None (Rules 2 and 3). ``target_created_by`` is the creator of the session the
-    request names, if any."""
+    request names, if any; ``defaults`` the daemon's limits, which an agent may lower
+    for a session it creates, never raise."""
     if method == "agentSession.respond" and "approvals" not in allowance:
         return "answering an approval"
     if method == "agentSession.create":
@@ -125,6 +141,8 @@ def refusal(
             return "creating a session"
         if getattr(params, "command", None) is not None or getattr(params, "env", None):
             return "creating a session with its own command or environment"
+        if defaults is not None and _raises(params, defaults):
+            return "creating a session with limits above the daemon's defaults"
     changes = method in METHODS and (METHODS[method].mutation or method == ACKNOWLEDGE.name)
     target = getattr(params, "session_id", None)
     own_child = "sessions" in allowance and target_created_by == caller

@@ -78,7 +78,8 @@ async def _police(call: Call, method: str, params: Any, caller: str) -> None:
     sessions = call.app.supervisor.sessions
     target_session = sessions.get(target) if isinstance(target, str) else None
     created_by = None if target_session is None else target_session.row.created_by
-    reason = refusal(method, params, caller, call.app.config.agent_allowance, created_by)
+    config = call.app.config
+    reason = refusal(method, params, caller, config.agent_allowance, created_by, config.limits)
     session = sessions.get(caller)
     if session is not None:
         event = AgentRequest(

@@ -8,11 +8,13 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
 from agentsd import leases
 from agentsd.caller import Allowance, identify_caller, refusal
+from agentsd.config import Limits
 from agentsd.procfs import SPAWN_TOKEN_ENV, read_start_time
 from agentsd.session import Session
 from agentsd.status_board import StatusBoard
@@ -185,3 +187,21 @@ def test_the_sessions_allowance_reaches_only_the_sessions_it_created(
     assert refusal("agentSession.close", params, "mine", allowance, created_by) == refused
     respond_refused = refusal("agentSession.respond", params, "mine", allowance, created_by)
     assert respond_refused == "answering an approval"  # a sub-session's approvals are the user's
+
+
+@pytest.mark.parametrize(
+    ("limits", "refused"),
+    [
+        ({"pids_max": 64}, None),  # lower than the default
+        ({"pids_max": 256}, None),  # the default itself
+        ({"pids_max": 257}, "creating a session with limits above the daemon's defaults"),
+        ({"memory_max": 1 << 40}, None),  # no default: no ceiling to lift
+        ({"cpu_max": 2.5}, "creating a session with limits above the daemon's defaults"),
+    ],
+)
+def test_an_agent_may_lower_a_sub_session_budget_never_lift_it(
+    limits: dict[str, Any], refused: str | None
+) -> None:
+    defaults = Limits(pids_max=256, cpu_max=2.0)
+    params = CreateParams(provider="mock", cwd="/", **limits)
+    assert refusal("agentSession.create", params, "mine", ["sessions"], None, defaults) == refused
