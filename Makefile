@@ -44,7 +44,7 @@ lint: $(VENV)/.installed-test
 # The second pass: the e2e session tests again with every test daemon in cgroup
 # mode (tests/cgroup_root.py; needs a writable cgroup v2 directory, by default
 # /sys/fs/cgroup/unified, or AGENTSD_TEST_CGROUP_PARENT).
-CGROUP_SUBSET := tests/e2e/test_sessions.py tests/e2e/test_security.py tests/e2e/test_cgroup.py tests/e2e/test_agent_callers.py tests/daemon/test_cgroup.py
+CGROUP_SUBSET := tests/e2e/test_sessions.py tests/e2e/test_security.py tests/e2e/test_cgroup.py tests/e2e/test_agent_callers.py tests/e2e/test_resources.py tests/daemon/test_cgroup.py tests/daemon/test_limits.py
 test-cgroup: $(VENV)/.installed-test
 	AGENTSD_TEST_CGROUP=1 $(BIN)/pytest $(CGROUP_SUBSET)
 

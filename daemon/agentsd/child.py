@@ -127,23 +127,25 @@ class ExitProof:
     signal: int | None
     stragglers_killed: int  # processes other than the child that had to be signalled
     cgroup_empty: bool = False  # proven by the cgroup's ``populated 0`` (Rule 7)
+    # Its cgroup's OOM kills (``memory.events``), read before the cgroup was removed;
+    # None without a cgroup or its memory controller.
+    oom_kills: int | None = None
 
     @classmethod
     def from_returncode(
-        cls, returncode: int, stragglers_killed: int, *, cgroup_empty: bool = False
+        cls,
+        returncode: int,
+        stragglers_killed: int,
+        *,
+        cgroup_empty: bool = False,
+        oom_kills: int | None = None,
     ) -> ExitProof:
-        if returncode < 0:
-            return cls(
-                returncode=None,
-                signal=-returncode,
-                stragglers_killed=stragglers_killed,
-                cgroup_empty=cgroup_empty,
-            )
         return cls(
-            returncode=returncode,
-            signal=None,
+            returncode=None if returncode < 0 else returncode,
+            signal=-returncode if returncode < 0 else None,
             stragglers_killed=stragglers_killed,
             cgroup_empty=cgroup_empty,
+            oom_kills=oom_kills,
         )
 
 
@@ -403,9 +405,12 @@ async def _close_cgroup(process: trio.Process, cgroup: SessionCgroup, ladder: La
                 await process.wait()
         outcome: ChildExit
         try:
-            stragglers = len([pid for pid in cgroup.members() if pid != process.pid])
-            if cgroup.populated():
-                cgroup.kill()  # the last rung: every member, atomically
+            # The last rung: every member, atomically. In a worker thread: a write
+            # to cgroup.kill waits for the cgroup lock, which a close-all of
+            # hundreds holds in turn (about a millisecond each, measured).
+            stragglers = await trio.to_thread.run_sync(
+                _kill_cgroup, cgroup, process.pid, limiter=_spawn_limiter()
+            )
             with trio.move_on_after(ladder.kill_wait_s):
                 await cgroup.wait_empty()
                 await process.wait()
@@ -415,17 +420,26 @@ async def _close_cgroup(process: trio.Process, cgroup: SessionCgroup, ladder: La
                     "after cgroup.kill"
                 )
             else:
+                oom_kills = cgroup.oom_kills()  # the file goes with the cgroup
                 try:
                     cgroup.remove()
                 except OSError as exc:  # proven all the same; recovery removes it later
                     log.warning("could not remove the empty cgroup %s: %s", cgroup.path, exc)
                 outcome = ExitProof.from_returncode(
-                    process.returncode, stragglers, cgroup_empty=True
+                    process.returncode, stragglers, cgroup_empty=True, oom_kills=oom_kills
                 )
         except OSError as exc:
             outcome = ExitUnproven(f"cgroup {cgroup.path} could not be ended: {exc}")
         await process.stdout.aclose()
     return outcome
+
+
+def _kill_cgroup(cgroup: SessionCgroup, pid: int) -> int:
+    """``cgroup.kill`` if anything runs in ``cgroup``; how many besides ``pid`` did."""
+    stragglers = len([member for member in cgroup.members() if member != pid])
+    if cgroup.populated():
+        cgroup.kill()
+    return stragglers
 
 
 async def _signal_carriers(

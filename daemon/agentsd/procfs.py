@@ -28,6 +28,7 @@ _PROC = "/proc"
 _TOKEN_PREFIX = SPAWN_TOKEN_ENV.encode() + b"="
 # Fields after the ")" that closes comm, counted from field 3 (state) of proc(5).
 _STATE, _PPID, _PGRP, _STARTTIME = 0, 1, 2, 19
+_UTIME, _STIME, _CUTIME, _CSTIME = 11, 12, 13, 14
 
 
 @attrs.frozen
@@ -39,6 +40,9 @@ class ProcInfo:
     pgid: int
     state: str  # one character: R, S, D, Z, T, ...
     start_time: int  # clock ticks after boot; with pid, the process's identity
+    # CPU time in clock ticks, user and system, its own and that of the children it
+    # waited for (utime + stime + cutime + cstime)
+    cpu_ticks: int = 0
 
     @property
     def is_zombie(self) -> bool:
@@ -57,6 +61,7 @@ def parse_stat(pid: int, raw: bytes) -> ProcInfo:
         pgid=int(fields[_PGRP]),
         state=fields[_STATE].decode("ascii", "replace"),
         start_time=int(fields[_STARTTIME]),
+        cpu_ticks=sum(int(fields[i]) for i in (_UTIME, _STIME, _CUTIME, _CSTIME)),
     )
 
 

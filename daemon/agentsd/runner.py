@@ -35,7 +35,7 @@ from agentsd.agent_watch import current_watch
 from agentsd.child import Child, open_child
 from agentsd.child import ChildSpec as ProcessSpec
 from agentsd.delivery import drain_queue
-from agentsd.held_lease import SETTLE_TIMEOUT_S, HeldLease, open_lease
+from agentsd.held_lease import SETTLE_TIMEOUT_S, HeldLease, exit_cause, open_lease
 from agentsd.leases import Lease
 from agentsd.providers.base import Adapter, LineLink, Provider, Resume
 from agentsd.providers.versions import settle_version
@@ -177,8 +177,8 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
                 failure = await _run_child(supervisor, session, task, provider, held, stderr_fd)
         finally:
             task.adapter = None
-            held.cause = task.stop_cause or ("failed" if failure else "unexpected")
-            if held.cause in ("failed", "unexpected"):
+            held.cause = exit_cause(task.stop_cause, failure, held.proof)
+            if held.cause in ("failed", "unexpected", "oom"):
                 # The agent's own words on why it ended (``agentsd.stderr_log`` Rule 2).
                 held.stderr_tail = stderr.tail()
                 failure = _quoting_stderr(failure, held.stderr_tail)
@@ -267,7 +267,7 @@ def _process_spec(
         token=lease.token,
         stderr_fd=stderr_fd,
         cgroup_root=supervisor.containment.root,
-        limits=supervisor.config.limits,
+        limits=supervisor.limits(session),
     )
 
 

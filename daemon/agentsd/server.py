@@ -46,6 +46,7 @@ from agentsd.operations import Ledger
 from agentsd.paths import StateLock, ensure_private_dir
 from agentsd.providers import provider_registry
 from agentsd.recovery import recover
+from agentsd.resources import run_sampler
 from agentsd.socket_keeper import serve_kept_socket
 from agentsd.store.writer import open_store
 from agentsd.supervisor import open_supervisor
@@ -165,6 +166,7 @@ async def _serve_sessions(
                         log.info("recovery: %s", app.recovery.summary)
                     notifier.ready()
                     nursery.start_soon(_report_status, app, notifier)
+                    nursery.start_soon(run_sampler, supervisor)
                     task_status.started(app)
             running = supervisor.counts().running
             notifier.stopping()

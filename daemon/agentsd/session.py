@@ -23,8 +23,10 @@ import sqlite3
 from typing import TYPE_CHECKING
 
 import attrs
+import msgspec
 import trio
 
+from agentsd.config import Limits
 from agentsd.leases import Lease
 from agentsd.phase import advance, initial_phase
 from agentsd.prompt_queue import PromptQueue
@@ -49,8 +51,10 @@ from agentsd_protocol.api.session import (
     ChildInfo,
     ExitInfo,
     Phase,
+    Resources,
     SessionError,
     SessionInfo,
+    SessionLimits,
     Status,
 )
 
@@ -144,6 +148,9 @@ class Session:
         init=False, default=attrs.Factory(lambda self: initial_phase(self.lease), takes_self=True)
     )
     child: ChildInfo | None = None
+    # The latest sample of its running agent's figures (``agentsd.resources``), for
+    # the status feed; shown only while ``child`` is set.
+    resources: Resources | None = None
     last_exit: ExitInfo | None = None
     error: SessionError | None = None
     conversation: Conversation = attrs.field(factory=Conversation)
@@ -234,6 +241,23 @@ class Session:
             child=self.child,
             last_exit=self.last_exit,
             error=self.error,
+            limits=self.own_limits_info(),
+            created_by=row.created_by,
+        )
+
+    def own_limits_info(self) -> SessionLimits | None:
+        """The limits it was created with, as the wire shows them."""
+        if self.row.limits is None:
+            return None
+        return msgspec.convert(self.row.limits, SessionLimits)
+
+    def own_limits(self) -> Limits:
+        """The limits it was created with (unset ones: the daemon's defaults)."""
+        info = self.own_limits_info()
+        if info is None:
+            return Limits()
+        return Limits(
+            memory_max_bytes=info.memory_max, pids_max=info.pids_max, cpu_max=info.cpu_max
         )
 
 

@@ -161,6 +161,7 @@ def session_status(session: Session) -> SessionStatus:
         unseen=summary.unseen,
         acknowledged_seq=summary.acknowledged_seq,
         attention_seq=summary.notable_seq,
+        resources=session.resources if session.child is not None else None,
     )
 
 

@@ -33,7 +33,7 @@ import trio
 
 from agentsd.agent_env import AgentEnvironment
 from agentsd.cgroup import FALLBACK, Containment
-from agentsd.config import Config
+from agentsd.config import Config, Limits
 from agentsd.feed import Feed
 from agentsd.held_lease import recorded_identity, settle
 from agentsd.leftovers import EndOutcome, end_contained, reap_own_zombie
@@ -201,14 +201,18 @@ class Supervisor:
         options: dict[str, Any],
         env: dict[str, str],
         command: list[str] | None,
+        limits: dict[str, Any] | None = None,
+        created_by: str | None = None,
         operation: Operation | None = None,
         provisional: Callable[[SessionInfo], Any] | None = None,
     ) -> Session:
         """Insert the record and its ``session.created`` event; with ``operation``,
         the ledger's provisional entry commits in the same transaction, so a retry
-        after a crash finds this session instead of creating another."""
+        after a crash finds this session instead of creating another. ``limits`` are
+        the session's own (``SessionLimits`` as the wire spells it); ``created_by``
+        is the session whose agent asks (None: the user). Raises
+        ``LimitUnavailable``, with nothing stored, if its limits cannot be applied."""
         self.provider(provider)
-        await self.check_limits()
         now = time.time()
         row = session_rows.SessionRow(
             id=uuid.uuid4().hex[:12],
@@ -222,9 +226,12 @@ class Supervisor:
             provider_handle=None,
             created_at=now,
             updated_at=now,
+            limits=limits,
+            created_by=created_by,
         )
-        created = SessionCreated(provider=provider, cwd=cwd, title=title)
+        created = SessionCreated(provider=provider, cwd=cwd, title=title, by=created_by)
         session = self._bound(Session(row=row, head_seq=0, board=self.board))
+        await self.check_limits(session)
 
         def insert(conn: StoreConnection) -> tuple[None, list[StoredEvent]]:
             stored = session_rows.insert_session(conn, row, [created])
@@ -242,10 +249,14 @@ class Supervisor:
         session.journal = SessionJournal(session, self.store, self.feed)
         return session
 
-    async def check_limits(self) -> None:
-        """Raise ``LimitUnavailable`` if the configured limits cannot be applied to
+    def limits(self, session: Session) -> Limits:
+        """What each agent of ``session`` may use: its own limits over the config's."""
+        return self.config.limits.under(session.own_limits())
+
+    async def check_limits(self, session: Session) -> None:
+        """Raise ``LimitUnavailable`` if the session's limits cannot be applied to
         an agent: no cgroup, or a controller they need is not enabled."""
-        limits = self.config.limits
+        limits = self.limits(session)
         wanted = limits.controllers()
         if not wanted:
             return
@@ -279,7 +290,7 @@ class Supervisor:
                 if session.phase == "exit-unproven":
                     await self._retry_unproven(session)
                 self.check_cwd(session.row.cwd)
-                await self.check_limits()
+                await self.check_limits(session)
                 task = SessionTask()
                 session.task = task
                 self._nursery.start_soon(run_session, self, session, task)

@@ -11,6 +11,12 @@ Figures (``python -m tests.bench spawn``):
   with zero graces: today's ladder (SIGKILL to each group, then /proc scans for
   proof) vs ``cgroup.kill`` and ``populated 0``.
 
+- where the time goes: the shell shim alone (``sh -c 'exec "$@"'`` against the
+  program itself, spawned and reaped), a ``cgroup.procs`` write after the
+  hierarchy was idle for a while (what a lone spawn pays) and one right after
+  another write (what the later spawns of a burst pay), and a burst of ``BURST``
+  spawns at once, per spawn, with and without cgroups.
+
 Needs a writable cgroup v2 directory (``tests.cgroup_root``); nothing asserts.
 
 Measured here (Linux 6.18, cgroup2 mounted without ``favordynmods``): a write to
@@ -25,20 +31,26 @@ machine has 2.36) avoids it.
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import trio
 
-from agentsd.cgroup import CgroupRoot
-from agentsd.child import ChildExit, ChildSpec, new_spawn_token, open_child
+from agentsd.cgroup import CgroupRoot, SessionCgroup
+from agentsd.child import SHELL, ChildExit, ChildSpec, new_spawn_token, open_child
 from agentsd.config import Ladder
 from agentsd.leftovers import ChildIdentity
 from tests.cgroup_root import cgroup_root, unavailable
 
 SPAWNS = 200  # per mode and heap size
+PIECES = 100  # samples of each piece of a spawn
+IDLE_S = 0.1  # no cgroup migration for this long: longer than an RCU grace period
+BURST = 20  # spawns at once, as when a restarted daemon's sessions start again
+BURSTS = 5
 CHILDREN = 200  # closed at once
 BALLAST_BYTES = 200 * 1024 * 1024
 TARGET_RATIO = 1.1
@@ -103,6 +115,72 @@ async def _close_all(root: CgroupRoot | None) -> float:
     return time.perf_counter() - started
 
 
+def _spawn_wait_s(argv: list[str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(argv, check=True)
+    return time.perf_counter() - started
+
+
+def _join_s(cgroup: Path, idle_s: float) -> float:
+    """Write a sleeping process into ``cgroup`` after ``idle_s`` without any
+    cgroup migration; how long the write took."""
+    with subprocess.Popen(["/bin/sleep", "30"]) as sleeper:
+        time.sleep(idle_s)
+        started = time.perf_counter()
+        (cgroup / "cgroup.procs").write_text(str(sleeper.pid))
+        took = time.perf_counter() - started
+        sleeper.kill()
+    return took
+
+
+def _where_the_time_goes(root: Path) -> None:
+    true = shutil.which("true") or "/bin/true"
+    bare = statistics.median(_spawn_wait_s([true]) for _ in range(PIECES))
+    shim = statistics.median(
+        _spawn_wait_s([SHELL, "-c", 'exec "$@"', "sh", true]) for _ in range(PIECES)
+    )
+    cgroup = root / "pieces"
+    cgroup.mkdir()
+    try:
+        cold = statistics.median(_join_s(cgroup, IDLE_S) for _ in range(PIECES // 4))
+        warm = []
+        for _ in range(PIECES // 4):
+            _join_s(cgroup, IDLE_S)
+            warm.append(_join_s(cgroup, 0.0))
+    finally:
+        SessionCgroup(cgroup).kill()
+        while SessionCgroup(cgroup).populated():
+            time.sleep(0.01)
+        cgroup.rmdir()
+    print(
+        f"   pieces: spawn+reap of true {bare * 1000:.2f} ms, through the sh shim "
+        f"{shim * 1000:.2f} ms (+{(shim - bare) * 1000:.2f} ms); a cgroup.procs write "
+        f"after {IDLE_S * 1000:.0f} ms idle {cold * 1000:.2f} ms, right "
+        f"after another {statistics.median(warm) * 1000:.2f} ms "
+        f"(cgroup2 mount options: {_mount_options(root)})",
+        flush=True,
+    )
+
+
+def _mount_options(path: Path) -> str:
+    best = ""
+    options = "?"
+    for line in Path("/proc/mounts").read_text().splitlines():
+        _device, mount, kind, opts, *_ = line.split()
+        if kind == "cgroup2" and str(path).startswith(mount) and len(mount) > len(best):
+            best, options = mount, opts
+    return options
+
+
+async def _burst(root: CgroupRoot | None) -> float:
+    """``BURST`` spawns at once; the time per spawn."""
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(BURST):
+            nursery.start_soon(_spawn_once, root)
+    return (time.perf_counter() - started) / BURST
+
+
 def _report_spawn(label: str, plain: float, contained: float) -> None:
     ratio = contained / plain
     extra_ms = (contained - plain) * 1000
@@ -123,6 +201,10 @@ async def _main(path: Path) -> None:
     plain, contained = await _spawns(root)
     _report_spawn("(+200 MiB heap)", plain, contained)
     del ballast
+    await trio.to_thread.run_sync(_where_the_time_goes, path)
+    plain_burst = statistics.median([await _burst(None) for _ in range(BURSTS)])
+    contained_burst = statistics.median([await _burst(root) for _ in range(BURSTS)])
+    _report_spawn(f"(burst of {BURST} at once, per spawn)", plain_burst, contained_burst)
     today = await _close_all(None)
     cgroup = await _close_all(root)
     print(

@@ -7,8 +7,9 @@ import bisect
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-import trio
 
+from agentsd.config import Limits, check_config
+from agentsd.resources import read_resources
 from agentsd_protocol.api import conversation as capi
 from agentsd_protocol.api import session as api
 from agentsd_protocol.api.events import SessionUpdated
@@ -71,12 +72,30 @@ def _check_create(params: api.CreateParams) -> None:
     _check_size("options", len(_encoder.encode(params.options)), api.MAX_OPTIONS_BYTES)
 
 
+def _own_limits(params: api.CreateParams) -> dict[str, Any] | None:
+    """The session's own limits, as stored, each checked against the range the
+    config's ``[limits]`` allow; None when it gives none."""
+    own = Limits(
+        memory_max_bytes=params.memory_max, pids_max=params.pids_max, cpu_max=params.cpu_max
+    )
+    wire = {"memory_max_bytes": "memoryMax", "pids_max": "pidsMax", "cpu_max": "cpuMax"}
+    for key, value, problem in check_config(own):
+        raise InvalidParams(f"Invalid params: {wire[key]} = {value!r}: {problem}", limit=wire[key])
+    if not own.controllers():
+        return None
+    limits = api.SessionLimits(
+        memory_max=params.memory_max, pids_max=params.pids_max, cpu_max=params.cpu_max
+    )
+    return msgspec.to_builtins(limits)  # type: ignore[no-any-return]
+
+
 async def handle_create(call: Call, params: api.CreateParams) -> api.CreateResult:
     """Store the session, then (``start``) start its agent. A start that fails
     raises its error with ``data.sessionId`` naming the stored session, so the id is
     never lost; a retry with the same ``clientOperationId`` replays the stored
     session (``phase`` stopped, ``error`` set)."""
     _check_create(params)
+    limits = _own_limits(params)
     supervisor = call.app.supervisor
     supervisor.provider(params.provider)
     cwd = supervisor.check_cwd(params.cwd)
@@ -97,6 +116,8 @@ async def handle_create(call: Call, params: api.CreateParams) -> api.CreateResul
         options=params.options,
         env=params.env,
         command=params.command,
+        limits=limits,
+        created_by=call.connection.caller_session,
         operation=call.operation,
         provisional=provisional,
     )
@@ -122,36 +143,15 @@ async def handle_get(call: Call, params: api.GetParams) -> api.GetResult:
 
 
 async def _with_resources(supervisor: Supervisor, sessions: list[Session]) -> list[api.SessionInfo]:
-    """The sessions' infos with their agents' cgroup figures (cgroup mode), read in
-    one worker thread: cgroupfs is in memory, but a page holds many sessions."""
-    root = supervisor.containment.root
+    """The sessions' infos with their running agents' figures (``agentsd.resources``)."""
     infos = [session.info() for session in sessions]
-    if root is None:
+    if not any(session.child is not None for session in sessions):
         return infos
-    cgroups = [
-        None
-        if session.child is None or session.lease is None
-        else root.for_token(session.lease.token)
-        for session in sessions
+    figures = await read_resources(supervisor.containment.root, sessions)
+    return [
+        info if found is None else msgspec.structs.replace(info, resources=found)
+        for info, found in zip(infos, figures, strict=True)
     ]
-    if not any(cgroups):
-        return infos
-    figures = await trio.to_thread.run_sync(
-        lambda: [None if cgroup is None else cgroup.figures() for cgroup in cgroups]
-    )
-    out = []
-    for info, cgroup, found in zip(infos, cgroups, figures, strict=True):
-        if cgroup is not None and found is not None:
-            resources = api.Resources(
-                cgroup=str(cgroup.path),
-                cpu_us=found.cpu_us,
-                processes=found.processes,
-                memory_bytes=found.memory_bytes,
-                memory_peak_bytes=found.memory_peak_bytes,
-            )
-            info = msgspec.structs.replace(info, resources=resources)
-        out.append(info)
-    return out
 
 
 async def handle_list(call: Call, params: api.ListParams) -> api.ListResult:

@@ -204,15 +204,25 @@ def _migrate_2_to_3(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _migrate_3_to_4(conn: sqlite3.Connection) -> None:
+    # A session's own limits (memory, pids, cpu) given at create, as JSON in the
+    # wire's names; NULL: the daemon's defaults apply (every older session). And the
+    # session whose agent created it (``agent_allowance = ["sessions"]``); NULL: the
+    # user did.
+    conn.execute("ALTER TABLE sessions ADD COLUMN limits TEXT")
+    conn.execute("ALTER TABLE sessions ADD COLUMN created_by TEXT")
+
+
 # MIGRATIONS[n] takes a database from version n to n + 1. Append only: a released
 # migration is never edited, because files in the field already ran it.
 MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (
     _migrate_0_to_1,
     _migrate_1_to_2,
     _migrate_2_to_3,
+    _migrate_3_to_4,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def _ro_uri(path: Path, *, immutable: bool) -> str:

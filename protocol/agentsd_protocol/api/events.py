@@ -119,9 +119,13 @@ class EventStruct(
 
 
 class SessionCreated(EventStruct, tag="session.created", frozen=True, kw_only=True):
+    """``by``: the session whose agent created it (allowed by the config's
+    ``agent_allowance``); None: the user did."""
+
     provider: str
     cwd: str
     title: str | None = None
+    by: str | None = None
 
 
 class SessionUpdated(EventStruct, tag="session.updated", frozen=True, kw_only=True):
@@ -299,7 +303,9 @@ class ChildExited(EventStruct, tag="child.exited", frozen=True, kw_only=True):
     """The child is proven gone and its lease released. ``detail`` says how the
     proof was had (recovery); ``error`` is the failure that ended it;
     ``stderr_tail`` is the end of what the agent wrote to stderr (at most 4 KiB), kept
-    when it exited unexpectedly or failed, the words that say why."""
+    when it exited unexpectedly or failed, the words that say why. ``oom_kills`` is
+    its cgroup's ``memory.events`` ``oom_kill`` count when the memory controller was
+    on for it (None otherwise); cause ``oom`` when it ended by itself after one."""
 
     cause: ExitCause
     returncode: int | None = None
@@ -307,6 +313,7 @@ class ChildExited(EventStruct, tag="child.exited", frozen=True, kw_only=True):
     detail: str | None = None
     error: ErrorInfo | None = None
     stderr_tail: str | None = None
+    oom_kills: int | None = None
 
 
 class ExitUnproven(EventStruct, tag="exit.unproven", frozen=True, kw_only=True):
