@@ -409,7 +409,7 @@ async def _close_cgroup(process: trio.Process, cgroup: SessionCgroup, ladder: La
             # to cgroup.kill waits for the cgroup lock, which a close-all of
             # hundreds holds in turn (about a millisecond each, measured).
             stragglers = await trio.to_thread.run_sync(
-                _kill_cgroup, cgroup, process.pid, limiter=_spawn_limiter()
+                _kill_cgroup, cgroup, process.pid, limiter=spawn_limiter()
             )
             with trio.move_on_after(ladder.kill_wait_s):
                 await cgroup.wait_empty()
