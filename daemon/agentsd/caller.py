@@ -40,6 +40,7 @@ _OTHER_SESSION_METHODS = {
     "agentSession.close": "closing another session",
     "agentSession.delete": "deleting another session",
     "agentSession.setOptions": "changing the options of another session",
+    "agentSession.command": "running a command in another session",
 }
 
 

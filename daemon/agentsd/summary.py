@@ -26,6 +26,7 @@ from agentsd.store.journal import bodies_of_kind, last_seq_of_kind, read_events
 from agentsd_protocol.api.attention import Notice
 from agentsd_protocol.api.events import (
     ApprovalRequested,
+    ConversationCleared,
     Event,
     ItemCompleted,
     ItemStarted,
@@ -39,6 +40,7 @@ from agentsd_protocol.api.events import (
     decode_event,
     kind_of,
 )
+from agentsd_protocol.api.session import TokenUsage
 from agentsd_protocol.api.stream import ApprovalNeed, SessionStatus, SummaryState
 
 if TYPE_CHECKING:
@@ -46,6 +48,33 @@ if TYPE_CHECKING:
 
 MAX_TEXT_CHARS = 200  # a status line or a notification body shows no more
 _REPLY_TYPE = "agentMessage"  # the item type of the agent's reply, in every provider
+
+
+def _count(counts: dict[str, Any], key: str) -> int | None:
+    value = counts.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def token_usage(event: UsageUpdated) -> TokenUsage:
+    """The agent's counts read: the last turn's, every turn's, and the context.
+    What the conversation holds is the last model call's tokens (``contextTokens``
+    where the provider counts it apart: Claude Code sums a turn's calls), else the
+    last turn's (Codex reports one call's)."""
+    total, last = event.total, event.last
+    window = event.model_context_window
+    context = _count(last, "contextTokens")
+    if context is None:
+        context = _count(last, "totalTokens")
+    left = None if window is None or context is None else max(window - context, 0)
+    return TokenUsage(
+        turn_tokens=_count(last, "totalTokens"),
+        total_tokens=_count(total, "totalTokens"),
+        input_tokens=_count(total, "inputTokens"),
+        output_tokens=_count(total, "outputTokens"),
+        context_window=window,
+        context_tokens=context,
+        context_left=left,
+    )
 
 
 def head(text: str) -> str:
@@ -60,6 +89,7 @@ class Summary:
     outcome: TurnOutcome | None = None
     failure: str | None = None
     usage: dict[str, Any] | None = None
+    tokens: TokenUsage | None = None
     notable_seq: int = 0
     acknowledged_seq: int = 0
 
@@ -95,6 +125,10 @@ class Summary:
                 return True
             case UsageUpdated(total=total):
                 self.usage = total
+                self.tokens = token_usage(event)
+            case ConversationCleared():
+                self.usage = None
+                self.tokens = None
             case SessionAcknowledged(seq=acked):
                 self.acknowledged_seq = max(self.acknowledged_seq, acked)
             case _:
@@ -106,11 +140,14 @@ def derive_summary(conn: sqlite3.Connection, session_id: str) -> Summary:
     """The session's summary replayed from its journal (Rule 3)."""
     summary = Summary()
     after = max(last_seq_of_kind(conn, session_id, kind_of(Submission)) - 1, 0)
-    for body in bodies_of_kind(conn, session_id, kind_of(UsageUpdated)):
-        usage = decode_event(kind_of(UsageUpdated), body)
-        if isinstance(usage, UsageUpdated):
-            summary.usage = usage.total
-        break
+    cleared = last_seq_of_kind(conn, session_id, kind_of(ConversationCleared))
+    if last_seq_of_kind(conn, session_id, kind_of(UsageUpdated)) > cleared:
+        for body in bodies_of_kind(conn, session_id, kind_of(UsageUpdated)):
+            usage = decode_event(kind_of(UsageUpdated), body)
+            if isinstance(usage, UsageUpdated):
+                summary.usage = usage.total
+                summary.tokens = token_usage(usage)
+            break
     while True:
         page, more = read_events(conn, session_id, after_seq=after, limit=1000, max_bytes=4 << 20)
         for stored in page:
@@ -157,6 +194,7 @@ def session_status(session: Session) -> SessionStatus:
         last_reply=summary.last_reply,
         model=model if isinstance(model, str) else None,
         usage=summary.usage,
+        tokens=summary.tokens,
         updated_at=session.row.updated_at,
         unseen=summary.unseen,
         acknowledged_seq=summary.acknowledged_seq,

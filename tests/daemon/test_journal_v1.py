@@ -45,6 +45,8 @@ KINDS_SINCE_V1 = {
     "session.acknowledged",
     "agent.request",
     "commands.updated",
+    "command.run",
+    "conversation.cleared",
 }
 # A body's field "kind" before the union (the tag owns that name now).
 RENAMED_FIELDS = {

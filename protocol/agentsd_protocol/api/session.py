@@ -73,6 +73,22 @@ class Resources(Result, frozen=True, kw_only=True):
     memory_peak_bytes: int | None = None  # memory.peak
 
 
+class TokenUsage(Result, frozen=True, kw_only=True):
+    """Tokens of the session's current provider conversation, as far as its agent
+    reports them (None: not reported). ``turn_tokens``: the last turn's;
+    ``total_tokens``: every turn's since the conversation began (Codex) or since its
+    agent last started (Claude Code reports per turn); ``context_tokens``: what the
+    conversation holds now, of ``context_window``, leaving ``context_left``."""
+
+    turn_tokens: int | None = None
+    total_tokens: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    context_window: int | None = None
+    context_tokens: int | None = None
+    context_left: int | None = None
+
+
 class SessionInfo(Result, frozen=True, kw_only=True):
     session_id: str
     provider: str
@@ -94,6 +110,7 @@ class SessionInfo(Result, frozen=True, kw_only=True):
     queued: int = 0  # prompts held behind the running turn (``agentSession.queue``)
     queue_paused: str | None = None  # why they wait for a client to resume them
     resources: Resources | None = None  # while its agent runs in a cgroup
+    tokens: TokenUsage | None = None  # once its agent reported usage
 
 
 class CreateParams(MutationParams, frozen=True, kw_only=True):
