@@ -19,7 +19,6 @@ from tests.peers.test_claude import (
     Conversation,
     conversation,
     daemon,
-    eventually,
     fake,
     home,
     needs_claude,
@@ -29,8 +28,10 @@ __all__ = ["daemon", "fake", "home"]  # the fixtures this module shares with tes
 
 
 def turns_done(convo: Conversation, count: int) -> None:
-    convo.wait_for("turn.completed")
-    eventually(lambda: len(convo.of_kind("turn.completed")) >= count or convo._pump(1.0), "turns")
+    """Wait for the session's ``count``-th ``turn.completed``."""
+    seq = 0
+    for _ in range(count):
+        seq = convo.wait_for("turn.completed", after_seq=seq)["seq"]
 
 
 def asked_with(fake: FakeAnthropic, text: str) -> list[RecordedRequest]:

@@ -27,11 +27,8 @@ pytestmark = pytest.mark.skipif(
 
 
 def completed_turns(follower: Follower, count: int) -> None:
-    follower.wait_for("turn.completed")
-    while follower.kinds().count("turn.completed") < count:
-        follower.wait_for(
-            "turn.completed", lambda _: follower.kinds().count("turn.completed") >= count
-        )
+    """Wait for the session's ``count``-th ``turn.completed``."""
+    follower.wait_for("turn.completed", lambda _: follower.kinds().count("turn.completed") >= count)
 
 
 def history(client: Client, sid: str) -> list[dict[str, Any]]:
