@@ -18,13 +18,18 @@ from agentsctl.render import print_json
 from agentsd_protocol import methods
 from agentsd_protocol.api import controls as ctl
 from agentsd_protocol.api import conversation as c
-from agentsd_protocol.display import excerpt
+from agentsd_protocol.display import excerpt, printable
 
 if TYPE_CHECKING:
     from agentsctl.target import Target
 
 WHERE = {"now": "now", "nextTurn": "at the next turn", "nextStart": "at the next start"}
 MAX_CHOICES_SHOWN = 12  # a model catalog can be long; --json has all of it
+MAX_DESCRIPTION_CHARS = 70  # one line of a command menu
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def _value_text(value: Any) -> str:
@@ -55,7 +60,8 @@ def run_options(args: argparse.Namespace, target: Target) -> int:
     if not result.running:
         print(f"({result.provider}: the agent is not running; its model list comes when it is)")
     for option in result.options:
-        print(f"{option.key} = {_value_text(option.value)} (applies {WHERE[option.applies_at]})")
+        where = WHERE[option.applies_at]
+        print(printable(f"{option.key} = {_value_text(option.value)} (applies {where})"))
         if option.choices:
             shown = [
                 choice.value + (" (default)" if choice.default else "")
@@ -64,7 +70,7 @@ def run_options(args: argparse.Namespace, target: Target) -> int:
             more = len(option.choices) - len(shown)
             suffix = f", and {more} more" if more > 0 else ""
             kind = "one of" if not option.open else "e.g."
-            print(f"    {kind} {', '.join(shown)}{suffix}")
+            print(printable(f"    {kind} {', '.join(shown)}{suffix}"))
     return EXIT_OK
 
 
@@ -113,7 +119,7 @@ def run_set(args: argparse.Namespace, target: Target) -> int:
         print(f"{args.session_id}: nothing changed")
     for key, where in sorted(result.applies_at.items()):
         value = result.session.options.get(key)
-        print(f"{key} = {_value_text(value)}: applies {WHERE[where]}")
+        print(printable(f"{key} = {_value_text(value)}: applies {WHERE[where]}"))
     return EXIT_OK
 
 
@@ -139,7 +145,9 @@ def run_commands(args: argparse.Namespace, target: Target) -> int:
     width = max(len(name) for name, _ in rows) + 2
     for name, cmd in rows:
         source = " (agentsd)" if cmd.source == "agentsd" else ""
-        print(f"{name:<{width}}{excerpt(cmd.description or '', 70)}{source}".rstrip())
+        description = _clip(cmd.description or "", MAX_DESCRIPTION_CHARS)
+        # The agent's words: never raw to a terminal.
+        print(printable(f"{name:<{width}}{description}{source}".rstrip()))
     if not result.running:
         print("(the agent is not running: its own commands are listed once it is)")
     return EXIT_OK
@@ -184,7 +192,7 @@ def _run(args: argparse.Namespace, target: Target, name: str, words: str | None)
     else:
         reason = f" ({result.reason})" if result.reason else ""
         turn = f", turn {result.turn_id}" if result.turn_id else ""
-        print(f"seq {result.seq}: {result.name}: {result.dispatch}{turn}{reason}")
+        print(printable(f"seq {result.seq}: {result.name}: {result.dispatch}{turn}{reason}"))
     return EXIT_OK if result.dispatch == "accepted" else EXIT_DAEMON_ERROR
 
 

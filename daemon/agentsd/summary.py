@@ -42,39 +42,13 @@ from agentsd_protocol.api.events import (
 )
 from agentsd_protocol.api.session import TokenUsage
 from agentsd_protocol.api.stream import ApprovalNeed, SessionStatus, SummaryState
+from agentsd_protocol.usage import token_usage
 
 if TYPE_CHECKING:
     from agentsd.session import Session
 
 MAX_TEXT_CHARS = 200  # a status line or a notification body shows no more
 _REPLY_TYPE = "agentMessage"  # the item type of the agent's reply, in every provider
-
-
-def _count(counts: dict[str, Any], key: str) -> int | None:
-    value = counts.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def token_usage(event: UsageUpdated) -> TokenUsage:
-    """The agent's counts read: the last turn's, every turn's, and the context.
-    What the conversation holds is the last model call's tokens (``contextTokens``
-    where the provider counts it apart: Claude Code sums a turn's calls), else the
-    last turn's (Codex reports one call's)."""
-    total, last = event.total, event.last
-    window = event.model_context_window
-    context = _count(last, "contextTokens")
-    if context is None:
-        context = _count(last, "totalTokens")
-    left = None if window is None or context is None else max(window - context, 0)
-    return TokenUsage(
-        turn_tokens=_count(last, "totalTokens"),
-        total_tokens=_count(total, "totalTokens"),
-        input_tokens=_count(total, "inputTokens"),
-        output_tokens=_count(total, "outputTokens"),
-        context_window=window,
-        context_tokens=context,
-        context_left=left,
-    )
 
 
 def head(text: str) -> str:
