@@ -13,7 +13,9 @@ without a cgroup).
 Rule 2: a request from a session is journaled in that session as ``agent.request``
 (what, on which session, allowed or not), and `refusal` names what an agent must not
 do to its user unless the config's ``agent_allowance`` lifts it: answer any approval
-(its own included: ``approvals``), change another session in any way (send,
+(its own included: ``approvals``), change any session's options (its own
+included, since a permission mode or sandbox is among them: ``approvals``), change
+another session in any way (send,
 interrupt, queue, close, delete, options, title, acknowledge: every mutation that
 names another session; ``other-sessions``), control the daemon (shutdown, reload of
 the agents' environment: ``daemon``). Reading is never refused.
@@ -110,6 +112,14 @@ def refusal(method: str, params: Any, caller: str, allowance: Collection[Allowan
     target = getattr(params, "session_id", None)
     if changes and target is not None and target != caller and "other-sessions" not in allowance:
         return _OTHER_SESSION_METHODS.get(method, f"acting on another session ({method})")
+    if (
+        method == "agentSession.setOptions"
+        and (getattr(params, "options", None) is not None or getattr(params, "changes", None))
+        and "approvals" not in allowance
+    ):
+        # Its own session's too: a permission mode, sandbox or approval policy lifted
+        # by the agent itself (live, for Claude Code) is an approval it gave itself.
+        return "changing a session's options (its model, permissions or sandbox)"
     if method == "daemon.shutdown" and "daemon" not in allowance:
         return "shutting the daemon down"
     if changes and method.startswith("daemon.") and "daemon" not in allowance:

@@ -314,6 +314,9 @@ async def test_an_agent_may_not_change_options_or_run_commands_of_another_sessio
                     {"sessionId": other, "changes": {"model": "mock-deep"}},
                 ),
                 ("agentSession.command", {"sessionId": other, "name": "clear"}),
+                # Its own options too: a permission mode it lifted itself.
+                ("agentSession.setOptions", {"sessionId": mine, "changes": {"model": "mock-deep"}}),
+                ("agentSession.setOptions", {"sessionId": mine, "title": "mine"}),
                 ("agentSession.options", {"sessionId": other}),  # reading is never refused
                 ("agentSession.commands", {"sessionId": mine}),
             ]
@@ -321,9 +324,12 @@ async def test_an_agent_may_not_change_options_or_run_commands_of_another_sessio
             assert [r.get("error", {}).get("data", {}).get("refused") for r in replies] == [
                 "changing the options of another session",
                 "running a command in another session",
+                "changing a session's options (its model, permissions or sandbox)",
+                None,
                 None,
                 None,
             ]
+            assert (await get(rpc, mine))["options"] == {"chunks": 1}
             other_info = await get(rpc, other)
             assert other_info["options"] == {"chunks": 1}
             assert "command.run" not in kinds(await history(rpc, other))

@@ -24,6 +24,7 @@ marker stays readable; resume never reaches back past it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -32,12 +33,20 @@ from agentsd_protocol.api import controls as api
 from agentsd_protocol.api import conversation as capi
 from agentsd_protocol.api.events import CommandRun, ConversationCleared, SessionUpdated
 from agentsd_protocol.display import excerpt
-from agentsd_protocol.errors import InvalidParams, InvalidState, UnknownCommand, UnknownOption
+from agentsd_protocol.errors import (
+    InvalidParams,
+    InvalidState,
+    RpcError,
+    UnknownCommand,
+    UnknownOption,
+)
 
 if TYPE_CHECKING:
     from agentsd.connection import Call
     from agentsd.session import Session
     from agentsd.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
 
 MAX_TITLE_CHARS = 500  # a status-bar label, not a document
 COMPACT = api.CommandInfo(
@@ -51,6 +60,18 @@ CLEAR = api.CommandInfo(
     source="agentsd",
 )
 OWN_COMMANDS = (COMPACT, CLEAR)
+
+
+async def _offered(adapter: Adapter | None) -> Mapping[str, list[api.OptionChoice]]:
+    """The running agent's choices; none when it cannot say (it is stopping, or a
+    release without a model list): the provider's own choices stand in."""
+    if adapter is None:
+        return {}
+    try:
+        return await adapter.option_choices()
+    except RpcError as exc:
+        log.info("the agent could not list its choices: %s", exc.message)
+        return {}
 
 
 def _adapter(session: Session) -> Adapter | None:
@@ -77,7 +98,7 @@ async def handle_options(call: Call, params: api.OptionsParams) -> api.OptionsRe
     session = supervisor.get(params.session_id)
     provider = supervisor.provider(session.row.provider)
     adapter = _adapter(session)
-    offered = {} if adapter is None else await adapter.option_choices()
+    offered = await _offered(adapter)
     specs = provider.option_specs() or {}
     values = session.row.options
     options = [
@@ -173,7 +194,7 @@ async def _set_options(
         provider = supervisor.provider(session.row.provider)
         specs = provider.option_specs()
         adapter = _adapter(session)
-        offered = {} if adapter is None else await adapter.option_choices()
+        offered = await _offered(adapter)
         _check_changes(specs, changed, offered)
         assert new is not None
         provider.check_options(new)
