@@ -80,6 +80,10 @@ def test_options_list_models_and_set_model_reaches_the_next_request(
         usage = convo.info()["tokens"]
         assert usage["turnTokens"] > 0 and usage["contextWindow"] > 0
         assert usage["contextLeft"] == usage["contextWindow"] - usage["contextTokens"]
+        listed = convo.client.call("agentSession.list", {})["sessions"]
+        assert next(i for i in listed if i["sessionId"] == convo.session_id)["tokens"] == usage
+        watched = convo.client.call("agentSession.watch", {})["sessions"]
+        assert next(i for i in watched if i["sessionId"] == convo.session_id)["tokens"] == usage
 
 
 @needs_claude

@@ -364,12 +364,19 @@ class ClaudeAdapter(Adapter):
         await self._sink.emit(done)
 
     async def send(self, submission: Submission) -> Dispatch:
+        return await self._send(submission, command=False)
+
+    async def _send(self, submission: Submission, *, command: bool) -> Dispatch:
+        """Write a user message. A ``command`` (``/NAME``) is run by the CLI itself:
+        2.1.197 never echoes it as taken up, so it does not wait to be (Rule 2): the
+        turn it runs ends with its result."""
         if self._closed:
             return Dispatch(outcome="rejected", reason="the agent is not running")
         message_uuid = str(uuid.uuid4())
         acked = trio.Event()
         self._acks[message_uuid] = acked
-        self._waiting.add(message_uuid)
+        if not command:
+            self._waiting.add(message_uuid)
         turn_id = self._turn_id
         gate: trio.Event | None = None
         if turn_id is None:
@@ -555,7 +562,8 @@ class ClaudeAdapter(Adapter):
 
     async def run_command(self, name: str, args: str | None) -> Dispatch:
         text = f"/{name} {args}" if args else f"/{name}"
-        return await self.send(Submission(client_message_id=uuid.uuid4().hex, text=text))
+        submission = Submission(client_message_id=uuid.uuid4().hex, text=text)
+        return await self._send(submission, command=True)
 
 
 def _offered(answer: dict[str, Any]) -> tuple[list[OptionChoice], list[AgentCommand]]:
