@@ -159,9 +159,7 @@ def run_commands(args: argparse.Namespace, target: Target) -> int:
 def configure_command(parser: argparse.ArgumentParser) -> None:
     parser.epilog = "Runs in an idle conversation; while a turn runs it is refused (exit 1)."
     add_session_argument(parser)
-    parser.add_argument(
-        "name", metavar="COMMAND", help="the command, with or without its slash"
-    )
+    parser.add_argument("name", metavar="COMMAND", help="the command, with or without its slash")
     parser.add_argument("words", nargs="*", metavar="ARGS", help="what follows the command")
     add_json_option(parser)
 
