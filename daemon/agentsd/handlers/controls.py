@@ -234,10 +234,14 @@ async def handle_commands(call: Call, params: api.CommandsParams) -> api.Command
     adapter = _adapter(session)
     commands = list(OWN_COMMANDS)
     if adapter is not None:
-        own = {c.name for c in OWN_COMMANDS}
+        offered = await adapter.agent_commands()
+        if not adapter.supports_compact:
+            # Its own compact, if it offers one, is the only compaction there is.
+            commands = [CLEAR]
+        own = {c.name for c in commands}
         commands += [
             api.CommandInfo(name=c.name, description=c.description, hint=c.hint, source="agent")
-            for c in await adapter.agent_commands()
+            for c in offered
             if c.name not in own
         ]
     return api.CommandsResult(session_id=session.id, running=adapter is not None, commands=commands)
@@ -265,10 +269,13 @@ async def _command(call: Call, session: Session, name: str, args: str | None) ->
     adapter = _adapter(session)
     if adapter is None:
         raise InvalidState("the agent stopped before the command could run")
-    if name != COMPACT.name:
+    native = name == COMPACT.name and adapter.supports_compact
+    if not native:
         offered = [c.name for c in await adapter.agent_commands()]
         if name not in offered:
-            known = sorted({*(c.name for c in OWN_COMMANDS), *offered})
+            known = sorted(
+                {CLEAR.name, *offered, *([COMPACT.name] if adapter.supports_compact else [])}
+            )
             raise UnknownCommand(
                 f"unknown command {excerpt(name, 60)} (known: {', '.join(known)})",
                 name=name,
@@ -276,9 +283,7 @@ async def _command(call: Call, session: Session, name: str, args: str | None) ->
             )
     _check_idle(session, name)
     stored = await session.journal.append([_command_run(call, name, args)])
-    dispatch = (
-        await adapter.compact() if name == COMPACT.name else await adapter.run_command(name, args)
-    )
+    dispatch = await adapter.compact() if native else await adapter.run_command(name, args)
     if session.task is not None:
         session.task.touch()
     return _result(name, stored[0].seq, dispatch)

@@ -64,6 +64,7 @@ from agentsd.providers.base import (
     Dispatch,
     LaunchSpec,
     LineLink,
+    OptionSpec,
     Provider,
     Resume,
     SessionSink,
@@ -85,6 +86,7 @@ from agentsd_protocol.api.events import (
 from agentsd_protocol.errors import (
     AgentExited,
     AgentNotFound,
+    AgentNotRunning,
     AgentProtocolError,
     AgentStartFailed,
     InvalidParams,
@@ -95,9 +97,12 @@ from agentsd_protocol.errors import (
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1  # the ACP version agentsd speaks
+CONTROL_TIMEOUT_S = 10.0  # session/set_mode is answered in milliseconds
 METHOD_NOT_FOUND = -32601
 AUTH_REQUIRED = -32000  # ACP's error for a session that needs ``authenticate`` first
 OPTION_NAMES = ("mode",)
+# The session mode changes live (``session/set_mode``); the agent lists its modes.
+OPTION_SPECS = {"mode": OptionSpec(applies_at="now", description="the agent's session mode")}
 # A stop reason other than cancelled ends the turn as the agent meant it to end.
 STOP_REASONS: Mapping[str, TurnOutcome] = {
     "end_turn": "completed",
@@ -149,6 +154,12 @@ class AcpProvider(Provider):
 
     def adapter(self, link: LineLink, sink: SessionSink, session: SessionRow) -> Adapter:
         return AcpAdapter(link, sink, session, self.agent)
+
+    def option_specs(self) -> Mapping[str, OptionSpec]:
+        return OPTION_SPECS
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        parse_options(options)
 
 
 @attrs.define(eq=False)
@@ -569,6 +580,40 @@ class AcpAdapter(Adapter):
             await self._rpc.respond(request.request_id, CANCELLED)
             await self._sink.approval_cancelled(native_id)
         return True
+
+    async def apply_options(self, changes: Mapping[str, Any]) -> None:
+        """``session/set_mode``; ``InvalidParams`` with the agent's words when it
+        refuses the mode."""
+        for key, value in changes.items():
+            if key != "mode":
+                raise InvalidParams(f"Invalid params: {key!r} cannot change live")
+            try:
+                call = await self._rpc.request(
+                    "session/set_mode", {"sessionId": self._session_id, "modeId": value}
+                )
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                raise AgentNotRunning(f"{self._agent.display_name} is not running") from None
+            if not await call.wait(CONTROL_TIMEOUT_S):
+                raise AgentProtocolError(
+                    f"{self._agent.display_name} did not answer session/set_mode "
+                    f"within {CONTROL_TIMEOUT_S:g} s"
+                )
+            if call.error is not None:
+                raise InvalidParams(
+                    f"Invalid params: {self._agent.display_name} refused mode {value!r}: "
+                    f"{error_message(call.error)}",
+                    option="mode",
+                )
+            self._mode = str(value)
+
+    async def agent_commands(self) -> list[AgentCommand]:
+        """The slash commands of the agent's last ``available_commands_update``."""
+        return list(self._commands or [])
+
+    async def run_command(self, name: str, args: str | None) -> Dispatch:
+        """A slash command as ACP runs them: a prompt starting ``/NAME``."""
+        text = f"/{name} {args}" if args else f"/{name}"
+        return await self.send(Submission(client_message_id=secrets.token_hex(16), text=text))
 
     async def answer_approval(self, native_id: str, decision: str) -> None:
         """Answer the permission request ``native_id`` with the option ``decision``

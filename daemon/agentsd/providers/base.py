@@ -242,6 +242,10 @@ class Adapter(abc.ABC):
 
     __slots__ = ()  # a subclass may declare its own: one adapter lives per session
 
+    supports_compact: ClassVar[bool] = False
+    """Whether ``compact`` is the agent's own compaction (else an agent that offers a
+    ``compact`` command runs that, and one that offers none has no compaction)."""
+
     superseded: ThreadSuperseded | None = None
     """Set by ``handshake`` when the provider never saved ``resume.handle`` and a fresh
     conversation took its place (Rule 4); the runner journals it with the new handle."""

@@ -145,6 +145,8 @@ class ClaudeAdapter(Adapter):
     wait for, a turn, a control request), and the question ``answer_approval``
     takes out of ``Permissions``."""
 
+    supports_compact = True
+
     def __init__(
         self, link: LineLink, sink: SessionSink, *, session_id: str, replaces: str | None = None
     ) -> None:

@@ -172,6 +172,8 @@ class CodexProvider(Provider):
 class CodexAdapter(Adapter):
     """Speaks to one ``codex app-server`` (see the module's rules)."""
 
+    supports_compact = True
+
     def __init__(self, link: LineLink, sink: SessionSink, session: SessionRow) -> None:
         self._rpc = RpcPeer(link)
         self._sink = sink

@@ -85,6 +85,8 @@ class MockProvider(Provider):
 
 
 class MockAdapter(Adapter):
+    supports_compact = True
+
     __slots__ = (
         "_acked_turns",
         "_acks",
