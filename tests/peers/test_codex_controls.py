@@ -118,3 +118,28 @@ def test_compact_reaches_the_model_server_and_clear_starts_blank(
     assert texts == ["remember the word pelican", "hello again"]
     usage = client.call("agentSession.get", {"sessionId": sid})["session"]["tokens"]
     assert usage["totalTokens"] > 0
+
+
+def test_review_runs_through_review_start(
+    client: Client,
+    peer_daemon: DaemonProcess,
+    fake: FakeOpenAI,
+    codex_env: dict[str, str],
+    workdir: Path,
+    deadline: Deadline,
+) -> None:
+    fake.script(TextReply("Looks fine to me."))
+    sid = create_codex(client, workdir, codex_env, model="fake-model")["sessionId"]
+    with Follower(peer_daemon, sid, deadline) as follower:
+        ran = client.call(
+            "agentSession.command",
+            {"sessionId": sid, "name": "review", "args": "check the spelling"},
+        )
+        assert ran["dispatch"] == "accepted", ran
+        assert ran["turnId"]
+        done = follower.wait_for("turn.completed")
+        assert done["body"]["turnId"] == ran["turnId"]
+    (request,) = fake.requests()
+    assert any("check the spelling" in text for text in input_texts(request.body, "user"))
+    runs = [e["body"] for e in history(client, sid) if e["kind"] == "command.run"]
+    assert runs == [{"name": "review", "args": "check the spelling"}]
