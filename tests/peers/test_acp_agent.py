@@ -407,6 +407,9 @@ def test_commands_and_a_live_mode_switch(
         follower.wait_for("item.completed", lambda b: b.get("text") == "echo: /ask why?")
         follower.wait_for("turn.completed")
 
+        (mode,) = client.call("agentSession.options", {"sessionId": sid})["options"]
+        assert [c["value"] for c in mode["choices"]] == ["ask", "code"]
+        assert (mode["key"], mode["appliesAt"]) == ("mode", "now")
         switched = client.call(
             "agentSession.setOptions", {"sessionId": sid, "changes": {"mode": "code"}}
         )

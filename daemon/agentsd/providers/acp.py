@@ -72,6 +72,7 @@ from agentsd.providers.base import (
 )
 from agentsd.providers.codex_rpc import Call, Garbage, RpcPeer, clip, error_message
 from agentsd.store.sessions import SessionRow
+from agentsd_protocol.api.controls import OptionChoice
 from agentsd_protocol.api.events import (
     AgentCommand,
     AgentError,
@@ -189,6 +190,7 @@ class AcpAdapter(Adapter):
         self._sink = sink
         self._session = session
         self._mode = parse_options(session.options)
+        self._modes: list[OptionChoice] = []  # the modes session/new or load listed
         self._session_id: str | None = None
         self._turn: Turn | None = None
         self._turn_ids = itertools.count(1)
@@ -341,6 +343,16 @@ class AcpAdapter(Adapter):
         """Put the session in the mode its options name, when it is not in it."""
         modes = session.get("modes")
         current = modes.get("currentModeId") if isinstance(modes, dict) else None
+        listed = modes.get("availableModes") if isinstance(modes, dict) else None
+        self._modes = [
+            OptionChoice(
+                value=m["id"],
+                label=m.get("name") if isinstance(m.get("name"), str) else None,
+                description=m.get("description") if isinstance(m.get("description"), str) else None,
+            )
+            for m in (listed if isinstance(listed, list) else [])
+            if isinstance(m, dict) and isinstance(m.get("id"), str)
+        ] or self._modes
         if self._mode is None or self._mode == current:
             return
         call = await self._handshake_call(
@@ -580,6 +592,9 @@ class AcpAdapter(Adapter):
             await self._rpc.respond(request.request_id, CANCELLED)
             await self._sink.approval_cancelled(native_id)
         return True
+
+    async def option_choices(self) -> Mapping[str, list[OptionChoice]]:
+        return {"mode": list(self._modes)} if self._modes else {}
 
     async def apply_options(self, changes: Mapping[str, Any]) -> None:
         """``session/set_mode``; ``InvalidParams`` with the agent's words when it
