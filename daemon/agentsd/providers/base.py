@@ -50,7 +50,7 @@ from agentsd_protocol.api.events import (
     Event,
     ThreadSuperseded,
 )
-from agentsd_protocol.errors import AgentProtocolError, UnknownCommand
+from agentsd_protocol.errors import AgentProtocolError, InvalidParams, UnknownCommand
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a tool result can be big; a line past this is broken
 MAX_BAD_LINES = 32  # non-frame lines in a row: past this the output is not the protocol
@@ -297,7 +297,9 @@ class Adapter(abc.ABC):
         ``nextTurn``, each set to a value) to the running agent. Raises an
         ``RpcError`` when the agent refused one; then the caller changes nothing."""
         if changes:
-            raise UnknownCommand(f"this agent cannot change {', '.join(sorted(changes))} live")
+            raise InvalidParams(
+                f"Invalid params: this agent cannot change {', '.join(sorted(changes))} live"
+            )
 
     async def agent_commands(self) -> list[AgentCommand]:
         """The agent's own slash commands and skills, as its handshake or API lists them."""

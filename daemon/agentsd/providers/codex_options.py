@@ -1,9 +1,10 @@
 """A Codex session's options, and the Codex versions agentsd speaks to (pure).
 
 Options come from ``agentSession.create``'s ``options`` (and ``setOptions``); they
-are checked when the agent starts, so a typo fails that start with ``InvalidParams``
-naming the option instead of being silently ignored. They apply to every thread
-start or resume, so a changed option takes effect at the next start.
+are checked when the agent starts (and by ``setOptions``), so a typo fails with
+``InvalidParams`` naming the option instead of being silently ignored. They apply to
+every thread start or resume; the model, effort, approval policy and sandbox also
+apply live, as overrides on the next ``turn/start`` (``OPTION_SPECS``).
 """
 
 from __future__ import annotations
