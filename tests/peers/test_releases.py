@@ -3,8 +3,9 @@
 The full peer suites (``test_claude.py``, ``test_codex.py``) run on the newest
 release of each CLI. Here each listed release, old and new, goes through what a user
 does with a session: create, a turn, a send during a turn, an approval, an
-interrupt, a close and a native resume that keeps the history, and a daemon killed
-with SIGKILL mid-turn, then resumed. An older release that shows its version only
+interrupt, a close and a native resume that keeps the history, a daemon killed
+with SIGKILL mid-turn, then resumed, and the conversation controls (a model switch
+reaching the next model request, a compaction, a clear). An older release that shows its version only
 through ``--version`` (Claude Code 2.1.197) must be started and report it, in
 ``agentSession.get``, the journal and ``agentsctl doctor``.
 
