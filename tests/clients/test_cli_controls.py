@@ -7,12 +7,16 @@ from __future__ import annotations
 import io
 import json
 
+import msgspec
 import pytest
 
 from agentsctl.cli import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_USAGE, UsageError
 from agentsctl.commands_controls import parse_changes
 from agentsctl.render import Transcript
+from agentsctl.watch import render_table
 from agentsd_protocol.api.events import UsageUpdated
+from agentsd_protocol.api.session import TokenUsage
+from agentsd_protocol.api.stream import SessionStatus
 from agentsd_protocol.usage import token_usage, usage_line
 from tests.clients.test_cli_conversation import (
     _event,
@@ -140,3 +144,19 @@ def test_token_usage_reads_codex_and_claude_counts() -> None:
     assert (claude.turn_tokens, claude.context_tokens, claude.context_left) == (6000, 2500, 0)
     nothing = token_usage(UsageUpdated())
     assert nothing.context_left is None and usage_line(nothing) is None
+
+
+def test_watch_shows_the_context_left() -> None:
+    base = SessionStatus(
+        session_id="s1", title="t", provider="codex", phase="running", status="idle", head_seq=3
+    )
+    told = msgspec.structs.replace(
+        base, tokens=TokenUsage(context_window=200_000, context_left=50_000), updated_at=10.0
+    )
+    table = render_table(
+        {"s1": base, "s2": msgspec.structs.replace(told, session_id="s2")}, 10.0, 200
+    )
+    header, newer, older = table.splitlines()
+    assert header.split() == ["STATE", "SESSION", "TITLE", "AGE", "CONTEXT", "NEEDS", "YOU"]
+    assert "25% left" in newer and newer.split()[1] == "s2"
+    assert older.split()[4] == "-"
