@@ -92,6 +92,7 @@ class MockAdapter(Adapter):
         "_acks",
         "_bad_lines",
         "_commands",
+        "_exited",
         "_link",
         "_model_set",
         "_open_items",
@@ -112,6 +113,7 @@ class MockAdapter(Adapter):
         self._bad_lines = 0  # in a row (base Rule 3)
         self._commands: list[AgentCommand] = []  # from the handshake
         self._model_set: dict[str, trio.Event] = {}  # set_model requests, by model
+        self._exited = False  # its output ended: nothing it said after counts
 
     async def handshake(self, resume: Resume | None) -> str:
         # The mock resumes any handle: one it never saved starts empty.
@@ -162,6 +164,7 @@ class MockAdapter(Adapter):
                 for waiter in waiters:
                     waiter.set()
             self._starting.clear()
+            self._exited = True
             for event in self._model_set.values():
                 event.set()
 
@@ -288,6 +291,8 @@ class MockAdapter(Adapter):
                 raise AgentNotRunning("the mock agent is not running") from None
             with trio.move_on_after(ACK_TIMEOUT_S):
                 await answered.wait()
+            if self._exited:
+                raise AgentNotRunning("the mock agent exited before it confirmed its model")
             if not answered.is_set():
                 raise AgentProtocolError("the mock agent did not confirm its model")
 
