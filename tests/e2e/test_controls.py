@@ -333,3 +333,19 @@ async def test_an_agent_may_not_change_options_or_run_commands_of_another_sessio
             other_info = await get(rpc, other)
             assert other_info["options"] == {"chunks": 1}
             assert "command.run" not in kinds(await history(rpc, other))
+
+
+async def test_idempotent_mutations_a_command_retried_with_its_operation_id_runs_once(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with open_rpc(daemon.socket) as rpc:
+            sid = (await create(rpc, tmp_path, options={"chunks": 1}))["sessionId"]
+            params = {"sessionId": sid, "name": "greet", "args": "Ann", "clientOperationId": "op-1"}
+            first = await rpc.call("agentSession.command", params)
+            await wait_journal(rpc, sid, "turn.completed")
+            again = await rpc.call("agentSession.command", params)
+            assert again == first
+            refused = await failure(rpc, "agentSession.command", {**params, "args": "Bob"})
+            assert refused.kind == "operation_conflict"
+            assert kinds(await history(rpc, sid)).count("command.run") == 1
