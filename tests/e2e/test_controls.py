@@ -127,6 +127,12 @@ async def test_bad_options_are_refused_with_their_kind_and_nothing_changes(
                 {"sessionId": sid, "options": {}, "changes": {}},
             )
             assert refused.kind == "invalid_params"
+            refused = await failure(
+                rpc,
+                "agentSession.setOptions",
+                {"sessionId": sid, "changes": {"replyText": "x" * (64 * 1024)}},
+            )
+            assert (refused.kind, refused.data["limit"]) == ("invalid_params", "options")
             refused = await failure(rpc, "agentSession.options", {"sessionId": "nope"})
             assert refused.kind == "session_not_found"
             assert (await get(rpc, sid))["options"] == {"chunks": 2}

@@ -28,10 +28,13 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from agentsd.providers.base import Adapter, Dispatch, OptionSpec
 from agentsd_protocol.api import controls as api
 from agentsd_protocol.api import conversation as capi
 from agentsd_protocol.api.events import CommandRun, ConversationCleared, SessionUpdated
+from agentsd_protocol.api.session import MAX_OPTIONS_BYTES
 from agentsd_protocol.display import excerpt
 from agentsd_protocol.errors import (
     InvalidParams,
@@ -47,6 +50,7 @@ if TYPE_CHECKING:
     from agentsd.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
+_encoder = msgspec.json.Encoder()
 
 MAX_TITLE_CHARS = 500  # a status-bar label, not a document
 COMPACT = api.CommandInfo(
@@ -188,6 +192,12 @@ async def _set_options(
         new = dict(params.options)
     elif params.changes is not None:
         new = {k: v for k, v in {**old, **params.changes}.items() if v is not None}
+    if new is not None and len(_encoder.encode(new)) > MAX_OPTIONS_BYTES:
+        raise InvalidParams(
+            f"Invalid params: options are more than {MAX_OPTIONS_BYTES} bytes as JSON",
+            limit="options",
+            maxBytes=MAX_OPTIONS_BYTES,
+        )
     changed = {} if new is None else _changed(old, new)
     applies_at: dict[str, api.AppliesAt] = {}
     if changed:
