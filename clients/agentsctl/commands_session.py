@@ -23,6 +23,7 @@ from agentsd_protocol import methods
 from agentsd_protocol.api import session as s
 from agentsd_protocol.display import printable
 from agentsd_protocol.errors import RpcError
+from agentsd_protocol.usage import usage_line
 
 if TYPE_CHECKING:
     from agentsctl.target import Target
@@ -262,6 +263,8 @@ def run_show(args: argparse.Namespace, target: Target) -> int:
         ("contained", _containment(info)),
         ("handle", info.provider_handle or "-"),
     ]
+    if info.tokens is not None and (words := usage_line(info.tokens)):
+        rows.append(("tokens", words))
     if info.last_exit is not None:
         rows.append(("last exit", f"{info.last_exit.cause} (code {info.last_exit.returncode})"))
     if info.error is not None:

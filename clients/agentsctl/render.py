@@ -32,6 +32,8 @@ from agentsd_protocol.api.events import (
     ChildExited,
     ChildReady,
     ChildSpawned,
+    CommandRun,
+    ConversationCleared,
     ExitUnproven,
     InterruptRequested,
     ItemCompleted,
@@ -47,9 +49,11 @@ from agentsd_protocol.api.events import (
     ThreadSuperseded,
     TurnCompleted,
     TurnStarted,
+    UsageUpdated,
 )
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
 from agentsd_protocol.display import printable
+from agentsd_protocol.usage import token_usage, usage_line
 
 MAX_REMEMBERED_ITEMS = 512  # finished items kept to drop their late deltas; older ones are gone
 MAX_SHOWN_CHARS = 400  # of a tool's input or a reasoning text in the human view
@@ -130,6 +134,9 @@ class Transcript:
         self._shown: OrderedDict[str, int] = OrderedDict()  # item id -> characters written
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._partial_item: str | None = None  # whose text the current line ends with
+        # The last usage the agent reported in the running turn: shown at its end
+        # (Codex reports after every model call; one line a turn is enough).
+        self._usage: UsageUpdated | None = None
 
     # -- agent text ------------------------------------------------------------------
 
@@ -212,6 +219,13 @@ class Transcript:
                 else:
                     why = f" ({reason})" if reason else ""
                     self.note(f"turn {turn_id} {outcome}{why}")
+                self._turn_usage()
+            case UsageUpdated() as usage:
+                self._usage = usage
+            case CommandRun(name=name, args=args):
+                self.line(f"> /{name}" + (f" {args}" if args else ""), self.style.bold)
+            case ConversationCleared():
+                self.note("conversation cleared: the agent starts blank (the history above stays)")
             case InterruptRequested():
                 self.note("interrupt requested")
             case ApprovalRequested() as asked:
@@ -230,6 +244,11 @@ class Transcript:
                     self._stderr_tail(exited.stderr_tail)
             case SessionUpdated(by="daemon"):
                 pass  # the title the daemon took from the prompt shown just above
+            case SessionUpdated(title=title, options=options):
+                if title is not None:
+                    self.note(f"title: {title}")
+                if options is not None:
+                    self.note(f"options: {_compact(options) if options else '(none)'}")
             case ThreadSuperseded(previous_handle=previous, handle=handle, reason=reason):
                 self.note(f"new conversation {handle} in place of {previous}: {reason}")
             case ExitUnproven():
@@ -240,6 +259,11 @@ class Transcript:
                 pass  # supervision detail, or the user's own reading; `log --jsonl` has it
             case _:
                 self.note(journal_event.kind)
+
+    def _turn_usage(self) -> None:
+        usage, self._usage = self._usage, None
+        if usage is not None and (words := usage_line(token_usage(usage))):
+            self.line(f"({words})", self.style.dim)
 
     def _stderr_tail(self, tail: str) -> None:
         lines = [line for line in tail.splitlines() if line.strip()]

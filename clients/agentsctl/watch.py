@@ -82,8 +82,16 @@ def needs(status: st.SessionStatus) -> str:
     return ""
 
 
+def context_left(status: st.SessionStatus) -> str:
+    """How much of the context window is left (``82% left``), where the agent says."""
+    tokens = status.tokens
+    if tokens is None or tokens.context_left is None or not tokens.context_window:
+        return "-"
+    return f"{round(100 * tokens.context_left / tokens.context_window)}% left"
+
+
 def render_table(sessions: dict[str, st.SessionStatus], now: float, columns: int) -> str:
-    rows = [("", "STATE", "SESSION", "TITLE", "AGE", "NEEDS YOU")]
+    rows = [("", "STATE", "SESSION", "TITLE", "AGE", "CONTEXT", "NEEDS YOU")]
     for status in sorted(sessions.values(), key=lambda s: -s.updated_at):
         rows.append(
             (
@@ -92,6 +100,7 @@ def render_table(sessions: dict[str, st.SessionStatus], now: float, columns: int
                 status.session_id,
                 printable(status.title or "-"),
                 format_duration(max(0.0, now - status.updated_at)),
+                context_left(status),
                 printable(needs(status)),
             )
         )

@@ -13,12 +13,13 @@ without a cgroup).
 Rule 2: a request from a session is journaled in that session as ``agent.request``
 (what, on which session, allowed or not), and `refusal` names what an agent must not
 do to its user unless the config's ``agent_allowance`` lifts it: answer any approval
-(its own included: ``approvals``), create a session (``sessions``), change another
-session in any way (send, interrupt, queue, close, delete, options, title,
-acknowledge: every mutation that names another session; ``other-sessions``, or
-``sessions`` for the sessions it created itself), control the daemon (shutdown,
-reload of the agents' environment: ``daemon``). Reading (get, list, history,
-subscribe: following) is never refused.
+(its own included: ``approvals``), change any session's options (its own
+included, since a permission mode or sandbox is among them: ``approvals``), create
+a session (``sessions``), change another session in any way (send, interrupt,
+queue, close, delete, options, title, acknowledge: every mutation that names another
+session; ``other-sessions``, or ``sessions`` for the sessions it created itself),
+control the daemon (shutdown, reload of the agents' environment: ``daemon``).
+Reading (get, list, history, subscribe: following) is never refused.
 
 Rule 3: a session an agent creates is recorded as created by it (``created_by``,
 ``session.created {by}``), runs in a container of its own like any other, and its
@@ -50,6 +51,7 @@ _OTHER_SESSION_METHODS = {
     "agentSession.close": "closing another session",
     "agentSession.delete": "deleting another session",
     "agentSession.setOptions": "changing the options of another session",
+    "agentSession.command": "running a command in another session",
 }
 
 
@@ -154,6 +156,14 @@ def refusal(
         and not own_child
     ):
         return _OTHER_SESSION_METHODS.get(method, f"acting on another session ({method})")
+    if (
+        method == "agentSession.setOptions"
+        and (getattr(params, "options", None) is not None or getattr(params, "changes", None))
+        and "approvals" not in allowance
+    ):
+        # Its own session's too: a permission mode, sandbox or approval policy lifted
+        # by the agent itself (live, for Claude Code) is an approval it gave itself.
+        return "changing a session's options (its model, permissions or sandbox)"
     if method == "daemon.shutdown" and "daemon" not in allowance:
         return "shutting the daemon down"
     if changes and method.startswith("daemon.") and "daemon" not in allowance:

@@ -12,6 +12,7 @@ from typing import Any
 from agentsd.caller import refusal
 from agentsd.connection import Call
 from agentsd.handlers import attention as attention_handlers
+from agentsd.handlers import controls as controls_handlers
 from agentsd.handlers import conversation as conversation_handlers
 from agentsd.handlers import daemon as daemon_handlers
 from agentsd.handlers import queue as queue_handlers
@@ -29,6 +30,7 @@ HANDLERS: dict[str, Handler] = {
     **daemon_handlers.HANDLERS,
     **session_handlers.HANDLERS,
     **conversation_handlers.HANDLERS,
+    **controls_handlers.HANDLERS,
     **queue_handlers.HANDLERS,
     **stream_handlers.HANDLERS,
     **attention_handlers.HANDLERS,

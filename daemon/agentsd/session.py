@@ -37,6 +37,7 @@ from agentsd_protocol.api.events import (
     ApprovalRequested,
     ApprovalResolved,
     ChildExited,
+    ConversationCleared,
     Event,
     Submission,
     SubmissionDispatched,
@@ -164,6 +165,8 @@ class Session:
     claims: dict[str, ApprovalResolved] = attrs.field(factory=dict)
     deleting: bool = False
     lock: trio.Lock = attrs.field(factory=trio.Lock)
+    # setOptions and commands run one at a time under it (``handlers.controls``).
+    controls_lock: trio.Lock = attrs.field(factory=trio.Lock)
     # Set when the running turn is over, for whoever waits for that (``wait_turn_over``).
     _turn_over: trio.Event | None = None
     # Bound by the supervisor when it registers the session (Rule 3). Recovery
@@ -243,6 +246,7 @@ class Session:
             error=self.error,
             limits=self.own_limits_info(),
             created_by=row.created_by,
+            tokens=self.summary.tokens,
         )
 
     def own_limits_info(self) -> SessionLimits | None:
@@ -277,7 +281,10 @@ def derive_conversation(conn: sqlite3.Connection, session_id: str) -> Conversati
 
 def had_turns(conn: sqlite3.Connection, session_id: str) -> bool:
     """Whether the session's current provider conversation had a turn: a
-    ``turn.started`` since the last ``thread.superseded`` (which began it), so the
-    provider must have saved it."""
-    began = last_seq_of_kind(conn, session_id, kind_of(ThreadSuperseded))
+    ``turn.started`` since the last ``thread.superseded`` or ``conversation.cleared``
+    (either began it), so the provider must have saved it."""
+    began = max(
+        last_seq_of_kind(conn, session_id, kind_of(ThreadSuperseded)),
+        last_seq_of_kind(conn, session_id, kind_of(ConversationCleared)),
+    )
     return has_kind_after(conn, session_id, kind_of(TurnStarted), began)

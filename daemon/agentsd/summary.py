@@ -26,6 +26,7 @@ from agentsd.store.journal import bodies_of_kind, last_seq_of_kind, read_events
 from agentsd_protocol.api.attention import Notice
 from agentsd_protocol.api.events import (
     ApprovalRequested,
+    ConversationCleared,
     Event,
     ItemCompleted,
     ItemStarted,
@@ -39,7 +40,9 @@ from agentsd_protocol.api.events import (
     decode_event,
     kind_of,
 )
+from agentsd_protocol.api.session import TokenUsage
 from agentsd_protocol.api.stream import ApprovalNeed, SessionStatus, SummaryState
+from agentsd_protocol.usage import token_usage
 
 if TYPE_CHECKING:
     from agentsd.session import Session
@@ -60,6 +63,7 @@ class Summary:
     outcome: TurnOutcome | None = None
     failure: str | None = None
     usage: dict[str, Any] | None = None
+    tokens: TokenUsage | None = None
     notable_seq: int = 0
     acknowledged_seq: int = 0
 
@@ -95,6 +99,10 @@ class Summary:
                 return True
             case UsageUpdated(total=total):
                 self.usage = total
+                self.tokens = token_usage(event)
+            case ConversationCleared():
+                self.usage = None
+                self.tokens = None
             case SessionAcknowledged(seq=acked):
                 self.acknowledged_seq = max(self.acknowledged_seq, acked)
             case _:
@@ -106,11 +114,14 @@ def derive_summary(conn: sqlite3.Connection, session_id: str) -> Summary:
     """The session's summary replayed from its journal (Rule 3)."""
     summary = Summary()
     after = max(last_seq_of_kind(conn, session_id, kind_of(Submission)) - 1, 0)
-    for body in bodies_of_kind(conn, session_id, kind_of(UsageUpdated)):
-        usage = decode_event(kind_of(UsageUpdated), body)
-        if isinstance(usage, UsageUpdated):
-            summary.usage = usage.total
-        break
+    cleared = last_seq_of_kind(conn, session_id, kind_of(ConversationCleared))
+    if last_seq_of_kind(conn, session_id, kind_of(UsageUpdated)) > cleared:
+        for body in bodies_of_kind(conn, session_id, kind_of(UsageUpdated)):
+            usage = decode_event(kind_of(UsageUpdated), body)
+            if isinstance(usage, UsageUpdated):
+                summary.usage = usage.total
+                summary.tokens = token_usage(usage)
+            break
     while True:
         page, more = read_events(conn, session_id, after_seq=after, limit=1000, max_bytes=4 << 20)
         for stored in page:
@@ -157,6 +168,7 @@ def session_status(session: Session) -> SessionStatus:
         last_reply=summary.last_reply,
         model=model if isinstance(model, str) else None,
         usage=summary.usage,
+        tokens=summary.tokens,
         updated_at=session.row.updated_at,
         unseen=summary.unseen,
         acknowledged_seq=summary.acknowledged_seq,

@@ -264,6 +264,23 @@ class LimitUnavailable(RpcError):
     kind = "limit_unavailable"
 
 
+class UnknownOption(RpcError):
+    """``setOptions`` named an option the session's provider does not have, or a
+    value outside an option's closed choices (``option``, ``value``, ``choices``);
+    nothing was changed."""
+
+    code = -32046
+    kind = "unknown_option"
+
+
+class UnknownCommand(RpcError):
+    """``agentSession.command`` named a command neither agentsd nor the session's
+    agent offers (``name``, ``known``); nothing was run or journaled."""
+
+    code = -32047
+    kind = "unknown_command"
+
+
 def _all_subclasses(cls: type[RpcError]) -> list[type[RpcError]]:
     out: list[type[RpcError]] = []
     for sub in cls.__subclasses__():

@@ -25,6 +25,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from agentsd_protocol.api import attention as a
+from agentsd_protocol.api import controls as ctl
 from agentsd_protocol.api import conversation as c
 from agentsd_protocol.api import daemon as d
 from agentsd_protocol.api import session as s
@@ -175,7 +176,29 @@ SET_OPTIONS = Method(
     "agentSession.setOptions",
     c.SetOptionsParams,
     c.SetOptionsResult,
-    "Change the title or the options used at the next start.",
+    "Change the title or options; each change applies as live as the agent allows (``appliesAt``).",
+    mutation=True,
+)
+OPTIONS = Method(
+    "agentSession.options",
+    ctl.OptionsParams,
+    ctl.OptionsResult,
+    "The session's options now, what each may be set to (models, efforts, modes) and "
+    "where a change applies.",
+)
+COMMANDS = Method(
+    "agentSession.commands",
+    ctl.CommandsParams,
+    ctl.CommandsResult,
+    "The commands a client may run: the agent's slash commands and skills, and "
+    "agentsd's own (compact, clear).",
+)
+COMMAND = Method(
+    "agentSession.command",
+    ctl.CommandParams,
+    ctl.CommandResult,
+    "Run one command: compact the conversation, clear it (a fresh one, history kept), "
+    "or one of the agent's.",
     mutation=True,
 )
 QUEUE = Method(
@@ -250,6 +273,9 @@ METHODS: dict[str, Method[Any, Any]] = {
         INTERRUPT,
         RESPOND,
         SET_OPTIONS,
+        OPTIONS,
+        COMMANDS,
+        COMMAND,
         QUEUE,
         SET_TITLE,
         HISTORY,

@@ -288,3 +288,37 @@ def test_fish_completes_commands_options_and_values(tmp_path: Path) -> None:
     assert offer("agentsctl new --provider m") == ["mock"]
     assert offer("agentsctl new --provider gem") == ["gemini"]
     assert offer("agentsctl send s1 ") == []
+
+
+def test_set_and_command_complete_from_the_sessions_options_and_commands(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    sid = quick_call(
+        daemon.socket, "agentSession.create", {"provider": "mock", "cwd": os.getcwd()}
+    )["sessionId"]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    at = ["--socket", str(daemon.socket)]
+    assert complete_in_bash(*at, "set", sid, "mo", env=env) == ["model="]
+    assert complete_in_bash(*at, "set", sid, "model=mock-deep", "chunkD", env=env) == [
+        "chunkDelayS="
+    ]
+    assert complete_in_bash(*at, "command", sid, "gr", env=env) == ["greet"]
+    assert set(complete_in_bash(*at, "command", sid, "", env=env)) == {"compact", "clear", "greet"}
+    assert complete_in_bash(*at, "command", sid, "greet", "", env=env) == []  # free text
+    assert complete_in_bash(*at, "set", "nope", "mo", env=env) == []  # no such session
+    for command in ("options", "commands", "compact", "clear"):
+        assert complete_in_bash(*at, command, sid[:-1], env=env) == [sid]
+
+    if shutil.which("fish") is None:
+        return
+    path = tmp_path / "agentsctl.fish"
+    path.write_text(fish_script())
+    line = f"agentsctl --socket {daemon.socket} "
+    for typed, wanted in ((f"set {sid} mo", ["model="]), (f"command {sid} gr", ["greet"])):
+        done = subprocess.run(
+            ["fish", "--no-config", "-c", f"source {shlex.quote(str(path))}; complete -C "
+             f"{shlex.quote(line + typed)}"],
+            capture_output=True, text=True, timeout=SHELL_TIMEOUT_S, env=env, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert [row.split("\t")[0] for row in done.stdout.splitlines()] == wanted

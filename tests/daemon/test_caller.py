@@ -19,6 +19,8 @@ from agentsd.procfs import SPAWN_TOKEN_ENV, read_start_time
 from agentsd.session import Session
 from agentsd.status_board import StatusBoard
 from agentsd.store.sessions import SessionRow
+from agentsd_protocol.api.controls import CommandParams
+from agentsd_protocol.api.conversation import SetOptionsParams
 from agentsd_protocol.api.session import CloseParams, CreateParams
 
 TOKEN = "0" * 32
@@ -103,6 +105,32 @@ def test_the_user_is_no_session() -> None:
             assert identify_caller(child.pid, [a_session("other", 1)]) is None
         finally:
             child.kill()
+
+
+@pytest.mark.parametrize(
+    ("params", "allowance", "refused"),
+    [
+        (SetOptionsParams(session_id="mine", changes={"permissionMode": "bypassPermissions"}),
+         [], "changing a session's options (its model, permissions or sandbox)"),
+        (SetOptionsParams(session_id="mine", options={}), [],
+         "changing a session's options (its model, permissions or sandbox)"),
+        (SetOptionsParams(session_id="mine", changes={"sandbox": "danger-full-access"}),
+         ["approvals"], None),
+        (SetOptionsParams(session_id="mine", title="renamed"), [], None),
+        (SetOptionsParams(session_id="other", title="renamed"), [],
+         "changing the options of another session"),
+        (CommandParams(session_id="mine", name="clear"), [], None),
+        (CommandParams(session_id="other", name="compact"), [],
+         "running a command in another session"),
+    ],
+)  # fmt: skip
+def test_an_agent_may_not_change_its_own_options(
+    params: SetOptionsParams | CommandParams, allowance: list[Allowance], refused: str | None
+) -> None:
+    method = (
+        "agentSession.command" if isinstance(params, CommandParams) else "agentSession.setOptions"
+    )
+    assert refusal(method, params, "mine", allowance) == refused
 
 
 @pytest.mark.parametrize(

@@ -232,7 +232,7 @@ class Lifecycle(Worker):
         sid = self.session_id
         match self.count % 5:
             case 0:
-                options = {"pad": "o" * 20_000, "n": self.count}
+                options = {"replyText": "o" * 20_000, "chunks": 1 + self.count}
                 self.mutate(
                     client, "agentSession.setOptions", {"sessionId": sid, "options": options}
                 )

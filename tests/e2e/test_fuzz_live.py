@@ -684,6 +684,7 @@ def baseline(fuzz: Fuzz, method: str, session_id: str) -> dict[str, Any]:
         "subscriptionId": "sub-1",
         "seq": 1,
         "title": "edge",
+        "name": "greet",  # the mock's own command
     }
     fields = mi.type_info(METHODS[method].params).fields  # type: ignore[attr-defined]
     return {

@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 
 from agentsctl.client import Client
-from agentsd_protocol.errors import AgentStartFailed, HandshakeTimeout, InvalidParams
+from agentsd_protocol.errors import (
+    AgentStartFailed,
+    HandshakeTimeout,
+    InvalidParams,
+    UnknownCommand,
+    UnknownOption,
+)
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
 from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
 
@@ -395,3 +401,39 @@ def test_a_lost_session_without_turns_is_superseded(
         follower.wait_for("item.completed", lambda b: b.get("text") == "echo: hello")
     assert note["previousHandle"] == handle
     assert "which had no turn: Resource not found" in note["reason"]
+
+
+def test_commands_and_a_live_mode_switch(
+    client: Client, peer_daemon: DaemonProcess, workdir: Path, deadline: Deadline
+) -> None:
+    sid = create(client, workdir)
+    with Follower(peer_daemon, sid, deadline) as follower:
+        follower.wait_for("commands.updated")
+        listed = client.call("agentSession.commands", {"sessionId": sid})["commands"]
+        # No compaction of its own and no compact command: none is offered.
+        assert [(c["name"], c["source"]) for c in listed] == [
+            ("clear", "agentsd"),
+            ("review", "agent"),
+            ("ask", "agent"),
+        ]
+        with pytest.raises(UnknownCommand):
+            client.call("agentSession.command", {"sessionId": sid, "name": "compact"})
+        ran = client.call("agentSession.command", {"sessionId": sid, "name": "ask", "args": "why?"})
+        assert ran["dispatch"] == "accepted"
+        follower.wait_for("item.completed", lambda b: b.get("text") == "echo: /ask why?")
+        follower.wait_for("turn.completed")
+
+        (mode,) = client.call("agentSession.options", {"sessionId": sid})["options"]
+        assert [c["value"] for c in mode["choices"]] == ["ask", "code"]
+        assert (mode["key"], mode["appliesAt"]) == ("mode", "now")
+        switched = client.call(
+            "agentSession.setOptions", {"sessionId": sid, "changes": {"mode": "code"}}
+        )
+        assert switched["appliesAt"] == {"mode": "now"}
+        asked = send(client, sid, "whatmode")
+        follower.wait_for("turn.completed", lambda b: b["turnId"] == asked["turnId"])
+        follower.wait_for("item.completed", lambda b: b.get("text") == "mode: code")
+        with pytest.raises(UnknownOption):
+            client.call("agentSession.setOptions", {"sessionId": sid, "changes": {"model": "x"}})
+    kinds = [e["kind"] for e in history(client, sid)]
+    assert kinds.count("command.run") == 1

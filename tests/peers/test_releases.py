@@ -3,8 +3,9 @@
 The full peer suites (``test_claude.py``, ``test_codex.py``) run on the newest
 release of each CLI. Here each listed release, old and new, goes through what a user
 does with a session: create, a turn, a send during a turn, an approval, an
-interrupt, a close and a native resume that keeps the history, and a daemon killed
-with SIGKILL mid-turn, then resumed. An older release that shows its version only
+interrupt, a close and a native resume that keeps the history, a daemon killed
+with SIGKILL mid-turn, then resumed, and the conversation controls (a model switch
+reaching the next model request, a compaction, a clear). An older release that shows its version only
 through ``--version`` (Claude Code 2.1.197) must be started and report it, in
 ``agentSession.get``, the journal and ``agentsctl doctor``.
 
@@ -80,6 +81,13 @@ class Agent:
         decision = "allow" if self.claude is not None else "accept"
         assert decision in options, options
         return decision
+
+    def requests(self) -> list[dict[str, Any]]:
+        """The bodies of the model calls so far."""
+        if self.claude is not None:
+            return [r.body for r in self.claude.message_requests()]
+        assert self.codex is not None
+        return [r.body for r in self.codex.requests()]
 
     def user_texts(self) -> list[str]:
         """What the user said, as the model saw it in its last call."""
@@ -235,6 +243,53 @@ def test_a_session_lives_its_whole_life_on_every_release(
             info = get(client, sid)
             assert info["providerHandle"] == handle
             assert info["child"]["agentVersion"] == release.version
+        client.call("agentSession.delete", {"sessionId": sid})
+
+
+def test_a_model_switch_compaction_and_clear_on_every_release(
+    daemon: DaemonProcess, agent: Agent, release: Release
+) -> None:
+    """The conversation controls on every release: a switched model reaches the next
+    model request, compact reaches the model server, clear starts blank."""
+    deadline = Deadline(TEST_TIMEOUT_S)
+    claude = agent.claude is not None
+    model = "sonnet" if claude else "other-model"
+    with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
+        sid = create(client, agent)["sessionId"]
+        with Follower(daemon, sid, deadline) as follower:
+
+            def ended(turns: int, what: str) -> None:
+                follower.wait_for(
+                    "turn.completed", lambda _: follower.kinds().count("turn.completed") >= turns
+                )
+                deadline.poll(lambda: settled(client, sid), what, 0.1)
+
+            agent.script(agent.say("Noted: PAPAYA."))
+            send(client, sid, "Remember the word PAPAYA")
+            ended(1, "the first turn to end")
+            switched = client.call(
+                "agentSession.setOptions", {"sessionId": sid, "changes": {"model": model}}
+            )
+            assert switched["appliesAt"] == {"model": "now" if claude else "nextTurn"}
+            agent.script(agent.say("Still PAPAYA."))
+            send(client, sid, "And now?")
+            ended(2, "the second turn to end")
+            asked = agent.requests()[-1]["model"]
+            assert model in asked, asked
+
+            calls = len(agent.requests())
+            agent.script(agent.say("A summary: the word is PAPAYA."))
+            compacted = client.call("agentSession.command", {"sessionId": sid, "name": "compact"})
+            assert compacted["dispatch"] == "accepted", compacted
+            ended(3, "the compaction to end")
+            assert len(agent.requests()) > calls  # the summarization call
+
+            client.call("agentSession.command", {"sessionId": sid, "name": "clear"})
+            agent.script(agent.say("Hello."))
+            send(client, sid, "Hello again")
+            ended(4, "the fresh turn to end")
+            assert "Hello again" in agent.user_texts()
+            assert not any("PAPAYA" in text for text in agent.user_texts())
         client.call("agentSession.delete", {"sessionId": sid})
 
 

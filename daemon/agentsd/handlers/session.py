@@ -1,4 +1,4 @@
-"""``agentSession.create/get/list/start/close/delete/setOptions/setTitle``: the session record
+"""``agentSession.create/get/list/start/close/delete/setTitle``: the session record
 and its agent's life."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from agentsd.config import Limits, check_config
+from agentsd.handlers.controls import check_title, handle_set_options
 from agentsd.resources import read_resources
 from agentsd_protocol.api import conversation as capi
 from agentsd_protocol.api import session as api
-from agentsd_protocol.api.events import SessionUpdated
 from agentsd_protocol.display import excerpt
 from agentsd_protocol.errors import InvalidParams, RpcError
 
@@ -21,18 +21,7 @@ if TYPE_CHECKING:
     from agentsd.session import Session
     from agentsd.supervisor import Supervisor
 
-MAX_TITLE_CHARS = 500  # a status-bar label, not a document
-
 _encoder = msgspec.json.Encoder()
-
-
-def _check_title(title: str | None) -> None:
-    if title is not None and len(title) > MAX_TITLE_CHARS:
-        raise InvalidParams(
-            f"Invalid params: title longer than {MAX_TITLE_CHARS} characters "
-            f"({excerpt(title, 40)})",
-            limit="title",
-        )
 
 
 def _check_size(what: str, size: int, max_bytes: int) -> None:
@@ -51,7 +40,7 @@ def _check_create(params: api.CreateParams) -> None:
     if len(params.provider) > api.MAX_PROVIDER_CHARS:
         raise InvalidParams(f"Invalid params: unknown provider {excerpt(params.provider)}")
     _check_size("cwd", len(params.cwd.encode()), api.MAX_CWD_BYTES)
-    _check_title(params.title)
+    check_title(params.title)
     for key, value in params.env.items():
         if not key or "=" in key or "\0" in key or "\0" in value:
             raise InvalidParams(
@@ -226,21 +215,6 @@ async def handle_delete(call: Call, params: api.DeleteParams) -> api.DeleteResul
     return api.DeleteResult(session_id=session.id)
 
 
-async def handle_set_options(call: Call, params: capi.SetOptionsParams) -> capi.SetOptionsResult:
-    supervisor = call.app.supervisor
-    session = supervisor.get(params.session_id, params.expected_fence)
-    _check_title(params.title)
-    fields: dict[str, Any] = {}
-    if params.title is not None:
-        fields["title"] = params.title
-    if params.options is not None:
-        fields["options"] = params.options
-    if fields:
-        updated = SessionUpdated(title=params.title, options=params.options)
-        await session.journal.append([updated], **fields)
-    return capi.SetOptionsResult(session=session.info())
-
-
 async def handle_set_title(call: Call, params: capi.SetTitleParams) -> capi.SetOptionsResult:
     return await handle_set_options(
         call,
@@ -257,6 +231,5 @@ HANDLERS: dict[str, Any] = {
     "agentSession.start": handle_start,
     "agentSession.close": handle_close,
     "agentSession.delete": handle_delete,
-    "agentSession.setOptions": handle_set_options,
     "agentSession.setTitle": handle_set_title,
 }

@@ -24,9 +24,19 @@ from typing import Any
 from agentsd.providers.acp_adapter import AcpAdapter
 from agentsd.providers.acp_agents import AcpAgent
 from agentsd.providers.acp_handshake import parse_options
-from agentsd.providers.base import Adapter, LaunchSpec, LineLink, Provider, SessionSink
+from agentsd.providers.base import (
+    Adapter,
+    LaunchSpec,
+    LineLink,
+    OptionSpec,
+    Provider,
+    SessionSink,
+)
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.errors import AgentNotFound
+
+# The session mode changes live (``session/set_mode``); the agent lists its modes.
+OPTION_SPECS = {"mode": OptionSpec(applies_at="now", description="the agent's session mode")}
 
 
 class AcpProvider(Provider):
@@ -54,3 +64,9 @@ class AcpProvider(Provider):
 
     def adapter(self, link: LineLink, sink: SessionSink, session: SessionRow) -> Adapter:
         return AcpAdapter(link, sink, session, self.agent)
+
+    def option_specs(self) -> Mapping[str, OptionSpec]:
+        return OPTION_SPECS
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        parse_options(options)

@@ -62,8 +62,9 @@ from agentsd.providers.base import (
     SessionSink,
     Submission,
 )
-from agentsd.providers.codex_rpc import Call, Garbage, RpcPeer, clip
+from agentsd.providers.codex_rpc import Call, Garbage, RpcPeer, clip, error_message
 from agentsd.store.sessions import SessionRow
+from agentsd_protocol.api.controls import OptionChoice
 from agentsd_protocol.api.events import (
     AgentCommand,
     AgentError,
@@ -74,9 +75,16 @@ from agentsd_protocol.api.events import (
     TurnOutcome,
     TurnStarted,
 )
-from agentsd_protocol.errors import AgentProtocolError, RpcError
+from agentsd_protocol.errors import (
+    AgentNotRunning,
+    AgentProtocolError,
+    InvalidParams,
+    RpcError,
+)
 
 log = logging.getLogger(__name__)
+
+CONTROL_TIMEOUT_S = 10.0  # session/set_mode is answered in milliseconds
 
 METHOD_NOT_FOUND = -32601
 # A stop reason other than cancelled ends the turn as the agent meant it to end.
@@ -365,6 +373,44 @@ class AcpAdapter(Adapter):
             await self._rpc.respond(request.request_id, CANCELLED)
             await self._sink.approval_cancelled(native_id)
         return True
+
+    async def option_choices(self) -> Mapping[str, list[OptionChoice]]:
+        modes = self._opener.modes
+        return {"mode": list(modes)} if modes else {}
+
+    async def apply_options(self, changes: Mapping[str, Any]) -> None:
+        """``session/set_mode``; ``InvalidParams`` with the agent's words when it
+        refuses the mode."""
+        for key, value in changes.items():
+            if key != "mode":
+                raise InvalidParams(f"Invalid params: {key!r} cannot change live")
+            try:
+                call = await self._rpc.request(
+                    "session/set_mode", {"sessionId": self._session_id, "modeId": value}
+                )
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                raise AgentNotRunning(f"{self._agent.display_name} is not running") from None
+            if not await call.wait(CONTROL_TIMEOUT_S):
+                raise AgentProtocolError(
+                    f"{self._agent.display_name} did not answer session/set_mode "
+                    f"within {CONTROL_TIMEOUT_S:g} s"
+                )
+            if call.error is not None:
+                raise InvalidParams(
+                    f"Invalid params: {self._agent.display_name} refused mode {value!r}: "
+                    f"{error_message(call.error)}",
+                    option="mode",
+                )
+            self._opener.mode = str(value)
+
+    async def agent_commands(self) -> list[AgentCommand]:
+        """The slash commands of the agent's last ``available_commands_update``."""
+        return list(self._commands or [])
+
+    async def run_command(self, name: str, args: str | None) -> Dispatch:
+        """A slash command as ACP runs them: a prompt starting ``/NAME``."""
+        text = f"/{name} {args}" if args else f"/{name}"
+        return await self.send(Submission(client_message_id=secrets.token_hex(16), text=text))
 
     async def answer_approval(self, native_id: str, decision: str) -> None:
         """Answer the permission request ``native_id`` with the option ``decision``

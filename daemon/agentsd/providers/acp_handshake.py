@@ -32,6 +32,7 @@ from agentsd.providers.acp_agents import AcpAgent
 from agentsd.providers.base import Resume, SessionSink
 from agentsd.providers.codex_rpc import Call, Garbage, RpcPeer, clip, error_message
 from agentsd.store.sessions import SessionRow
+from agentsd_protocol.api.controls import OptionChoice
 from agentsd_protocol.api.events import AgentWarning, ThreadSuperseded
 from agentsd_protocol.errors import (
     AgentExited,
@@ -102,6 +103,7 @@ class SessionOpener:
     capabilities: dict[str, Any] = attrs.field(factory=dict)
     auth_methods: list[str] = attrs.field(factory=list)
     superseded: ThreadSuperseded | None = None
+    modes: list[OptionChoice] = attrs.field(factory=list)  # what new or load listed
 
     async def call(self, method: str, params: dict[str, Any]) -> Call:
         """A request during the handshake: read (and hand on what comes first)
@@ -232,6 +234,16 @@ class SessionOpener:
         """Put the session in the mode its options name, when it is not in it."""
         modes = session.get("modes")
         current = modes.get("currentModeId") if isinstance(modes, dict) else None
+        listed = modes.get("availableModes") if isinstance(modes, dict) else None
+        self.modes = [
+            OptionChoice(
+                value=m["id"],
+                label=m.get("name") if isinstance(m.get("name"), str) else None,
+                description=m.get("description") if isinstance(m.get("description"), str) else None,
+            )
+            for m in (listed if isinstance(listed, list) else [])
+            if isinstance(m, dict) and isinstance(m.get("id"), str)
+        ] or self.modes
         if self.mode is None or self.mode == current:
             return
         call = await self.call(

@@ -41,9 +41,16 @@ import trio
 from agentsd.providers.programs import Program
 from agentsd.store.journal import bounded_payload
 from agentsd.store.sessions import SessionRow
+from agentsd_protocol.api.controls import AppliesAt, OptionChoice
 from agentsd_protocol.api.conversation import DispatchOutcome
-from agentsd_protocol.api.events import ApprovalOption, BoundedPayload, Event, ThreadSuperseded
-from agentsd_protocol.errors import AgentProtocolError
+from agentsd_protocol.api.events import (
+    AgentCommand,
+    ApprovalOption,
+    BoundedPayload,
+    Event,
+    ThreadSuperseded,
+)
+from agentsd_protocol.errors import AgentProtocolError, InvalidParams, UnknownCommand
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a tool result can be big; a line past this is broken
 MAX_BAD_LINES = 32  # non-frame lines in a row: past this the output is not the protocol
@@ -69,6 +76,19 @@ class Resume:
 
     handle: str
     had_turns: bool
+
+
+@attrs.frozen
+class OptionSpec:
+    """One option a provider has: where a change applies while its agent runs
+    (``applies_at``; ``nextStart`` when it does not run), the values it knows of
+    without asking the agent (``choices``), and whether others are accepted
+    (``open``; a closed option refuses a value outside its choices)."""
+
+    applies_at: AppliesAt
+    choices: tuple[str, ...] | None = None
+    open: bool = True
+    description: str | None = None
 
 
 @attrs.frozen
@@ -222,6 +242,10 @@ class Adapter(abc.ABC):
 
     __slots__ = ()  # a subclass may declare its own: one adapter lives per session
 
+    supports_compact: ClassVar[bool] = False
+    """Whether ``compact`` is the agent's own compaction (else an agent that offers a
+    ``compact`` command runs that, and one that offers none has no compaction)."""
+
     superseded: ThreadSuperseded | None = None
     """Set by ``handshake`` when the provider never saved ``resume.handle`` and a fresh
     conversation took its place (Rule 4); the runner journals it with the new handle."""
@@ -261,6 +285,34 @@ class Adapter(abc.ABC):
     async def answer_approval(self, native_id: str, decision: str) -> None:
         """Deliver a committed approval decision to the agent."""
 
+    # -- conversation controls: an adapter offers what its agent can do -------------
+
+    async def option_choices(self) -> Mapping[str, list[OptionChoice]]:
+        """The values the running agent offers for some options (its models, their
+        efforts), by option key; asked of the agent, within a deadline."""
+        return {}
+
+    async def apply_options(self, changes: Mapping[str, Any]) -> None:
+        """Apply ``changes`` (options whose ``OptionSpec`` applies ``now`` or
+        ``nextTurn``, each set to a value) to the running agent. Raises an
+        ``RpcError`` when the agent refused one; then the caller changes nothing."""
+        if changes:
+            raise InvalidParams(
+                f"Invalid params: this agent cannot change {', '.join(sorted(changes))} live"
+            )
+
+    async def agent_commands(self) -> list[AgentCommand]:
+        """The agent's own slash commands and skills, as its handshake or API lists them."""
+        return []
+
+    async def compact(self) -> Dispatch:
+        """Ask the agent to compact its conversation (a turn of its own)."""
+        raise UnknownCommand("this agent cannot compact its conversation", name="compact")
+
+    async def run_command(self, name: str, args: str | None) -> Dispatch:
+        """Run one of ``agent_commands`` (the caller checked ``name`` is one)."""
+        raise UnknownCommand(f"this agent has no command {name!r}", name=name)
+
 
 class Provider(abc.ABC):
     name: str  # the session's provider name: a class attribute, or per instance (ACP agents)
@@ -277,6 +329,17 @@ class Provider(abc.ABC):
 
     @abc.abstractmethod
     def adapter(self, link: LineLink, sink: SessionSink, session: SessionRow) -> Adapter: ...
+
+    def option_specs(self) -> Mapping[str, OptionSpec] | None:
+        """The options this provider has, by key; None when it does not say (any key
+        is kept, and applies at the next start)."""
+        return None
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """Raise ``InvalidParams`` naming the first option the agent could not start
+        with (the launch checks the same). A provider without declared options
+        checks them only when its agent starts."""
+        return None
 
 
 def journal_payload(data: str | bytes, max_bytes: int) -> BoundedPayload:

@@ -38,8 +38,15 @@ from typing import Any
 
 import attrs
 
-from agentsd.providers.base import Adapter, LaunchSpec, LineLink, Provider, SessionSink
-from agentsd.providers.claude_adapter import MIN_VERSION, ClaudeAdapter
+from agentsd.providers.base import (
+    Adapter,
+    LaunchSpec,
+    LineLink,
+    OptionSpec,
+    Provider,
+    SessionSink,
+)
+from agentsd.providers.claude_adapter import MIN_VERSION, PERMISSION_MODE_FLAGS, ClaudeAdapter
 from agentsd.providers.programs import CLAUDE, find_program
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.errors import AgentNotFound, AgentStartFailed, InvalidParams
@@ -65,8 +72,6 @@ PERMISSION_MODES = (
     "dontAsk",
     "plan",
 )
-# Rule 3: the option's value as the command line spells it for every release.
-PERMISSION_MODE_FLAGS = {"manual": "default"}
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 
 
@@ -158,6 +163,32 @@ KNOWN_OPTIONS = frozenset(
 )
 
 
+# The model and the permission mode change live (control requests ``set_model`` and
+# ``set_permission_mode``); the rest are command-line flags, taken at the next start.
+OPTION_SPECS: dict[str, OptionSpec] = {
+    "model": OptionSpec(applies_at="now", description="the model (an alias or a full name)"),
+    "permissionMode": OptionSpec(
+        applies_at="now",
+        choices=PERMISSION_MODES,
+        open=False,
+        description="what Claude Code may do without asking",
+    ),
+    "effort": OptionSpec(
+        applies_at="nextStart", choices=EFFORTS, open=False, description="reasoning effort"
+    ),
+    **{
+        name: OptionSpec(applies_at="nextStart")
+        for name in (
+            "allowedTools",
+            "disallowedTools",
+            "systemPrompt",
+            "appendSystemPrompt",
+            "maxTurns",
+            "addDirs",
+        )
+    },
+}
+
 # -- the transcript (Rule 2) -----------------------------------------------------------
 
 
@@ -235,3 +266,9 @@ class ClaudeProvider(Provider):
             # wrong id from ever becoming the provider handle.
             raise AgentStartFailed(f"claude for session {session.id} was not launched by agentsd")
         return ClaudeAdapter(link, sink, session_id=launched.session_id, replaces=launched.replaces)
+
+    def option_specs(self) -> Mapping[str, OptionSpec]:
+        return OPTION_SPECS
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        option_flags(options)

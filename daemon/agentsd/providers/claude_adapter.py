@@ -61,6 +61,7 @@ import contextlib
 import itertools
 import logging
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -69,16 +70,20 @@ import trio
 
 from agentsd.providers.base import Adapter, Dispatch, LineLink, Resume, SessionSink, Submission
 from agentsd.providers.claude_events import (
+    call_context_tokens,
     is_auth_retry,
     result_error_text,
     retry_error,
     turn_completed,
+    usage_updated,
 )
 from agentsd.providers.claude_items import Items
 from agentsd.providers.claude_permissions import Permissions
 from agentsd.providers.programs import CLAUDE
 from agentsd.providers.versions import refuse_if_too_old
+from agentsd_protocol.api.controls import OptionChoice
 from agentsd_protocol.api.events import (
+    AgentCommand,
     AgentError,
     ErrorInfo,
     ThreadSuperseded,
@@ -87,14 +92,18 @@ from agentsd_protocol.api.events import (
 )
 from agentsd_protocol.errors import (
     AgentExited,
+    AgentNotRunning,
     AgentProtocolError,
     AgentStartFailed,
+    InvalidParams,
     ResumeFailed,
     RpcError,
 )
 
 log = logging.getLogger(__name__)
 
+# Rule 3 of ``claude``: the permission mode as every release spells it.
+PERMISSION_MODE_FLAGS = {"manual": "default"}
 MIN_VERSION = (2, 0, 0)  # the control protocol, --replay-user-messages, --session-id
 BARRIER = {"subtype": "mcp_status"}  # Rule 4: read-only, answered at once mid-turn
 ACK_TIMEOUT_S = 15.0  # an initialized CLI reports a prompt queued within milliseconds
@@ -136,6 +145,8 @@ class ClaudeAdapter(Adapter):
     wait for, a turn, a control request), and the question ``answer_approval``
     takes out of ``Permissions``."""
 
+    supports_compact = True
+
     def __init__(
         self, link: LineLink, sink: SessionSink, *, session_id: str, replaces: str | None = None
     ) -> None:
@@ -164,6 +175,13 @@ class ClaudeAdapter(Adapter):
         # reports prompts with command_lifecycle (Rule 4).
         self._version: str | None = None
         self._lifecycle = False
+        # From initialize's answer: the models and slash commands it offers.
+        self._models: list[OptionChoice] = []
+        self._commands: list[AgentCommand] = []
+        # Usage: the tokens of every turn since it started, and the size of the
+        # conversation as of the last model call.
+        self._usage_total: dict[str, int] = {}
+        self._context_tokens: int | None = None
 
     @property
     def agent_version(self) -> str | None:
@@ -216,6 +234,7 @@ class ClaudeAdapter(Adapter):
             raise AgentStartFailed(f"claude refused initialize: {control.error}")
         # Rule 5: an answered initialize is the feature that matters; the version,
         # when the release reports it, is checked against the minimum.
+        self._models, self._commands = _offered(_dict(control.response))
         reported = _dict(control.response).get("claude_code_version")
         if isinstance(reported, str) and reported:
             refuse_if_too_old(CLAUDE, reported, MIN_VERSION)
@@ -291,6 +310,9 @@ class ClaudeAdapter(Adapter):
                 # A failed model call's prose comes as a synthetic assistant message;
                 # the turn's result carries it, with its kind.
                 if not frame.get("is_api_error_message"):
+                    context = call_context_tokens(frame.get("message"))
+                    if context is not None:
+                        self._context_tokens = context
                     await self._items.on_assistant(frame, self._turn_id)
             case "user":
                 if frame.get("isReplay"):
@@ -344,12 +366,19 @@ class ClaudeAdapter(Adapter):
         await self._sink.emit(done)
 
     async def send(self, submission: Submission) -> Dispatch:
+        return await self._send(submission, command=False)
+
+    async def _send(self, submission: Submission, *, command: bool) -> Dispatch:
+        """Write a user message. A ``command`` (``/NAME``) is run by the CLI itself:
+        2.1.197 never echoes it as taken up, so it does not wait to be (Rule 2): the
+        turn it runs ends with its result."""
         if self._closed:
             return Dispatch(outcome="rejected", reason="the agent is not running")
         message_uuid = str(uuid.uuid4())
         acked = trio.Event()
         self._acks[message_uuid] = acked
-        self._waiting.add(message_uuid)
+        if not command:
+            self._waiting.add(message_uuid)
         turn_id = self._turn_id
         gate: trio.Event | None = None
         if turn_id is None:
@@ -419,6 +448,10 @@ class ClaudeAdapter(Adapter):
                     AgentError(error_kind="agent_error", message=result_error_text(frame))
                 )
             return
+        if isinstance(frame.get("usage"), dict):
+            await self._sink.emit(
+                usage_updated(frame, turn_id, self._usage_total, self._context_tokens)
+            )
         done = turn_completed(
             frame,
             turn_id,
@@ -488,3 +521,73 @@ class ClaudeAdapter(Adapter):
 
     async def answer_approval(self, native_id: str, decision: str) -> None:
         await self._permissions.answer(native_id, decision)
+
+    # -- conversation controls --------------------------------------------------------
+
+    async def option_choices(self) -> dict[str, list[OptionChoice]]:
+        return {"model": list(self._models)} if self._models else {}
+
+    async def apply_options(self, changes: Mapping[str, Any]) -> None:
+        """``set_model`` and ``set_permission_mode`` control requests, one per change,
+        each answered before the next. Raises ``InvalidParams`` with the CLI's words
+        when it refused one, ``AgentNotRunning`` when it is gone."""
+        for key, value in sorted(changes.items()):
+            match key:
+                case "model":
+                    request = {"subtype": "set_model", "model": value}
+                case "permissionMode":
+                    mode = PERMISSION_MODE_FLAGS.get(value, value)
+                    request = {"subtype": "set_permission_mode", "mode": mode}
+                case _:
+                    raise InvalidParams(f"Invalid params: claude cannot change {key!r} live")
+            try:
+                control = await self._control(request)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                raise AgentNotRunning("claude is not running") from None
+            with trio.move_on_after(CONTROL_TIMEOUT_S):
+                await control.done.wait()
+            if not control.done.is_set():
+                raise AgentProtocolError(
+                    f"claude did not answer {request['subtype']} within {CONTROL_TIMEOUT_S:g} s"
+                )
+            if control.error is not None:
+                raise InvalidParams(
+                    f"Invalid params: claude refused {key} {value!r}: {control.error}", option=key
+                )
+
+    async def agent_commands(self) -> list[AgentCommand]:
+        return list(self._commands)
+
+    async def compact(self) -> Dispatch:
+        """``/compact`` as a prompt: Claude Code runs its slash commands from its input."""
+        return await self.run_command("compact", None)
+
+    async def run_command(self, name: str, args: str | None) -> Dispatch:
+        text = f"/{name} {args}" if args else f"/{name}"
+        submission = Submission(client_message_id=uuid.uuid4().hex, text=text)
+        return await self._send(submission, command=True)
+
+
+def _offered(answer: dict[str, Any]) -> tuple[list[OptionChoice], list[AgentCommand]]:
+    """The models (``value``, ``displayName``, ``description``) and slash commands
+    (``name``, ``description``, ``argumentHint``) of initialize's answer."""
+    models = [
+        OptionChoice(
+            value=m["value"],
+            label=m.get("displayName") if isinstance(m.get("displayName"), str) else None,
+            description=m.get("description") if isinstance(m.get("description"), str) else None,
+            default=m["value"] == "default",
+        )
+        for m in answer.get("models") or []
+        if isinstance(m, dict) and isinstance(m.get("value"), str)
+    ]
+    commands = [
+        AgentCommand(
+            name=c["name"].lstrip("/"),
+            description=c.get("description") if isinstance(c.get("description"), str) else None,
+            hint=c.get("argumentHint") if isinstance(c.get("argumentHint"), str) else None,
+        )
+        for c in answer.get("commands") or []
+        if isinstance(c, dict) and isinstance(c.get("name"), str) and c["name"].strip("/")
+    ]
+    return models, commands

@@ -37,6 +37,13 @@ Frames in (one JSON object per line) and what answers them:
 - ``interrupt {turnId}`` ends the running turn (``message`` with what was streamed,
   then ``outcome: "interrupted"``); with no turn running ``interrupt_result
   {running: false}``.
+- ``set_model {model}`` -> ``model_set {model}``; a prompt ``which model`` is
+  answered with the model's name (``mock-fast`` until one is set).
+- ``command {id, name, args}`` runs a command as a turn of its own (``ack`` and a
+  turn as for a prompt): ``compact`` forgets the conversation's messages but a
+  summary and answers ``Compacted N messages.``; ``greet`` answers ``Hello, ARGS!``.
+  An unknown name -> ``error {message}``. The ``initialized`` frame lists the
+  ``models`` and ``commands``.
 - ``shutdown`` or stdin EOF -> exit 0. Anything else -> ``error {message}``.
 
 Every output line is flushed on its own. Only the main thread writes stdout; a
@@ -63,6 +70,25 @@ _APPROVE = re.compile(r"\bapprove\b", re.IGNORECASE)
 _APPROVAL_COMMAND = "ls -la"
 _ASK = re.compile(r"\bask\b", re.IGNORECASE)
 _QUESTION_OPTIONS = ["Red", "Blue", "decline"]
+# The options this agent reads (the daemon's mock provider declares them).
+OPTION_NAMES = (
+    "ignoreSigterm",
+    "ignoreEof",
+    "hangHandshake",
+    "spawnGrandchild",
+    "holdPipes",
+    "spawnEscapee",
+    "crashAfterS",
+    "floodStdout",
+    "invalidOutput",
+    "chunks",
+    "chunkDelayS",
+    "ackDelayS",
+    "replyText",
+    "stateDir",
+)
+MODELS = ["mock-fast", "mock-deep"]  # the first is the default
+COMMANDS = [{"name": "greet", "description": "Say hello to someone", "hint": "NAME"}]
 
 Frame = dict[str, Any]
 
@@ -139,6 +165,7 @@ class Agent:
         self.turn: Turn | None = None
         self.turns = 0
         self.requests = 0
+        self.model = MODELS[0]
 
     def run(self, inbox: queue.Queue[bytes | None]) -> int:
         while True:
@@ -179,6 +206,10 @@ class Agent:
             self._approval_response(frame)
         elif kind == "interrupt":
             self._interrupt(frame)
+        elif kind == "set_model":
+            self._set_model(frame)
+        elif kind == "command":
+            self._command(frame)
         else:
             self.out.write({"type": "error", "message": f"unknown frame type {kind}"})
 
@@ -206,12 +237,37 @@ class Agent:
                 "agent": "mock",
                 "version": 1,
                 "history": len(self.messages),
+                "models": MODELS,
+                "commands": COMMANDS,
             }
         )
         if self.options.invalid_output:
             self.out.write_line("this line is not JSON {")
 
-    def _prompt(self, frame: Frame) -> None:
+    def _set_model(self, frame: Frame) -> None:
+        model = frame.get("model")
+        if model not in MODELS:
+            self.out.write({"type": "error", "message": f"unknown model {model!r}"})
+            return
+        self.model = model
+        self.out.write({"type": "model_set", "model": model})
+
+    def _command(self, frame: Frame) -> None:
+        name, args = frame.get("name"), frame.get("args")
+        if self.handle is None or self.turn is not None:
+            self.out.write({"type": "error", "message": "a command needs an idle conversation"})
+            return
+        if name == "compact":
+            reply = f"Compacted {len(self.messages)} messages."
+            self.messages = [{"role": "summary", "text": reply}]
+        elif name == "greet":
+            reply = f"Hello, {args or 'world'}!"
+        else:
+            self.out.write({"type": "error", "message": f"unknown command {name!r}"})
+            return
+        self._prompt({"id": frame.get("id"), "text": f"echo {reply}"}, record=False)
+
+    def _prompt(self, frame: Frame, *, record: bool = True) -> None:
         text = frame.get("text")
         if self.handle is None:
             self.out.write({"type": "error", "message": "prompt before initialize"})
@@ -221,7 +277,8 @@ class Agent:
             return
         if self.options.ack_delay_s:
             time.sleep(self.options.ack_delay_s)
-        self.messages.append({"role": "user", "text": text})
+        if record:
+            self.messages.append({"role": "user", "text": text})
         turn = self.turn
         steering = turn is not None
         if turn is None:
@@ -270,6 +327,8 @@ class Agent:
         self._maybe_finish()
 
     def _reply_for(self, text: str) -> str:
+        if text.strip().lower() == "which model":
+            return f"I am {self.model}."
         return text[len("echo ") :] if text.startswith("echo ") else self.options.reply_text
 
     def _approval_response(self, frame: Frame) -> None:

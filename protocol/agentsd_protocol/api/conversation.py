@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from agentsd_protocol.api.base import MutationParams, Result
+from agentsd_protocol.api.controls import AppliesAt
 from agentsd_protocol.api.session import SessionInfo
 
 DispatchOutcome = Literal["accepted", "rejected", "unknown"]
@@ -95,9 +96,16 @@ class RespondResult(Result, frozen=True, kw_only=True):
 
 
 class SetOptionsParams(MutationParams, frozen=True, kw_only=True):
+    """``options`` replaces the session's options; ``changes`` sets the keys it
+    names over them (a null value unsets one). Each changed option applies as live
+    as the provider allows (``agentSession.options``); an unknown key or a value
+    outside an option's closed choices is refused (``unknown_option``) and then
+    nothing changed."""
+
     session_id: str
     title: str | None = None
-    options: dict[str, Any] | None = None  # replaces the options; used at the next start
+    options: dict[str, Any] | None = None
+    changes: dict[str, Any] | None = None
 
 
 class SetTitleParams(MutationParams, frozen=True, kw_only=True):
@@ -106,4 +114,8 @@ class SetTitleParams(MutationParams, frozen=True, kw_only=True):
 
 
 class SetOptionsResult(Result, frozen=True, kw_only=True):
+    """``applies_at``: where each changed option applies (``now``, ``nextTurn``,
+    ``nextStart``: ``agentsd_protocol.api.controls``)."""
+
     session: SessionInfo
+    applies_at: dict[str, AppliesAt] = {}

@@ -428,6 +428,23 @@ class CommandsUpdated(EventStruct, tag="commands.updated", frozen=True, kw_only=
     commands: list[AgentCommand] = []
 
 
+class CommandRun(EventStruct, tag="command.run", frozen=True, kw_only=True):
+    """A client ran command ``name`` (``agentSession.command``): agentsd's own
+    (``compact``, ``clear``) or one of the agent's slash commands, with ``args``."""
+
+    name: str
+    args: str | None = None
+    operation_id: str | None = None  # the command's clientOperationId
+
+
+class ConversationCleared(EventStruct, tag="conversation.cleared", frozen=True, kw_only=True):
+    """The marker of ``clear``: the provider conversation ``previous_handle`` ended
+    here and the agent starts blank; the next ``child.ready`` carries the fresh
+    conversation's handle. The journal before it stays readable."""
+
+    previous_handle: str | None = None
+
+
 class ThreadStatus(EventStruct, tag="thread.status", frozen=True, kw_only=True):
     """The agent's own thread status (Codex), journaled when it changes."""
 
@@ -469,6 +486,8 @@ Event = (
     | SessionAcknowledged
     | AgentRequest
     | CommandsUpdated
+    | CommandRun
+    | ConversationCleared
 )
 """Every event the daemon writes."""
 

@@ -96,6 +96,22 @@ class SessionLimits(Result, frozen=True, kw_only=True):
     cpu_max: float | None = None  # CPUs (1.5: one and a half), cgroup cpu.max
 
 
+class TokenUsage(Result, frozen=True, kw_only=True):
+    """Tokens of the session's current provider conversation, as far as its agent
+    reports them (None: not reported). ``turn_tokens``: the last turn's;
+    ``total_tokens``: every turn's since the conversation began (Codex) or since its
+    agent last started (Claude Code reports per turn); ``context_tokens``: what the
+    conversation holds now, of ``context_window``, leaving ``context_left``."""
+
+    turn_tokens: int | None = None
+    total_tokens: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    context_window: int | None = None
+    context_tokens: int | None = None
+    context_left: int | None = None
+
+
 class SessionInfo(Result, frozen=True, kw_only=True):
     session_id: str
     provider: str
@@ -119,6 +135,7 @@ class SessionInfo(Result, frozen=True, kw_only=True):
     resources: Resources | None = None  # while its agent runs (see `Resources`)
     limits: SessionLimits | None = None  # its own limits, if it was given any
     created_by: str | None = None  # the session whose agent created it; None: the user
+    tokens: TokenUsage | None = None  # once its agent reported usage
 
 
 class CreateParams(MutationParams, frozen=True, kw_only=True):

@@ -16,7 +16,7 @@ from agentsd_protocol.api.events import (
     encode_body,
     kind_of,
 )
-from agentsd_protocol.api.session import Phase, Resources, Status
+from agentsd_protocol.api.session import Phase, Resources, Status, TokenUsage
 
 
 class JournalEvent(Result, frozen=True, kw_only=True):
@@ -118,6 +118,7 @@ class SessionStatus(Result, frozen=True, kw_only=True):
     last_reply: str | None = None
     model: str | None = None
     usage: dict[str, Any] | None = None  # the agent's token counts, passed through
+    tokens: TokenUsage | None = None  # the same, read: per turn, in all, context left
     updated_at: float = 0.0
     unseen: bool = False
     acknowledged_seq: int = 0
