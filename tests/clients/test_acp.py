@@ -37,7 +37,7 @@ from agentsctl.acp.turns import (
     Interrupt,
     TurnTracker,
 )
-from agentsctl.acp.updates import UpdateTranslator, approval_tool_call
+from agentsctl.acp.updates import UpdateTranslator
 from agentsctl.async_client import open_client
 from agentsctl.client import Client
 from agentsd_protocol import methods
@@ -186,13 +186,9 @@ def test_reasoning_is_a_thought_chunk() -> None:
 
 
 def test_a_tool_item_is_announced_once_then_updated() -> None:
-    translator = UpdateTranslator()
+    translator = UpdateTranslator(cwd="/w")
     started = ev(
-        "item.started",
-        itemId="c1",
-        turnId="t",
-        type="commandExecution",
-        input={"command": ["ls", "-la"]},
+        "item.started", itemId="c1", turnId="t", type="commandExecution", command="ls -la", cwd="/w"
     )
     assert wire(translator.event(started)) == [
         {
@@ -201,17 +197,28 @@ def test_a_tool_item_is_announced_once_then_updated() -> None:
             "title": "ls -la",
             "kind": "execute",
             "status": "in_progress",
-            "rawInput": {"command": ["ls", "-la"]},
+            "rawInput": {"command": "ls -la", "cwd": "/w"},
         }
     ]
-    done = ev("item.completed", itemId="c1", turnId="t", type="commandExecution", text="a\nb")
+    output = {"text": "a\nb", "byteLength": 3, "truncated": False}
+    done = ev(
+        "item.completed",
+        itemId="c1",
+        turnId="t",
+        type="commandExecution",
+        command="ls -la",
+        cwd="/w",
+        status="completed",
+        exitCode=0,
+        output=output,
+    )
     assert wire(translator.event(done)) == [
         {
             "sessionUpdate": "tool_call_update",
             "toolCallId": "c1",
             "status": "completed",
             "content": [{"type": "content", "content": {"type": "text", "text": "a\nb"}}],
-            "rawOutput": {"text": "a\nb"},
+            "rawOutput": {"status": "completed", "exitCode": 0, "output": "a\nb"},
         }
     ]
 
@@ -232,7 +239,7 @@ def test_a_tool_item_seen_only_completed_is_one_tool_call_with_its_status() -> N
     body = {"name": "shell", "input": {"command": "rm -rf /"}, "status": "declined"}
     [update] = translator.event(ev("item.completed", itemId="x", type="toolCall", **body))
     assert isinstance(update, acp.ToolCall)
-    assert (update.title, update.kind, update.status) == ("shell: rm -rf /", "execute", "failed")
+    assert (update.title, update.kind, update.status) == ("rm -rf /", "execute", "failed")
 
 
 def test_an_unfinished_tool_call_fails_when_its_turn_is_interrupted() -> None:
@@ -343,7 +350,7 @@ def test_an_approval_naming_its_item_is_that_items_tool_call() -> None:
     assert (updates[-1]["kind"], updates[-1]["rawInput"]) == ("execute", {"command": "ls -la"})
     event = requested.event()
     assert isinstance(event, ApprovalRequested)
-    assert approval_tool_call(event).tool_call_id == "t1-tool"
+    assert translator.permission_tool_call(event).tool_call_id == "t1-tool"
 
 
 def test_a_tool_announced_before_its_approval_waits_pending_then_runs() -> None:
