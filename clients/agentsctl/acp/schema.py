@@ -248,7 +248,7 @@ PlanEntryStatus = Literal["pending", "in_progress", "completed"]
 
 class PlanEntry(Outbound, frozen=True, kw_only=True):
     content: str
-    priority: Literal["high", "medium", "low"] = "medium"
+    priority: Literal["high", "medium", "low"]  # required by ACP: sent always
     status: PlanEntryStatus
 
 

@@ -136,6 +136,7 @@ def todo_plan(item: ItemFields) -> list[acp.PlanEntry] | None:
     return [
         acp.PlanEntry(
             content=str(todo.get("content") or todo.get("activeForm") or ""),
+            priority="medium",
             status=_PLAN_STATUSES.get(str(todo.get("status")), "pending"),
         )
         for todo in todos
@@ -146,7 +147,11 @@ def todo_plan(item: ItemFields) -> list[acp.PlanEntry] | None:
 def plan_entries(steps: list[tuple[str | None, str | None]]) -> list[acp.PlanEntry]:
     """A Codex plan's steps (text, status) as ACP plan entries."""
     return [
-        acp.PlanEntry(content=step or "", status=_PLAN_STATUSES.get(status or "", "pending"))
+        acp.PlanEntry(
+            content=step or "",
+            priority="medium",
+            status=_PLAN_STATUSES.get(status or "", "pending"),
+        )
         for step, status in steps
     ]
 
