@@ -903,3 +903,73 @@ def test_the_typescript_acp_sdk_reviews_codex_claude_and_plans(
     elif provider == "claude":
         check_journals(review, {"codexSession": None, "claudeSession": report["session"]})
         assert (cwd / "hi.txt").read_text() == "hi\n"
+
+
+@pytest.mark.parametrize("provider", ["codex", "claude"])
+def test_mcp_servers_from_the_editor_reach_the_agent_and_its_resumes(
+    review: Review, provider: str
+) -> None:
+    """A stdio MCP server given at session/new is started by the agent (its command
+    leaves a line in a marker file), is recorded with the session, and is started
+    again when the session resumes after a close."""
+    from acp import text_block
+    from acp.schema import EnvVariable, McpServerStdio
+    from acp.stdio import spawn_agent_process
+
+    cwd = review.workdir(f"mcp-{provider}")
+    marker = cwd / "mcp-started"
+    server = McpServerStdio(
+        name="probe",
+        command="/bin/sh",
+        args=["-c", f'echo "$PROBE" >> {marker}'],
+        env=[EnvVariable(name="PROBE", value=provider)],
+    )
+    if provider == "codex":
+        review.openai.script(OpenAIText("one"), OpenAIText("two"))
+    else:
+        review.anthropic.script(TextReply("one"), TextReply("two"))
+
+    async def until_lines(count: int) -> None:
+        # A file another process writes: there is no event to wait on but the file.
+        while not marker.exists() or len(marker.read_text().splitlines()) < count:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+    async def run() -> str:
+        editor = PyEditor()
+        async with spawn_agent_process(
+            lambda agent: editor,  # type: ignore[arg-type,return-value]
+            sys.executable,
+            *["-m", "agentsctl.cli", "--socket", str(review.daemon.socket), "--no-start"],
+            *["acp", "--provider", provider],
+        ) as (conn, _process):
+            initialized = await conn.initialize(protocol_version=1)
+            capabilities = initialized.agent_capabilities
+            assert capabilities is not None and capabilities.mcp_capabilities is not None
+            assert capabilities.mcp_capabilities.http is True
+            session_id = (await conn.new_session(cwd=str(cwd), mcp_servers=[server])).session_id
+            prompted = await conn.prompt(session_id=session_id, prompt=[text_block("hi")])
+            assert prompted.stop_reason == "end_turn"
+            await until_lines(1)
+            with Client(review.daemon.socket) as client:
+                client.call("agentSession.close", {"sessionId": session_id})
+            prompted = await conn.prompt(session_id=session_id, prompt=[text_block("again")])
+            assert prompted.stop_reason == "end_turn"
+            await until_lines(2)
+            return session_id
+
+    async def bounded() -> str:
+        async with asyncio.timeout(SDK_TIMEOUT_S):
+            return await run()
+
+    session_id = asyncio.run(bounded())
+    assert marker.read_text().splitlines()[:2] == [provider, provider]
+    with Client(review.daemon.socket) as client:
+        options = client.call("agentSession.get", {"sessionId": session_id})["session"]["options"]
+    assert options["mcpServers"] == [
+        {
+            "name": "probe",
+            "command": "/bin/sh",
+            "args": ["-c", f'echo "$PROBE" >> {marker}'],
+            "env": [{"name": "PROBE", "value": provider}],
+        }
+    ]

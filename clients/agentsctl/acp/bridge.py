@@ -27,6 +27,16 @@ prompt goes on.
 Rule 4: ``initialize`` comes first: a session method before it is refused
 (``-32600``). The bridge speaks ACP version 1 and answers 1 whatever is asked, as
 ACP's negotiation says (the editor decides whether to go on).
+
+Rule 5: the MCP servers an editor gives ``session/new`` become the new session's
+``mcpServers`` option (ACP's shape, passed on by the provider), so a resumed
+session, from any client, keeps them. ``session/load`` and ``session/resume`` keep
+the servers the session was created with; so does ``--session`` (its options are
+the ones it has).
+
+Rule 6: a prompt is text until the daemon takes content blocks: an embedded text
+resource is inlined as ``<context uri="...">`` with its contents, a resource link
+becomes a Markdown link the agent can open, a binary resource is named by its URI.
 """
 
 from __future__ import annotations
@@ -439,6 +449,12 @@ class Bridge:
             agent_capabilities=acp.AgentCapabilities(
                 load_session=True,
                 prompt_capabilities=acp.PromptCapabilities(embedded_context=True),
+                # What the providers pass on (``agentsd.providers.mcp_servers``):
+                # Codex speaks stdio and HTTP, Claude Code SSE too; ACP agents, stdio.
+                mcp_capabilities=acp.McpCapabilities(
+                    http=self.config.provider in ("codex", "claude"),
+                    sse=self.config.provider == "claude",
+                ),
                 session_capabilities=acp.SessionCapabilities(list={}, resume={}),
             ),
             agent_info=acp.Implementation(
@@ -456,11 +472,15 @@ class Bridge:
         else:
             operation_id = uuid.uuid4().hex
             cwd = config.cwd or params.cwd
+            options = dict(config.options)
+            if params.mcp_servers:
+                # Kept with the session's options: every start and resume gets them.
+                options["mcpServers"] = params.mcp_servers
             create = s.CreateParams(
                 provider=config.provider,
                 cwd=cwd,
                 title=config.title,
-                options=config.options,
+                options=options,
                 client_operation_id=operation_id,
             )
             created = await self.client.retrying(lambda: self.client.call(methods.CREATE, create))

@@ -70,6 +70,7 @@ from agentsd.providers.base import (
     Submission,
 )
 from agentsd.providers.codex_rpc import Call, Garbage, RpcPeer, clip, error_message
+from agentsd.providers.mcp_servers import acp_servers, parse_mcp_servers
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.api.events import (
     AgentCommand,
@@ -97,7 +98,7 @@ log = logging.getLogger(__name__)
 PROTOCOL_VERSION = 1  # the ACP version agentsd speaks
 METHOD_NOT_FOUND = -32601
 AUTH_REQUIRED = -32000  # ACP's error for a session that needs ``authenticate`` first
-OPTION_NAMES = ("mode",)
+OPTION_NAMES = ("mode", "mcpServers")
 # A stop reason other than cancelled ends the turn as the agent meant it to end.
 STOP_REASONS: Mapping[str, TurnOutcome] = {
     "end_turn": "completed",
@@ -121,6 +122,7 @@ def parse_options(options: Mapping[str, Any]) -> str | None:
     mode = options.get("mode")
     if mode is not None and not isinstance(mode, str):
         raise InvalidParams("Invalid params: ACP agent option 'mode' must be a string")
+    parse_mcp_servers(options.get("mcpServers", []))
     return mode
 
 
@@ -268,7 +270,8 @@ class AcpAdapter(Adapter):
         return self._session_id or ""
 
     def _session_params(self) -> dict[str, Any]:
-        return {"cwd": self._session.cwd, "mcpServers": []}
+        servers = parse_mcp_servers(self._session.options.get("mcpServers", []))
+        return {"cwd": self._session.cwd, "mcpServers": acp_servers(servers)}
 
     async def _new_session(self) -> dict[str, Any]:
         call = await self._handshake_call("session/new", self._session_params())

@@ -40,6 +40,7 @@ import attrs
 
 from agentsd.providers.base import Adapter, LaunchSpec, LineLink, Provider, SessionSink
 from agentsd.providers.claude_adapter import MIN_VERSION, ClaudeAdapter
+from agentsd.providers.mcp_servers import claude_mcp_config, parse_mcp_servers
 from agentsd.providers.programs import CLAUDE, find_program
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.errors import AgentNotFound, AgentStartFailed, InvalidParams
@@ -134,6 +135,10 @@ def option_flags(options: Mapping[str, Any]) -> list[str]:
             case "addDirs":
                 for directory in _strings(name, value):
                     flags += ["--add-dir", directory]
+            case "mcpServers":
+                servers = parse_mcp_servers(value)
+                if servers:
+                    flags += ["--mcp-config", claude_mcp_config(servers)]
             case _:
                 raise InvalidParams(
                     f"Invalid params: unknown claude option {name!r} (known: "
@@ -154,6 +159,7 @@ KNOWN_OPTIONS = frozenset(
         "appendSystemPrompt",
         "maxTurns",
         "addDirs",
+        "mcpServers",
     }
 )
 
