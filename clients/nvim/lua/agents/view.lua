@@ -81,7 +81,8 @@ end
 
 ---@return string|nil
 local function key_hint()
-  local keys = describe_keys({ 'accept', 'decline', 'choose', 'send', 'interrupt', 'close' })
+  local keys =
+    describe_keys({ 'accept', 'decline', 'choose', 'send', 'prompt', 'diff', 'interrupt', 'close' })
   return keys and ('keys: ' .. keys)
 end
 
@@ -194,6 +195,8 @@ local ACTIONS = {
   send = { 'Send a prompt', 'prompt_send' },
   interrupt = { 'Interrupt the turn', 'interrupt' },
   close = { 'Close the window', 'close_window' },
+  diff = { 'Review the edit in a diff', 'review_diff' },
+  prompt = { 'Open the prompt buffer', 'open_prompt' },
 }
 
 ---@param buf integer
@@ -382,6 +385,50 @@ function View:choose()
       require('agents').respond(self.session_id, entry.approval_id, choice)
     end
   end)
+end
+
+--- Review the edit of the tool entry under the cursor: a new tab with its old and
+--- new text side by side in diff mode (scratch buffers; the file is not touched).
+--- An item with several edits shows them one after another in both buffers.
+---@return boolean shown
+function View:review_diff()
+  local line = vim.api.nvim_win_get_cursor(0)[1] - 1
+  local entry = self.transcript:entry_at(line)
+  local edits = entry and entry.kind == 'tool' and require('agents.render').edits(entry.body)
+    or {}
+  if #edits == 0 then
+    vim.notify('agents: no edit under the cursor', vim.log.levels.INFO)
+    return false
+  end
+  local old, new, paths = {}, {}, {}
+  for _, e in ipairs(edits) do
+    -- A file's last newline ends its last line; it is not a line of its own.
+    vim.list_extend(old, vim.split((e.old or ''):gsub('\n$', ''), '\n', { plain = true }))
+    vim.list_extend(new, vim.split((e.new:gsub('\n$', '')), '\n', { plain = true }))
+    paths[e.path] = true
+  end
+  local name = table.concat(vim.tbl_keys(paths), ', ')
+  local item = tostring(entry.body.itemId or entry.index)
+  vim.cmd('tabnew')
+  local function side(lines, label)
+    local buf = vim.api.nvim_get_current_buf()
+    vim.bo[buf].buftype = 'nofile'
+    vim.bo[buf].bufhidden = 'wipe'
+    vim.bo[buf].swapfile = false
+    vim.api.nvim_buf_set_lines(buf, 0, -1, false, lines)
+    vim.bo[buf].modifiable = false
+    pcall(vim.api.nvim_buf_set_name, buf, 'agents-diff://' .. item .. '/' .. label)
+    vim.b[buf].agents_diff_path = name
+    vim.cmd('diffthis')
+  end
+  side(old, 'before')
+  vim.cmd('vertical rightbelow new')
+  side(new, 'after')
+  return true
+end
+
+function View:open_prompt()
+  require('agents.prompt').open(self.session_id)
 end
 
 function View:prompt_send()
