@@ -39,9 +39,10 @@ from agentsctl.acp.turns import (
 )
 from agentsctl.acp.updates import UpdateTranslator
 from agentsctl.async_client import open_client
+from agentsctl.async_client.follow import Watch
 from agentsctl.client import Client
 from agentsd_protocol import methods
-from agentsd_protocol.api.conversation import RespondParams
+from agentsd_protocol.api.conversation import RespondParams, SendParams
 from agentsd_protocol.api.events import ApprovalRequested
 from agentsd_protocol.api.session import GetParams
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
@@ -1097,3 +1098,37 @@ async def test_an_editor_drives_an_acp_agent_through_the_bridge(
         with Client(acp_agent_daemon.socket) as client:
             info = client.call("agentSession.get", {"sessionId": session_id})["session"]
             assert info["provider"] == "testacp"
+
+
+async def test_what_the_editor_was_shown_is_seen(daemon: DaemonProcess) -> None:
+    """A turn's end sent to the editor acknowledges the session (no longer unseen);
+    one that finished while no editor followed is unseen until a session/load
+    replays it (bridge Rule 7). The other client watches the summaries."""
+
+    async def until(watch: Watch, session_id: str, *, seen: bool, after_turns: int) -> None:
+        async for note in watch:
+            status = note.session
+            if (
+                status.session_id == session_id
+                and status.outcome == "completed"
+                and status.unseen is not seen
+                and status.head_seq >= after_turns
+            ):
+                return
+
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with open_client(daemon.socket) as other, other.watch() as watch:
+            async with bridge(daemon.socket) as editor:
+                new = await editor.call("session/new", {"cwd": "/tmp", "mcpServers": []})
+                session_id = new["sessionId"]
+                params = {"sessionId": session_id, "prompt": [{"type": "text", "text": "hi"}]}
+                assert await editor.call("session/prompt", params) == {"stopReason": "end_turn"}
+                await until(watch, session_id, seen=True, after_turns=0)
+            sent = await other.call(
+                methods.SEND, SendParams(session_id=session_id, text="hello while away")
+            )
+            await until(watch, session_id, seen=False, after_turns=sent.seq)
+            async with bridge(daemon.socket) as second:
+                load = {"sessionId": session_id, "cwd": "/tmp", "mcpServers": []}
+                assert await second.call("session/load", load) == {}
+                await until(watch, session_id, seen=True, after_turns=sent.seq)

@@ -636,3 +636,28 @@ def test_nvim_reviews_a_codex_edit_in_a_diff(nvim: Nvim, base: Path) -> None:
             assert after["lines"] == ["two", "THREE", "four"]
             assert before["name"].endswith(f"{edit['itemId']}/before")
             assert (work / "a.py").read_text() == "one\ntwo\nTHREE\nfour\n"
+
+
+def test_nvim_marks_seen_what_a_window_shows(nvim: Nvim) -> None:
+    """A session finishing a turn in a window is seen; one finishing hidden stays
+    unseen (for every client) until its buffer is shown."""
+    with running_daemon() as daemon, Client(daemon.socket) as other:
+        nvim.h("setup", str(daemon.socket))
+        hidden = nvim.h("new_session", "mock", {}, WAIT_MS)
+        shown = nvim.h("new_session", "mock", {}, WAIT_MS)  # replaces hidden in the window
+        watch(other, hidden)
+        watch(other, shown)
+        for session_id in (hidden, shown):
+            other.call("agentSession.send", {"sessionId": session_id, "text": "echo done"})
+        events_until(other, turn_completed)
+        events_until(other, turn_completed)
+        nvim.h("wait_unseen", hidden, True, WAIT_MS)
+        nvim.h("wait_unseen", shown, False, WAIT_MS)
+        assert nvim.h("wait_statusline", "^agents: idle | 1 unseen$", WAIT_MS)
+        states = {s["sessionId"]: s for s in other.call("agentSession.watch", {})["sessions"]}
+        assert states[hidden]["unseen"] is True
+        assert states[shown]["unseen"] is False
+        nvim.h("cmd", f"AgentsAttach {hidden}")
+        nvim.h("wait_statusline", "^agents: idle$", WAIT_MS)
+        states = {s["sessionId"]: s for s in other.call("agentSession.watch", {})["sessions"]}
+        assert not states[hidden]["unseen"] and not states[shown]["unseen"]

@@ -34,6 +34,12 @@ session, from any client, keeps them. ``session/load`` and ``session/resume`` ke
 the servers the session was created with; so does ``--session`` (its options are
 the ones it has).
 
+Rule 7: what the editor was shown, the user has seen: once a binding has sent the
+editor a turn's end or an approval (or the history a ``session/load`` replayed),
+it acknowledges the session up to there (``agentSession.acknowledge``), so status
+bars stop flagging it unseen. One acknowledgement is in flight at a time; a
+failed one is only logged (the next one covers it).
+
 Rule 6: a prompt is text until the daemon takes content blocks: an embedded text
 resource is inlined as ``<context uri="...">`` with its contents, a resource link
 becomes a Markdown link the agent can open, a binary resource is named by its URI.
@@ -73,6 +79,7 @@ from agentsctl.acp.updates import UpdateTranslator
 from agentsctl.async_client import AsyncClient, Subscription
 from agentsctl.daemon import DaemonUnreachable
 from agentsd_protocol import methods
+from agentsd_protocol.api import attention as at
 from agentsd_protocol.api import conversation as c
 from agentsd_protocol.api import session as s
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
@@ -93,6 +100,8 @@ P = TypeVar("P")
 
 AGENT_NAME = "agentsd"
 PERMISSION_CANCEL_GRACE_S = 5.0  # after $/cancel_request, how long the editor may take to answer
+# What makes a session "unseen" in status bars; the editor was shown it (Rule 7).
+_ATTENTION_KINDS = frozenset({"turn.completed", "approval.requested"})
 _NOT_FOUND = (SessionNotFound, ApprovalNotFound)
 _BAD_PARAMS = (InvalidParams, CwdNotFound, CwdNotDirectory, UnknownProvider)
 
@@ -158,6 +167,9 @@ class Binding:
         self._waiters: dict[str, trio.Event] = {}
         self._permissions: dict[str, _Permission] = {}
         self.failure: AcpError | None = None
+        self._shown_seq = 0  # the last attention event the editor was sent (Rule 7)
+        self._acked_seq = 0
+        self._acking = False
 
     # -- the subscription ---------------------------------------------------------------
 
@@ -185,6 +197,29 @@ class Binding:
         if not self.caught_up.is_set() and (events.last_seq or 0) >= self._catch_up_seq:
             self.caught_up.set()
             self._ask_pending()
+            if self._catch_up_seq:  # a replay: the editor has been shown the history
+                self._shown(self._catch_up_seq)
+
+    def _shown(self, seq: int) -> None:
+        """The editor was shown the session up to ``seq`` (Rule 7)."""
+        self._shown_seq = max(self._shown_seq, seq)
+        if not self._acking and self._shown_seq > self._acked_seq:
+            self._acking = True
+            self._bridge.nursery.start_soon(self._acknowledge)
+
+    async def _acknowledge(self) -> None:
+        try:
+            while self._shown_seq > self._acked_seq:
+                seq = self._shown_seq
+                try:
+                    params = at.AcknowledgeParams(session_id=self.session_id, seq=seq)
+                    await self._client.call(methods.ACKNOWLEDGE, params)
+                except (RpcError, DaemonUnreachable) as exc:
+                    log.warning("acknowledging session %s failed: %s", self.session_id, exc)
+                    return
+                self._acked_seq = seq
+        finally:
+            self._acking = False
 
     async def _handle(self, item: JournalEvent | DeltaNotification) -> None:
         if isinstance(item, DeltaNotification):
@@ -196,6 +231,12 @@ class Binding:
         for update in updates:
             notification = acp.SessionNotification(session_id=self.session_id, update=update)
             await self._peer.notify("session/update", notification)
+        if (
+            isinstance(item, JournalEvent)
+            and item.kind in _ATTENTION_KINDS
+            and self.caught_up.is_set()
+        ):
+            self._shown(item.seq)
         for action in actions:
             self._act(action)
 

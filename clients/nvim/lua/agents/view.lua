@@ -5,6 +5,9 @@
 --- shows it again. A view owns a `agents.follow` (the subscription) and an
 --- `agents.transcript` (the lines); it renders at most every `RENDER_DELAY_MS`.
 ---
+--- A buffer shown in a window acknowledges what it shows (`agentSession.acknowledge`):
+--- the user has seen it, so status bars stop flagging the session unseen.
+---
 --- The last line carries a status as virtual text (working, approval pending,
 --- reconnecting, session deleted); it is not part of the transcript.
 ---
@@ -23,6 +26,7 @@ local transcript = require('agents.transcript')
 local M = {}
 
 local RENDER_DELAY_MS = 15 -- coalesces a burst of deltas into one redraw
+local ACK_DELAY_MS = 300 -- coalesces acknowledgements of a streaming session into one
 local NAMESPACE = vim.api.nvim_create_namespace('agents')
 
 ---@type table<string, agents.View>
@@ -233,6 +237,7 @@ function View:show(how)
   vim.wo.wrap = true
   vim.wo.linebreak = true
   self:follow_cursor(vim.api.nvim_get_current_win())
+  self:acknowledge()
 end
 
 function View:close_window()
@@ -283,6 +288,35 @@ function View:render()
     end
   end
   self:render_status()
+  self:acknowledge()
+end
+
+--- The user sees what a window shows: record it (`agentSession.acknowledge`, up to
+--- the last event shown), so the session is not flagged unseen for what they saw.
+--- A hidden buffer acknowledges nothing. At most one request per `ACK_DELAY_MS`.
+function View:acknowledge()
+  local seq = self.follow and self.follow.last_seq or 0
+  if self.ended or self.ack_pending or seq <= (self.acked_seq or 0) then
+    return
+  end
+  if #vim.fn.win_findbuf(self.buf) == 0 then
+    return
+  end
+  self.ack_pending = true
+  vim.defer_fn(function()
+    self.ack_pending = false
+    local upto = self.follow and self.follow.last_seq or seq
+    if self.ended or #vim.fn.win_findbuf(self.buf) == 0 then
+      return
+    end
+    self.acked_seq = upto
+    local params = { sessionId = self.session_id, seq = upto }
+    require('agents').client():request('agentSession.acknowledge', params, function(err)
+      if err then
+        self.acked_seq = 0 -- say it again with the next render
+      end
+    end)
+  end, ACK_DELAY_MS)
 end
 
 --- One line saying what the session is doing now.

@@ -400,6 +400,16 @@ function M.wait_streaming(session_id, timeout_ms)
   end, 'a reply streaming', session_id)
 end
 
+--- Wait until the status summary of `session_id` shows a completed turn and says
+--- `unseen` is `want`.
+function M.wait_unseen(session_id, want, timeout_ms)
+  wait(timeout_ms, function()
+    require('agents').statusline() -- starts the watch
+    local summary = require('agents.status').sessions[session_id]
+    return summary ~= nil and summary.outcome == 'completed' and summary.unseen == want
+  end, 'unseen = ' .. tostring(want) .. ' for ' .. session_id, session_id)
+end
+
 --- Wait until the current buffer shows session `session_id`.
 function M.wait_current_session(session_id, timeout_ms)
   wait(timeout_ms, function()
