@@ -384,6 +384,23 @@ def test_usage_and_titles_reach_the_editor() -> None:
     ]
 
 
+def test_an_mcp_tool_is_named_by_server_and_tool_and_shows_its_text() -> None:
+    item = {
+        "id": "m",
+        "type": "mcpToolCall",
+        "server": "docs",
+        "tool": "search",
+        "arguments": {"q": "trio"},
+        "status": "completed",
+        "result": {"content": [{"type": "text", "text": "3 hits"}], "structuredContent": None},
+    }
+    done = codex_events.item_completed({"turnId": "t", "item": item})
+    [call] = msgspec.to_builtins(UpdateTranslator().event(as_journal_event(done)))
+    assert (call["title"], call["kind"], call["status"]) == ("docs: search", "other", "completed")
+    assert call["rawInput"] == {"server": "docs", "tool": "search", "arguments": {"q": "trio"}}
+    assert call["content"] == [{"type": "content", "content": {"type": "text", "text": "3 hits"}}]
+
+
 def test_long_output_is_bounded_and_says_so() -> None:
     journal = codex_journal([("command", ("yes", "y\n" * 100_000, None))])
     done = [u for u in shown(journal.stream(deltas=False)) if "toolCallId" in u][-1]

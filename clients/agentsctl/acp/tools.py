@@ -106,7 +106,20 @@ def describe(item: ItemFields, cwd: str | None = None) -> ToolView:
 
 def output_content(item: ItemFields) -> list[acp.ToolContent]:
     """The tool's output as text content: a command's output, a tool's result or its
-    error (Rule 3); none when it reported nothing."""
+    error (Rule 3); none when it reported nothing. An MCP tool's result is its text
+    blocks, as the tool wrote them."""
+    if item.type == "mcpToolCall" and item.result is not None:
+        result = _json(item.result)
+        blocks = result.get("content") if isinstance(result, dict) else None
+        texts = [
+            block["text"]
+            for block in blocks or []
+            if isinstance(block, dict) and isinstance(block.get("text"), str)
+        ]
+        if texts:
+            text = "\n".join(texts)
+            whole = BoundedPayload(text=text, byte_length=len(text.encode()), truncated=False)
+            return acp.text_content(_bounded_text(whole))
     for payload in (item.output, item.result, item.error):
         if payload is not None and payload.text:
             return acp.text_content(_bounded_text(payload))
