@@ -253,7 +253,11 @@ function M.send(text, session_id, opts)
   end
   if opts.source or opts.range then
     local prompt = require('agents.prompt')
-    text = prompt.expand(text, opts.source)
+    local source = opts.source
+    if source and vim.b[source].agents_session_id then
+      source = vim.fn.bufnr('#') -- from a session buffer, #buffer is the one before
+    end
+    text = prompt.expand(text, source)
     if opts.range then
       local r = opts.range
       text = text .. '\n\n' .. prompt.selection(r.buf, r.first, r.last)
