@@ -99,8 +99,9 @@ def shown(
     return updates
 
 
-def codex_item(kind: str, item: dict[str, Any], turn: str = "t1") -> dict[str, Any]:
-    return {"turnId": turn, "item": item}
+def codex_item(item: dict[str, Any]) -> dict[str, Any]:
+    """The params of Codex's ``item/started`` or ``item/completed`` for ``item``."""
+    return {"turnId": "t1", "item": item}
 
 
 def codex_journal(steps: list[tuple[str, Any]]) -> Journal:
@@ -113,22 +114,18 @@ def codex_journal(steps: list[tuple[str, Any]]) -> Journal:
         item_id = f"i{n}"
         if what == "message":
             pieces: list[str] = value
-            run(
-                codex_events.item_started(
-                    codex_item("started", {"id": item_id, "type": "agentMessage"})
-                )
-            )
+            run(codex_events.item_started(codex_item({"id": item_id, "type": "agentMessage"})))
             for piece in pieces:
                 journal.delta(item_id, piece)
             done = {"id": item_id, "type": "agentMessage", "text": "".join(pieces)}
-            run(codex_events.item_completed(codex_item("completed", done)))
+            run(codex_events.item_completed(codex_item(done)))
         elif what == "plan":
             pieces = value
-            run(codex_events.item_started(codex_item("started", {"id": item_id, "type": "plan"})))
+            run(codex_events.item_started(codex_item({"id": item_id, "type": "plan"})))
             for piece in pieces:
                 journal.delta(item_id, piece)
             done = {"id": item_id, "type": "plan", "text": "".join(pieces)}
-            run(codex_events.item_completed(codex_item("completed", done)))
+            run(codex_events.item_completed(codex_item(done)))
         elif what == "command":
             command, output, asked = value
             item: dict[str, Any] = {
@@ -137,7 +134,7 @@ def codex_journal(steps: list[tuple[str, Any]]) -> Journal:
                 "command": command,
                 "cwd": "/w",
             }
-            run(codex_events.item_started(codex_item("started", {**item, "status": "inProgress"})))
+            run(codex_events.item_started(codex_item({**item, "status": "inProgress"})))
             if asked is not None:
                 run(
                     ApprovalRequested(
@@ -153,17 +150,13 @@ def codex_journal(steps: list[tuple[str, Any]]) -> Journal:
                 run(ApprovalResolved(approval_id=f"ap-{n}", decision=asked, by="client"))
             status = "declined" if asked == "decline" else "completed"
             done = {**item, "status": status, "aggregatedOutput": output, "exitCode": 0}
-            run(codex_events.item_completed(codex_item("completed", done)))
+            run(codex_events.item_completed(codex_item(done)))
         elif what == "edit":
             path, diff = value
             change = {"path": path, "kind": {"type": "update", "move_path": None}, "diff": diff}
             item = {"id": item_id, "type": "fileChange", "changes": [change]}
-            run(codex_events.item_started(codex_item("started", {**item, "status": "inProgress"})))
-            run(
-                codex_events.item_completed(
-                    codex_item("completed", {**item, "status": "completed"})
-                )
-            )
+            run(codex_events.item_started(codex_item({**item, "status": "inProgress"})))
+            run(codex_events.item_completed(codex_item({**item, "status": "completed"})))
         elif what == "steps":
             run(codex_events.turn_plan({"turnId": "t1", "plan": value}))
     run(TurnCompleted(turn_id="t1", outcome="completed"))
