@@ -37,11 +37,12 @@ from agentsctl.acp.turns import (
     Interrupt,
     TurnTracker,
 )
-from agentsctl.acp.updates import UpdateTranslator, approval_tool_call
+from agentsctl.acp.updates import UpdateTranslator
 from agentsctl.async_client import open_client
+from agentsctl.async_client.follow import Watch
 from agentsctl.client import Client
 from agentsd_protocol import methods
-from agentsd_protocol.api.conversation import RespondParams
+from agentsd_protocol.api.conversation import RespondParams, SendParams
 from agentsd_protocol.api.events import ApprovalRequested
 from agentsd_protocol.api.session import GetParams
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
@@ -186,13 +187,9 @@ def test_reasoning_is_a_thought_chunk() -> None:
 
 
 def test_a_tool_item_is_announced_once_then_updated() -> None:
-    translator = UpdateTranslator()
+    translator = UpdateTranslator(cwd="/w")
     started = ev(
-        "item.started",
-        itemId="c1",
-        turnId="t",
-        type="commandExecution",
-        input={"command": ["ls", "-la"]},
+        "item.started", itemId="c1", turnId="t", type="commandExecution", command="ls -la", cwd="/w"
     )
     assert wire(translator.event(started)) == [
         {
@@ -201,17 +198,28 @@ def test_a_tool_item_is_announced_once_then_updated() -> None:
             "title": "ls -la",
             "kind": "execute",
             "status": "in_progress",
-            "rawInput": {"command": ["ls", "-la"]},
+            "rawInput": {"command": "ls -la", "cwd": "/w"},
         }
     ]
-    done = ev("item.completed", itemId="c1", turnId="t", type="commandExecution", text="a\nb")
+    output = {"text": "a\nb", "byteLength": 3, "truncated": False}
+    done = ev(
+        "item.completed",
+        itemId="c1",
+        turnId="t",
+        type="commandExecution",
+        command="ls -la",
+        cwd="/w",
+        status="completed",
+        exitCode=0,
+        output=output,
+    )
     assert wire(translator.event(done)) == [
         {
             "sessionUpdate": "tool_call_update",
             "toolCallId": "c1",
             "status": "completed",
             "content": [{"type": "content", "content": {"type": "text", "text": "a\nb"}}],
-            "rawOutput": {"text": "a\nb"},
+            "rawOutput": {"status": "completed", "exitCode": 0, "output": "a\nb"},
         }
     ]
 
@@ -232,7 +240,7 @@ def test_a_tool_item_seen_only_completed_is_one_tool_call_with_its_status() -> N
     body = {"name": "shell", "input": {"command": "rm -rf /"}, "status": "declined"}
     [update] = translator.event(ev("item.completed", itemId="x", type="toolCall", **body))
     assert isinstance(update, acp.ToolCall)
-    assert (update.title, update.kind, update.status) == ("shell: rm -rf /", "execute", "failed")
+    assert (update.title, update.kind, update.status) == ("rm -rf /", "execute", "failed")
 
 
 def test_an_unfinished_tool_call_fails_when_its_turn_is_interrupted() -> None:
@@ -343,7 +351,7 @@ def test_an_approval_naming_its_item_is_that_items_tool_call() -> None:
     assert (updates[-1]["kind"], updates[-1]["rawInput"]) == ("execute", {"command": "ls -la"})
     event = requested.event()
     assert isinstance(event, ApprovalRequested)
-    assert approval_tool_call(event).tool_call_id == "t1-tool"
+    assert translator.permission_tool_call(event).tool_call_id == "t1-tool"
 
 
 def test_a_tool_announced_before_its_approval_waits_pending_then_runs() -> None:
@@ -1090,3 +1098,37 @@ async def test_an_editor_drives_an_acp_agent_through_the_bridge(
         with Client(acp_agent_daemon.socket) as client:
             info = client.call("agentSession.get", {"sessionId": session_id})["session"]
             assert info["provider"] == "testacp"
+
+
+async def test_what_the_editor_was_shown_is_seen(daemon: DaemonProcess) -> None:
+    """A turn's end sent to the editor acknowledges the session (no longer unseen);
+    one that finished while no editor followed is unseen until a session/load
+    replays it (bridge Rule 7). The other client watches the summaries."""
+
+    async def until(watch: Watch, session_id: str, *, seen: bool, after_turns: int) -> None:
+        async for note in watch:
+            status = note.session
+            if (
+                status.session_id == session_id
+                and status.outcome == "completed"
+                and status.unseen is not seen
+                and status.head_seq >= after_turns
+            ):
+                return
+
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with open_client(daemon.socket) as other, other.watch() as watch:
+            async with bridge(daemon.socket) as editor:
+                new = await editor.call("session/new", {"cwd": "/tmp", "mcpServers": []})
+                session_id = new["sessionId"]
+                params = {"sessionId": session_id, "prompt": [{"type": "text", "text": "hi"}]}
+                assert await editor.call("session/prompt", params) == {"stopReason": "end_turn"}
+                await until(watch, session_id, seen=True, after_turns=0)
+            sent = await other.call(
+                methods.SEND, SendParams(session_id=session_id, text="hello while away")
+            )
+            await until(watch, session_id, seen=False, after_turns=sent.seq)
+            async with bridge(daemon.socket) as second:
+                load = {"sessionId": session_id, "cwd": "/tmp", "mcpServers": []}
+                assert await second.call("session/load", load) == {}
+                await until(watch, session_id, seen=True, after_turns=sent.seq)

@@ -16,8 +16,33 @@ Rule 3: an approval becomes a ``session/request_permission`` about the tool call
 it concerns (``updates`` Rule 4), once the editor has seen the history it belongs
 to; its ``_meta.agentsd.approvalId`` names the daemon's approval. The editor's
 choice goes to ``agentSession.respond``. If the approval is resolved another way first (another
-client, the agent, the daemon), the editor's request is cancelled with
-``$/cancel_request`` and its late answer ignored; the prompt goes on.
+client, the agent, the daemon), the editor's dialog is closed two ways: the tool
+call's status update (``in_progress``, ``failed``, ...) ends its pending permission
+in an ACP editor, which then answers the request ``cancelled`` as ACP defines for a
+request that no longer applies (Zed does; a client that ignores ``$/cancel_request``
+still closes it), and ``$/cancel_request`` for clients that implement it. Its late
+answer is ignored (``agentSession.respond`` would say ``ALREADY_RESOLVED``); the
+prompt goes on.
+
+Rule 4: ``initialize`` comes first: a session method before it is refused
+(``-32600``). The bridge speaks ACP version 1 and answers 1 whatever is asked, as
+ACP's negotiation says (the editor decides whether to go on).
+
+Rule 5: the MCP servers an editor gives ``session/new`` become the new session's
+``mcpServers`` option (ACP's shape, passed on by the provider), so a resumed
+session, from any client, keeps them. ``session/load`` and ``session/resume`` keep
+the servers the session was created with; so does ``--session`` (its options are
+the ones it has).
+
+Rule 7: what the editor was shown, the user has seen: once a binding has sent the
+editor a turn's end or an approval (or the history a ``session/load`` replayed),
+it acknowledges the session up to there (``agentSession.acknowledge``), so status
+bars stop flagging it unseen. One acknowledgement is in flight at a time; a
+failed one is only logged (the next one covers it).
+
+Rule 6: a prompt is text until the daemon takes content blocks: an embedded text
+resource is inlined as ``<context uri="...">`` with its contents, a resource link
+becomes a Markdown link the agent can open, a binary resource is named by its URI.
 """
 
 from __future__ import annotations
@@ -50,10 +75,11 @@ from agentsctl.acp.turns import (
     Prompt,
     TurnTracker,
 )
-from agentsctl.acp.updates import UpdateTranslator, approval_tool_call
+from agentsctl.acp.updates import UpdateTranslator
 from agentsctl.async_client import AsyncClient, Subscription
 from agentsctl.daemon import DaemonUnreachable
 from agentsd_protocol import methods
+from agentsd_protocol.api import attention as at
 from agentsd_protocol.api import conversation as c
 from agentsd_protocol.api import session as s
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
@@ -74,6 +100,8 @@ P = TypeVar("P")
 
 AGENT_NAME = "agentsd"
 PERMISSION_CANCEL_GRACE_S = 5.0  # after $/cancel_request, how long the editor may take to answer
+# What makes a session "unseen" in status bars; the editor was shown it (Rule 7).
+_ATTENTION_KINDS = frozenset({"turn.completed", "approval.requested"})
 _NOT_FOUND = (SessionNotFound, ApprovalNotFound)
 _BAD_PARAMS = (InvalidParams, CwdNotFound, CwdNotDirectory, UnknownProvider)
 
@@ -125,12 +153,12 @@ class Binding:
     """One ACP session of this editor: see Rule 2. Its tasks run in the bridge's
     nursery; ``close`` ends them and fails its prompts."""
 
-    def __init__(self, bridge: Bridge, session_id: str) -> None:
+    def __init__(self, bridge: Bridge, session_id: str, cwd: str | None = None) -> None:
         self.session_id = session_id
         self._bridge = bridge
         self._client = bridge.client
         self._peer = bridge.peer
-        self.translator = UpdateTranslator()
+        self.translator = UpdateTranslator(cwd)
         self.tracker = TurnTracker()
         self.scope = trio.CancelScope()
         self.caught_up = trio.Event()  # the history up to the head when it began was sent
@@ -139,6 +167,9 @@ class Binding:
         self._waiters: dict[str, trio.Event] = {}
         self._permissions: dict[str, _Permission] = {}
         self.failure: AcpError | None = None
+        self._shown_seq = 0  # the last attention event the editor was sent (Rule 7)
+        self._acked_seq = 0
+        self._acking = False
 
     # -- the subscription ---------------------------------------------------------------
 
@@ -166,6 +197,29 @@ class Binding:
         if not self.caught_up.is_set() and (events.last_seq or 0) >= self._catch_up_seq:
             self.caught_up.set()
             self._ask_pending()
+            if self._catch_up_seq:  # a replay: the editor has been shown the history
+                self._shown(self._catch_up_seq)
+
+    def _shown(self, seq: int) -> None:
+        """The editor was shown the session up to ``seq`` (Rule 7)."""
+        self._shown_seq = max(self._shown_seq, seq)
+        if not self._acking and self._shown_seq > self._acked_seq:
+            self._acking = True
+            self._bridge.nursery.start_soon(self._acknowledge)
+
+    async def _acknowledge(self) -> None:
+        try:
+            while self._shown_seq > self._acked_seq:
+                seq = self._shown_seq
+                try:
+                    params = at.AcknowledgeParams(session_id=self.session_id, seq=seq)
+                    await self._client.call(methods.ACKNOWLEDGE, params)
+                except (RpcError, DaemonUnreachable) as exc:
+                    log.warning("acknowledging session %s failed: %s", self.session_id, exc)
+                    return
+                self._acked_seq = seq
+        finally:
+            self._acking = False
 
     async def _handle(self, item: JournalEvent | DeltaNotification) -> None:
         if isinstance(item, DeltaNotification):
@@ -177,6 +231,12 @@ class Binding:
         for update in updates:
             notification = acp.SessionNotification(session_id=self.session_id, update=update)
             await self._peer.notify("session/update", notification)
+        if (
+            isinstance(item, JournalEvent)
+            and item.kind in _ATTENTION_KINDS
+            and self.caught_up.is_set()
+        ):
+            self._shown(item.seq)
         for action in actions:
             self._act(action)
 
@@ -286,7 +346,7 @@ class Binding:
         described = {o.option_id: o for o in approval.asked.option_details}
         params = acp.RequestPermissionParams(
             session_id=self.session_id,
-            tool_call=approval_tool_call(approval.asked),
+            tool_call=self.translator.permission_tool_call(approval.asked),
             options=[
                 acp.permission_option(
                     option,
@@ -367,6 +427,7 @@ class Bridge:
         self._cancelled_at: dict[str, int] = {}  # session id -> arrival of its last cancel
         self.peer = peer_factory(self)
         self._nursery: trio.Nursery | None = None
+        self._initialized = False  # ACP: initialize comes first, session methods after
 
     @property
     def nursery(self) -> trio.Nursery:
@@ -385,10 +446,14 @@ class Bridge:
 
     async def on_request(self, received: Received) -> Any:
         method, params = received.method, received.params
+        if method != "initialize" and not self._initialized and method.startswith("session/"):
+            raise AcpError(acp.INVALID_REQUEST, f"{method} before initialize: initialize first")
         try:
             match method:
                 case "initialize":
-                    return self._initialize(decode(params, acp.InitializeParams))
+                    result = self._initialize(decode(params, acp.InitializeParams))
+                    self._initialized = True
+                    return result
                 case "session/new":
                     return await self._new(decode(params, acp.NewSessionParams))
                 case "session/load":
@@ -418,11 +483,19 @@ class Bridge:
     # -- methods ------------------------------------------------------------------------
 
     def _initialize(self, params: acp.InitializeParams) -> acp.InitializeResult:
+        """ACP's version negotiation: the version asked for when the bridge speaks it,
+        else the newest it speaks (the editor then decides whether to go on)."""
         return acp.InitializeResult(
-            protocol_version=min(params.protocol_version, acp.PROTOCOL_VERSION),
+            protocol_version=acp.PROTOCOL_VERSION,
             agent_capabilities=acp.AgentCapabilities(
                 load_session=True,
                 prompt_capabilities=acp.PromptCapabilities(embedded_context=True),
+                # What the providers pass on (``agentsd.providers.mcp_servers``):
+                # Codex speaks stdio and HTTP, Claude Code SSE too; ACP agents, stdio.
+                mcp_capabilities=acp.McpCapabilities(
+                    http=self.config.provider in ("codex", "claude"),
+                    sse=self.config.provider == "claude",
+                ),
                 session_capabilities=acp.SessionCapabilities(list={}, resume={}),
             ),
             agent_info=acp.Implementation(
@@ -436,28 +509,33 @@ class Bridge:
         config = self.config
         if config.session_id is not None:
             got = await self.client.call(methods.GET, s.GetParams(session_id=config.session_id))
-            session_id = got.session.session_id
+            session_id, cwd = got.session.session_id, got.session.cwd
         else:
             operation_id = uuid.uuid4().hex
+            cwd = config.cwd or params.cwd
+            options = dict(config.options)
+            if params.mcp_servers:
+                # Kept with the session's options: every start and resume gets them.
+                options["mcpServers"] = params.mcp_servers
             create = s.CreateParams(
                 provider=config.provider,
-                cwd=config.cwd or params.cwd,
+                cwd=cwd,
                 title=config.title,
-                options=config.options,
+                options=options,
                 client_operation_id=operation_id,
             )
             created = await self.client.retrying(lambda: self.client.call(methods.CREATE, create))
             session_id = created.session_id
-        binding = await self._bind(session_id, after_seq=None)
+        binding = await self._bind(session_id, after_seq=None, cwd=cwd)
         return Answer(acp.NewSessionResult(session_id=session_id), binding.editor_ready)
 
     async def _load(self, params: acp.LoadSessionParams) -> Answer:
-        binding = await self._bind(params.session_id, after_seq=0)
+        binding = await self._bind(params.session_id, after_seq=0, cwd=params.cwd)
         await binding.caught_up.wait()  # ACP: reply once the whole history was sent
         return Answer(acp.EmptyResult(), binding.editor_ready)
 
     async def _resume(self, params: acp.ResumeSessionParams) -> Answer:
-        binding = await self._bind(params.session_id, after_seq=None)
+        binding = await self._bind(params.session_id, after_seq=None, cwd=params.cwd)
         return Answer(acp.EmptyResult(), binding.editor_ready)
 
     async def _list(self, params: acp.ListSessionsParams) -> acp.ListSessionsResult:
@@ -497,13 +575,15 @@ class Bridge:
             binding.editor_ready()
         return await binding.prompt(text, arrival)
 
-    async def _bind(self, session_id: str, *, after_seq: int | None) -> Binding:
+    async def _bind(
+        self, session_id: str, *, after_seq: int | None, cwd: str | None = None
+    ) -> Binding:
         """A fresh binding for ``session_id``, subscribed; one it replaces is closed.
         ``after_seq`` 0 replays the whole journal, None follows from the head."""
         old = self.bindings.pop(session_id, None)
         if old is not None:
             old.close(AcpError(acp.INTERNAL_ERROR, "the session was loaded again"))
-        binding = Binding(self, session_id)
+        binding = Binding(self, session_id, cwd)
         await self.nursery.start(binding.run, after_seq)
         self.bindings[session_id] = binding
         return binding

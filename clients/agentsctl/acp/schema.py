@@ -21,6 +21,7 @@ import msgspec
 PROTOCOL_VERSION = 1  # the ACP major version this bridge speaks
 
 # JSON-RPC error codes ACP gives a meaning to.
+INVALID_REQUEST = -32600
 INVALID_PARAMS = -32602
 METHOD_NOT_FOUND = -32601
 INTERNAL_ERROR = -32603
@@ -226,6 +227,31 @@ class ToolCallContent(Outbound, frozen=True, kw_only=True, tag_field="type", tag
     content: TextContent
 
 
+class DiffContent(Outbound, frozen=True, kw_only=True, tag_field="type", tag="diff"):
+    """An edit as ACP shows it for review: ``old_text`` None is a new file. Sent with
+    ``oldText`` always (null for a new file), as editors expect the key."""
+
+    path: str
+    old_text: str | None
+    new_text: str
+
+
+class ToolCallLocation(Outbound, frozen=True, kw_only=True):
+    path: str  # absolute
+    line: int | None = None  # 1-based
+
+
+ToolContent = ToolCallContent | DiffContent
+
+PlanEntryStatus = Literal["pending", "in_progress", "completed"]
+
+
+class PlanEntry(Outbound, frozen=True, kw_only=True):
+    content: str
+    priority: Literal["high", "medium", "low"]  # required by ACP: sent always
+    status: PlanEntryStatus
+
+
 class Update(Outbound, frozen=True, kw_only=True, tag_field="sessionUpdate"):
     """One ``session/update``."""
 
@@ -250,7 +276,8 @@ class ToolCall(Update, frozen=True, kw_only=True, tag="tool_call"):
     title: str
     kind: ToolKind  # required here though ACP defaults them: sent always, for every editor
     status: ToolCallStatus
-    content: list[ToolCallContent] = []
+    content: list[ToolContent] = []
+    locations: list[ToolCallLocation] = []
     raw_input: Any = None
     raw_output: Any = None
 
@@ -260,12 +287,46 @@ class ToolCallUpdate(Update, frozen=True, kw_only=True, tag="tool_call_update"):
     title: str | None = None
     kind: ToolKind | None = None
     status: ToolCallStatus | None = None
-    content: list[ToolCallContent] | None = None
+    content: list[ToolContent] | None = None
+    locations: list[ToolCallLocation] | None = None
     raw_input: Any = None
     raw_output: Any = None
 
 
-SessionUpdate = UserMessageChunk | AgentMessageChunk | AgentThoughtChunk | ToolCall | ToolCallUpdate
+class Plan(Update, frozen=True, kw_only=True, tag="plan"):
+    """The agent's plan, whole: each update replaces the one before."""
+
+    entries: list[PlanEntry]
+
+
+class Cost(Outbound, frozen=True, kw_only=True):
+    amount: float
+    currency: str = "USD"
+
+
+class UsageUpdate(Update, frozen=True, kw_only=True, tag="usage_update"):
+    """Tokens in the context (``used``) out of the model's window (``size``)."""
+
+    used: int
+    size: int
+    cost: Cost | None = None
+
+
+class SessionInfoUpdate(Update, frozen=True, kw_only=True, tag="session_info_update"):
+    title: str | None = None
+    updated_at: str | None = None
+
+
+SessionUpdate = (
+    UserMessageChunk
+    | AgentMessageChunk
+    | AgentThoughtChunk
+    | ToolCall
+    | ToolCallUpdate
+    | Plan
+    | UsageUpdate
+    | SessionInfoUpdate
+)
 
 
 class SessionNotification(Outbound, frozen=True, kw_only=True):
@@ -273,7 +334,7 @@ class SessionNotification(Outbound, frozen=True, kw_only=True):
     update: SessionUpdate
 
 
-def text_content(text: str) -> list[ToolCallContent]:
+def text_content(text: str) -> list[ToolContent]:
     return [ToolCallContent(content=TextContent(text=text))]
 
 
@@ -287,7 +348,8 @@ class PermissionToolCall(Outbound, frozen=True, kw_only=True):
     title: str | None = None
     kind: ToolKind | None = None
     status: ToolCallStatus | None = None
-    content: list[ToolCallContent] | None = None
+    content: list[ToolContent] | None = None
+    locations: list[ToolCallLocation] | None = None
     raw_input: Any = None
 
 

@@ -36,7 +36,12 @@ from agentsd.store.sessions import SessionRow
 from agentsd_protocol.errors import AgentNotFound
 
 # The session mode changes live (``session/set_mode``); the agent lists its modes.
-OPTION_SPECS = {"mode": OptionSpec(applies_at="now", description="the agent's session mode")}
+OPTION_SPECS = {
+    "mode": OptionSpec(applies_at="now", description="the agent's session mode"),
+    "mcpServers": OptionSpec(
+        applies_at="nextStart", description="MCP servers the agent starts (ACP's shape)"
+    ),
+}
 
 
 class AcpProvider(Provider):

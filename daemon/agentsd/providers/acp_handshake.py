@@ -31,6 +31,7 @@ import agentsd
 from agentsd.providers.acp_agents import AcpAgent
 from agentsd.providers.base import Resume, SessionSink
 from agentsd.providers.codex_rpc import Call, Garbage, RpcPeer, clip, error_message
+from agentsd.providers.mcp_servers import acp_servers, parse_mcp_servers
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.api.controls import OptionChoice
 from agentsd_protocol.api.events import AgentWarning, ThreadSuperseded
@@ -52,7 +53,7 @@ CLIENT_CAPABILITIES: dict[str, Any] = {
 }
 
 
-OPTION_NAMES = ("mode",)
+OPTION_NAMES = ("mode", "mcpServers")
 
 
 def parse_options(options: Mapping[str, Any]) -> str | None:
@@ -68,6 +69,7 @@ def parse_options(options: Mapping[str, Any]) -> str | None:
     mode = options.get("mode")
     if mode is not None and not isinstance(mode, str):
         raise InvalidParams("Invalid params: ACP agent option 'mode' must be a string")
+    parse_mcp_servers(options.get("mcpServers", []))
     return mode
 
 
@@ -173,7 +175,8 @@ class SessionOpener:
         ]
 
     def _session_params(self) -> dict[str, Any]:
-        return {"cwd": self.session.cwd, "mcpServers": []}
+        servers = parse_mcp_servers(self.session.options.get("mcpServers", []))
+        return {"cwd": self.session.cwd, "mcpServers": acp_servers(servers)}
 
     async def new_session(self) -> dict[str, Any]:
         call = await self.call("session/new", self._session_params())

@@ -47,6 +47,7 @@ from agentsd.providers.base import (
     SessionSink,
 )
 from agentsd.providers.claude_adapter import MIN_VERSION, PERMISSION_MODE_FLAGS, ClaudeAdapter
+from agentsd.providers.mcp_servers import claude_mcp_config, parse_mcp_servers
 from agentsd.providers.programs import CLAUDE, find_program
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.errors import AgentNotFound, AgentStartFailed, InvalidParams
@@ -139,6 +140,10 @@ def option_flags(options: Mapping[str, Any]) -> list[str]:
             case "addDirs":
                 for directory in _strings(name, value):
                     flags += ["--add-dir", directory]
+            case "mcpServers":
+                servers = parse_mcp_servers(value)
+                if servers:
+                    flags += ["--mcp-config", claude_mcp_config(servers)]
             case _:
                 raise InvalidParams(
                     f"Invalid params: unknown claude option {name!r} (known: "
@@ -159,6 +164,7 @@ KNOWN_OPTIONS = frozenset(
         "appendSystemPrompt",
         "maxTurns",
         "addDirs",
+        "mcpServers",
     }
 )
 
@@ -187,6 +193,9 @@ OPTION_SPECS: dict[str, OptionSpec] = {
             "addDirs",
         )
     },
+    "mcpServers": OptionSpec(
+        applies_at="nextStart", description="MCP servers the agent starts (ACP's shape)"
+    ),
 }
 
 # -- the transcript (Rule 2) -----------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 
 from agentsd.providers.base import OptionSpec
+from agentsd.providers.mcp_servers import codex_config, parse_mcp_servers
 from agentsd_protocol.errors import InvalidParams
 
 MIN_VERSION = (0, 160, 0)  # the oldest the test extras install: thread/turn API v2, steer
@@ -32,6 +33,7 @@ class CodexOptions:
     effort: str | None = None  # reasoning effort of each turn
     developer_instructions: str | None = None
     config: dict[str, Any] | None = None  # Codex config overrides (dotted keys) per thread
+    mcp_servers: list[dict[str, Any]] | None = None  # ACP-shaped (``mcp_servers``)
 
     def thread_params(self) -> dict[str, Any]:
         """What ``thread/start`` and ``thread/resume`` take from the options."""
@@ -40,8 +42,9 @@ class CodexOptions:
             params["model"] = self.model
         if self.developer_instructions is not None:
             params["developerInstructions"] = self.developer_instructions
-        if self.config is not None:
-            params["config"] = self.config
+        servers = codex_config(parse_mcp_servers(self.mcp_servers or []))
+        if self.config is not None or servers:
+            params["config"] = {**servers, **(self.config or {})}  # the session's own wins
         return params
 
     def turn_overrides(self, keys: set[str]) -> dict[str, Any]:
@@ -91,6 +94,9 @@ OPTION_SPECS: dict[str, OptionSpec] = {
         applies_at="nextStart", description="instructions added to the thread"
     ),
     "config": OptionSpec(applies_at="nextStart", description="Codex config overrides"),
+    "mcpServers": OptionSpec(
+        applies_at="nextStart", description="MCP servers the agent starts (ACP's shape)"
+    ),
 }
 _OPTION_NAMES = {
     "model": "model",
@@ -99,6 +105,7 @@ _OPTION_NAMES = {
     "effort": "effort",
     "developerInstructions": "developer_instructions",
     "config": "config",
+    "mcpServers": "mcp_servers",
 }
 
 
@@ -129,6 +136,8 @@ def parse_options(options: Mapping[str, Any]) -> CodexOptions:
         )
     if "config" in options and not isinstance(options["config"], dict):
         raise InvalidParams("Invalid params: codex option 'config' must be an object")
+    if "mcpServers" in options:
+        codex_config(parse_mcp_servers(options["mcpServers"]))  # checked now, not at start
     return CodexOptions(**{_OPTION_NAMES[k]: v for k, v in options.items()})
 
 

@@ -72,10 +72,14 @@ class ErrorInfo(Value, frozen=True, kw_only=True):
 
 class FileChange(Value, frozen=True, kw_only=True):
     """One file of a Codex ``fileChange`` item; ``kind`` is ``add``, ``delete`` or
-    ``update``."""
+    ``update``. ``diff`` is Codex's for this file: a unified diff of an update, the
+    whole content of an added or deleted file (absent in rows older than it);
+    ``move_path`` where an update renames the file."""
 
     path: str | None = None
     kind: str | None = None
+    diff: BoundedPayload | None = None
+    move_path: str | None = None
 
 
 class ApprovalOption(Value, frozen=True, kw_only=True):
