@@ -171,6 +171,7 @@ COMMANDS = (
     Command("new", "create a session and start its agent (-m: and send a prompt); prints its id", f"{_S}:run_new", f"{_S}:configure_new", section="sessions"),
     Command("ls", "list sessions", f"{_S}:run_ls", f"{_S}:configure_ls", section="sessions"),
     Command("watch", "every session's state and what needs you, live (JSON lines when piped)", "agentsctl.watch:run_watch", "agentsctl.watch:configure_watch", section="sessions"),
+    Command("notify", "a desktop notification for each finished turn and each approval (notify-send or D-Bus)", "agentsctl.notify:run_notify", "agentsctl.notify:configure_notify", section="sessions"),
     Command("show", "one session's record, status and agent", f"{_S}:run_show", f"{_S}:configure_session_id", section="sessions"),
     Command("start", "start a session's agent if it is not running", f"{_S}:run_start", f"{_S}:configure_session_id", section="sessions"),
     Command("close", "end a session's agent; keep its record and journal", f"{_S}:run_close", f"{_S}:configure_session_id", section="sessions"),
