@@ -15,8 +15,9 @@ Rule 2: a request from a session is journaled in that session as ``agent.request
 do to its user unless the config's ``agent_allowance`` lifts it: answer any approval
 (its own included: ``approvals``), change another session in any way (send,
 interrupt, queue, close, delete, options, title, acknowledge: every mutation that
-names another session; ``other-sessions``), control the daemon (shutdown, reload of
-the agents' environment: ``daemon``). Reading is never refused.
+names another session, continuing its cut-off turn included; ``other-sessions``),
+control the daemon (shutdown, restart, reload of the agents' environment:
+``daemon``). Reading is never refused.
 """
 
 from __future__ import annotations

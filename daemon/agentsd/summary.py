@@ -44,6 +44,9 @@ from agentsd_protocol.api.stream import ApprovalNeed, SessionStatus, SummaryStat
 if TYPE_CHECKING:
     from agentsd.session import Session
 
+# A turn settled ``interrupted`` for one of these causes was cut off by the daemon
+# (a crash, then recovery; or a stop), not ended by the user or the agent.
+CUT_OFF_REASONS = frozenset({"daemon-restart", "shutdown"})
 MAX_TEXT_CHARS = 200  # a status line or a notification body shows no more
 _REPLY_TYPE = "agentMessage"  # the item type of the agent's reply, in every provider
 
@@ -62,6 +65,10 @@ class Summary:
     usage: dict[str, Any] | None = None
     notable_seq: int = 0
     acknowledged_seq: int = 0
+    # The seq of the ``turn.completed`` that cut the last turn off, until a prompt
+    # or a continuation follows it (``agentSession.continue``).
+    cut_off_seq: int | None = None
+    cut_off_reason: str | None = None
 
     @property
     def unseen(self) -> bool:
@@ -70,10 +77,12 @@ class Summary:
     def apply(self, seq: int, event: Event | UnknownEvent) -> bool:
         """Apply one event; returns whether it is notable (Rule 2)."""
         match event:
-            case Submission(text=text):
-                self.last_prompt = head(text)
+            case Submission(text=text, continues_seq=continues):
+                if continues is None:  # a continuation is not what the user asked
+                    self.last_prompt = head(text)
                 self.last_reply = None
                 self.reply_item = None
+                self.cut_off_seq = self.cut_off_reason = None
             case (
                 ItemStarted(type=item_type, item_id=item_id, text=text)
                 | ItemCompleted(type=item_type, item_id=item_id, text=text)
@@ -86,6 +95,9 @@ class Summary:
             case TurnCompleted(outcome=outcome, error=error, reason=reason):
                 self.outcome = outcome
                 self.failure = None
+                cut = outcome == "interrupted" and reason in CUT_OFF_REASONS
+                self.cut_off_seq = seq if cut else None
+                self.cut_off_reason = reason if cut else None
                 if outcome == "failed":
                     self.failure = error.message if error is not None else reason or "failed"
                 self.notable_seq = max(self.notable_seq, seq)

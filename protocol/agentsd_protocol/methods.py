@@ -108,6 +108,13 @@ DISCOVER = Method(
     "This API as an OpenRPC 1.3 document.",
     inline=True,
 )
+RESTART = Method(
+    "daemon.restart",
+    d.RestartParams,
+    d.RestartResult,
+    "Restart the daemon; with drain, take no new turn and wait for running ones first.",
+    mutation=True,
+)
 CREATE = Method(
     "agentSession.create",
     s.CreateParams,
@@ -169,6 +176,13 @@ RESPOND = Method(
     c.RespondParams,
     c.RespondResult,
     "Answer a pending approval; the first answer wins.",
+    mutation=True,
+)
+CONTINUE = Method(
+    "agentSession.continue",
+    c.ContinueParams,
+    c.ContinueResult,
+    "Resume a turn a daemon restart cut off, asking the agent to carry on.",
     mutation=True,
 )
 SET_OPTIONS = Method(
@@ -239,6 +253,7 @@ METHODS: dict[str, Method[Any, Any]] = {
         STATUS,
         SHUTDOWN,
         RELOAD_ENV,
+        RESTART,
         DISCOVER,
         CREATE,
         GET,
@@ -249,6 +264,7 @@ METHODS: dict[str, Method[Any, Any]] = {
         SEND,
         INTERRUPT,
         RESPOND,
+        CONTINUE,
         SET_OPTIONS,
         QUEUE,
         SET_TITLE,

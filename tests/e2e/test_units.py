@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from agentsd.main import EXIT_RESTART
+
 REPO = Path(__file__).resolve().parents[2]
 UNITS = REPO / "systemd"
 SOCKET_UNIT = UNITS / "agentsd.socket"
@@ -172,6 +174,10 @@ def test_service_unit_contract() -> None:
     assert svc["Environment"] == ["PYTHONUNBUFFERED=1"]
     assert svc["WatchdogSec"] == ["30"]
     assert svc["Restart"] == ["on-failure"]
+    # `agentsctl daemon restart` exits with agentsd.main.EXIT_RESTART: a clean exit
+    # that systemd restarts whatever Restart= says.
+    assert svc["SuccessExitStatus"] == [str(EXIT_RESTART)]
+    assert svc["RestartForceExitStatus"] == [str(EXIT_RESTART)]
     assert svc["KillMode"] == ["mixed"]
     [stop] = svc["TimeoutStopSec"]
     assert _seconds(stop) > DAEMON_LADDER_S
