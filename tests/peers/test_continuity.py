@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,11 @@ def journal(client: Client, session_id: str) -> list[dict[str, Any]]:
         if not page["hasMore"] or not page["events"]:
             return events
         after = page["events"][-1]["seq"]
+
+
+def continues(seq: int) -> Callable[[dict[str, Any]], bool]:
+    """Matches the body of a continuation of the turn cut off at ``seq``."""
+    return lambda body: body.get("continuesSeq") == seq
 
 
 def test_a_sigkill_during_three_turns_then_continue_resumes_each_conversation(
@@ -136,9 +141,7 @@ def test_a_sigkill_during_three_turns_then_continue_resumes_each_conversation(
 
         for provider, sid in sessions.items():
             with Follower(second, sid, deadline) as follower:
-                continuation = follower.wait_for(
-                    "submission", lambda b, s=sid: b.get("continuesSeq") == cut_seq[s]
-                )
+                continuation = follower.wait_for("submission", continues(cut_seq[sid]))
                 assert continuation["body"]["text"] == CONTINUATION_PROMPT
                 finished = follower.wait_for(
                     "turn.completed", lambda b: b["outcome"] == "completed"
