@@ -20,7 +20,6 @@ reopens the gate.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
@@ -87,7 +86,7 @@ async def drain_turns(
     caller holds the gate closed (`closed_gate`)."""
     assert gate.draining, "drain_turns runs with the gate closed"
     everyone = list(sessions)
-    started = time.monotonic()
+    started = trio.current_time()
     running = [s for s in everyone if busy(s)]
     timed_out = True
     with trio.move_on_after(math.inf if timeout_s is None else timeout_s):
@@ -102,6 +101,6 @@ async def drain_turns(
         turns_running=len(running),
         turns_finished=sum(1 for s in running if not busy(s)),
         turns_cut_off=still,
-        waited_s=round(time.monotonic() - started, 3),
+        waited_s=round(trio.current_time() - started, 3),
         timed_out=timed_out,
     )
