@@ -55,6 +55,7 @@ from agentsd_protocol.api.events import (
     TurnOutcome,
 )
 from agentsd_protocol.display import printable
+from agentsd_protocol.errors import SessionNotFound, ShuttingDown
 
 APP_NAME = "agentsd"
 CURSOR_FILE = "notify-cursor.json"
@@ -95,7 +96,8 @@ def run_notify(args: argparse.Namespace, target: Target) -> int:
             try:
                 with client:
                     follow(client, cursor, sink)
-            except DaemonUnreachable as exc:
+            except (DaemonUnreachable, ShuttingDown) as exc:
+                # ShuttingDown: it was connected to just as it began to stop.
                 print(f"agentsctl notify: {exc.message}; reconnecting", file=sys.stderr)
             client = reconnect(target, backoff)
             print("agentsctl notify: reconnected", file=sys.stderr)
@@ -108,8 +110,7 @@ def follow(client: Client, cursor: Cursor, sink: Sink) -> None:
     ``DaemonUnreachable`` when the connection ends."""
     client.timeout_s = None  # a history page of a long journal may take a while
     feed = client.call(methods.COMPLETIONS, at.CompletionsParams())
-    listed = client.call(methods.LIST, s.ListParams())
-    cursor.keep_only({info.session_id for info in listed.sessions})
+    cursor.keep_only(session_ids(client))
     for notice in sorted(feed.unseen, key=lambda n: n.ts):
         for due in catch_up(client, notice, cursor.get(notice.session_id)):
             show(due, cursor, sink)
@@ -117,6 +118,18 @@ def follow(client: Client, cursor: Cursor, sink: Sink) -> None:
         note = client.next_notification(None)
         if note is not None and note.method == "agentSession.notice":
             show(note.decode(at.NoticeNotification).notice, cursor, sink)
+
+
+def session_ids(client: Client) -> set[str]:
+    """Every session the daemon holds, page by page."""
+    ids: set[str] = set()
+    page_cursor: str | None = None
+    while True:
+        page = client.call(methods.LIST, s.ListParams(brief=True, cursor=page_cursor))
+        ids.update(info.session_id for info in page.sessions)
+        page_cursor = page.next_cursor
+        if page_cursor is None:
+            return ids
 
 
 def catch_up(client: Client, latest: at.Notice, last: int | None) -> Iterator[at.Notice]:
@@ -128,10 +141,13 @@ def catch_up(client: Client, latest: at.Notice, last: int | None) -> Iterator[at
     seen_up_to = last
     after = last
     while True:
-        page = client.call(
-            methods.HISTORY,
-            st.HistoryParams(session_id=latest.session_id, after_seq=after, limit=HISTORY_PAGE),
-        )
+        try:
+            page = client.call(
+                methods.HISTORY,
+                st.HistoryParams(session_id=latest.session_id, after_seq=after, limit=HISTORY_PAGE),
+            )
+        except SessionNotFound:
+            return  # deleted meanwhile: nothing of it to show
         for row in page.events:
             after = row.seq
             if row.seq >= latest.seq:

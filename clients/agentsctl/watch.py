@@ -32,6 +32,7 @@ from agentsctl.render import print_jsonl
 from agentsd_protocol import methods
 from agentsd_protocol.api import stream as st
 from agentsd_protocol.display import printable
+from agentsd_protocol.errors import ShuttingDown
 
 if TYPE_CHECKING:
     from agentsctl.target import Target
@@ -54,7 +55,8 @@ def run_watch(args: argparse.Namespace, target: Target) -> int:
             try:
                 with client:
                     follow(client, table)
-            except DaemonUnreachable as exc:
+            except (DaemonUnreachable, ShuttingDown) as exc:
+                # ShuttingDown: it was connected to just as it began to stop.
                 if table:
                     sys.stdout.write(HOME_AND_CLEAR + f"agentsd: reconnecting ({exc.message})\n")
                     sys.stdout.flush()
