@@ -23,6 +23,7 @@ import pytest
 
 from agentsctl.cli import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_USAGE
 from agentsctl.daemon import quick_call
+from agentsd.main import EXIT_RESTART
 from agentsd.providers.base import CONTINUATION_PROMPT
 from agentsd_protocol.errors import Draining
 from tests.daemon_process import IO_TIMEOUT_S, make_temp_dir, running_daemon
@@ -249,3 +250,16 @@ def test_a_drain_that_times_out_cuts_the_turn_off_for_continue(base: Path) -> No
         carried = cli(sock, "continue", busy)
         assert carried.returncode == EXIT_OK, carried.stderr
         wait_event(sock, busy, "turn.completed", outcome="completed")
+
+
+def test_under_systemd_a_restart_exits_75_for_the_unit_to_start_it_again(base: Path) -> None:
+    """With ``NOTIFY_SOCKET`` (a service manager) the daemon does not execute itself:
+    it stops cleanly and exits with ``EXIT_RESTART``, which the unit restarts on."""
+    with (
+        NotifyListener.bound(base) as notify,
+        running_daemon(state_dir=base / "state", env=notify.env) as daemon,
+    ):
+        result = quick_call(daemon.socket, "daemon.restart", {"drain": "turn", "timeoutS": 5})
+        assert result["drained"] is True and result["how"] == "service-manager"
+        assert daemon.wait() == EXIT_RESTART
+        notify.wait_for("STOPPING", "1", process=daemon.process, timeout_s=IO_TIMEOUT_S)
