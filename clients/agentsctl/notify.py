@@ -50,7 +50,9 @@ from agentsd_protocol.api import session as s
 from agentsd_protocol.api import stream as st
 from agentsd_protocol.api.events import (
     ApprovalRequested,
+    ItemCompleted,
     SessionAcknowledged,
+    Submission,
     TurnCompleted,
     TurnOutcome,
 )
@@ -138,6 +140,7 @@ def catch_up(client: Client, latest: at.Notice, last: int | None) -> Iterator[at
         yield latest
         return
     found: list[at.Notice] = []
+    reply: str | None = None
     seen_up_to = last
     after = last
     while True:
@@ -153,8 +156,14 @@ def catch_up(client: Client, latest: at.Notice, last: int | None) -> Iterator[at
             if row.seq >= latest.seq:
                 continue
             match row.event():
+                case Submission():
+                    reply = None
+                case ItemCompleted(type="agentMessage", text=text) if text:
+                    reply = text  # the reply a completion shows, as the daemon's notices do
                 case TurnCompleted(outcome=outcome, error=error, reason=reason):
                     text = error.message if error is not None else _reason_text(reason, outcome)
+                    if outcome == "completed" and reply is not None:
+                        text = reply
                     found.append(_notice(latest, row, "turn", text, outcome=outcome))
                 case ApprovalRequested(approval_id=approval_id, title=title):
                     found.append(_notice(latest, row, "approval", title, approval_id=approval_id))

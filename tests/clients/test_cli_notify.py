@@ -108,6 +108,22 @@ def notable(daemon: DaemonProcess, session_ids: list[str]) -> set[tuple[str, int
     }
 
 
+def send(sock: Path, session_id: str, text: str) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "agentsctl.cli", "--socket", str(sock), "send", session_id, text],
+        capture_output=True,
+        timeout=STREAM_TIMEOUT_S,
+        check=True,
+    )
+
+
+def wait_turns(daemon: DaemonProcess, session_id: str, count: int) -> None:
+    deadline = time.monotonic() + STREAM_TIMEOUT_S
+    while sum(e["kind"] == "turn.completed" for e in events(daemon, session_id)) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} turns in {session_id}"
+        time.sleep(0.05)
+
+
 def summary(argv: list[str]) -> str:
     return argv[argv.index("--") + 1]
 
@@ -142,27 +158,36 @@ def test_exactly_one_notification_per_completion_and_approval_across_restarts(
             shown = notifier.wait_count(4)
             assert summary(shown[3]) == "gamma: finished"
 
-            # A restarted notifier remembers what it showed.
+            # While no notifier runs, gamma finishes again, then asks for approval: a
+            # restarted notifier shows both (not only the latest), and nothing it
+            # showed before.
             notifier.stop()
+            send(sock, sessions[2], "echo gap")
+            wait_for_event(daemon, sessions[2], "turn.completed")
+            wait_turns(daemon, sessions[2], 2)
+            send(sock, sessions[2], "please approve")
+            pending_approval(daemon, sessions[2])
             notifier = Notifier(private_dir, sock, state)
+            shown = notifier.wait_count(6)
+            assert [summary(a) for a in shown[4:]] == [
+                "gamma: finished",
+                "gamma: needs your approval",
+            ]
+            assert shown[4][-1] == "gap"
             # Looking at alpha, then a new completion in it: notified; the seen
             # one never is.
             quick_call(sock, "agentSession.acknowledge", {"sessionId": sessions[0], "seq": 10**6})
-            subprocess.run(
-                [sys.executable, "-m", "agentsctl.cli", "--socket", str(sock), "send",
-                 sessions[0], "echo four"],
-                capture_output=True, timeout=STREAM_TIMEOUT_S, check=True,
-            )  # fmt: skip
-            shown = notifier.wait_count(5)
-            assert summary(shown[4]) == "alpha: finished" and shown[4][-1] == "four"
+            send(sock, sessions[0], "echo four")
+            shown = notifier.wait_count(7)
+            assert summary(shown[6]) == "alpha: finished" and shown[6][-1] == "four"
             # The barrier: a last completion, after which nothing else may have come.
             sessions.append(new_session(daemon, "--title", "delta", "-m", "echo five"))
-            shown = notifier.wait_count(6)
-            assert summary(shown[5]) == "delta: finished"
+            shown = notifier.wait_count(8)
+            assert summary(shown[7]) == "delta: finished"
             keys = [key(argv) for argv in shown]
             assert len(keys) == len(set(keys)), shown
             assert set(keys) == notable(daemon, sessions)
-            assert len(shown) == 6
+            assert len(shown) == 8
     finally:
         notifier.stop()
 
