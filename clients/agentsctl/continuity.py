@@ -117,7 +117,8 @@ def configure_daemon_restart(parser: argparse.ArgumentParser) -> None:
         "turns are cut off at once (`agentsctl continue` carries them on). Under\n"
         "systemd the daemon exits for the unit to start it again (the socket stays\n"
         "bound: no client sees a refused connection); otherwise it executes itself\n"
-        "again. A package upgrade: install, then `agentsctl daemon restart --drain`."
+        "again. Once asked, the drain goes on if this command is interrupted.\n"
+        "A package upgrade: install, then `agentsctl daemon restart --drain`."
     )
     parser.add_argument(
         "--drain",
