@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from agentsctl.cli import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_USAGE
-from agentsctl.daemon import quick_call
+from agentsctl.daemon import DaemonUnreachable, quick_call
 from agentsd.main import EXIT_RESTART
 from agentsd.providers.base import CONTINUATION_PROMPT
 from agentsd_protocol.errors import Draining
@@ -263,3 +263,37 @@ def test_under_systemd_a_restart_exits_75_for_the_unit_to_start_it_again(base: P
         assert result["drained"] is True and result["how"] == "service-manager"
         assert daemon.wait() == EXIT_RESTART
         notify.wait_for("STOPPING", "1", process=daemon.process, timeout_s=IO_TIMEOUT_S)
+
+
+def test_a_drained_restart_goes_on_when_its_client_is_gone(base: Path) -> None:
+    """Asked is asked: the client that asked for the drain went away (Ctrl-C); once
+    the turn ends the daemon still restarts, and never stays refusing turns."""
+    state, sock = base / "state", base / "run" / "agentsd.sock"
+    with running_daemon(state_dir=state, socket_path=sock) as daemon:
+        busy, approval = running_turn(sock, base, "busy")
+        asker = daemon.connect()
+        asker.send(
+            {"jsonrpc": "2.0", "id": 1, "method": "daemon.restart", "params": {"drain": "turn"}}
+        )
+        deadline = time.monotonic() + TURN_TIMEOUT_S
+        while not status(sock)["draining"]:
+            assert time.monotonic() < deadline, "the daemon never started draining"
+            time.sleep(0.05)
+        asker.close()
+        uptime = status(sock)["uptimeS"]
+        quick_call(
+            sock,
+            "agentSession.respond",
+            {"sessionId": busy, "approvalId": approval, "decision": "accept"},
+        )
+        while True:  # the same pid, executed again: its uptime starts over
+            try:
+                now = status(sock)
+            except (OSError, DaemonUnreachable):
+                now = None
+            if now is not None and now["uptimeS"] < uptime and not now["draining"]:
+                break
+            assert time.monotonic() < deadline, "the daemon did not restart after the drain"
+            time.sleep(0.05)
+        assert now["recovery"]["turnsCutOff"] == 0
+        wait_event(sock, busy, "turn.completed", outcome="completed")
