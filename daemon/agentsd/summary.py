@@ -135,6 +135,13 @@ def derive_summary(conn: sqlite3.Connection, session_id: str) -> Summary:
         last_seq_of_kind(conn, session_id, kind_of(TurnCompleted)),
         last_seq_of_kind(conn, session_id, kind_of(ApprovalRequested)),
     )
+    if summary.last_prompt is None:
+        # The last submission was a continuation: the user's prompt is further back.
+        for body in bodies_of_kind(conn, session_id, kind_of(Submission)):
+            prompt = decode_event(kind_of(Submission), body)
+            if isinstance(prompt, Submission) and prompt.continues_seq is None:
+                summary.last_prompt = head(prompt.text)
+                break
     for body in bodies_of_kind(conn, session_id, kind_of(SessionAcknowledged)):
         acked = decode_event(kind_of(SessionAcknowledged), body)
         if isinstance(acked, SessionAcknowledged):

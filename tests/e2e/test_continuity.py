@@ -250,6 +250,12 @@ def test_a_drain_that_times_out_cuts_the_turn_off_for_continue(base: Path) -> No
         carried = cli(sock, "continue", busy)
         assert carried.returncode == EXIT_OK, carried.stderr
         wait_event(sock, busy, "turn.completed", outcome="completed")
+        # The summary's last prompt stays the user's, also as rebuilt after a restart.
+        for _ in range(2):
+            [summary] = quick_call(sock, "agentSession.watch")["sessions"]
+            assert summary["lastPrompt"] == "please approve"
+            assert summary["outcome"] == "completed"
+            assert cli(sock, "daemon", "restart").returncode == EXIT_OK
 
 
 def test_under_systemd_a_restart_exits_75_for_the_unit_to_start_it_again(base: Path) -> None:
