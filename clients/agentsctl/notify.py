@@ -59,6 +59,9 @@ from agentsd_protocol.api.events import (
 from agentsd_protocol.display import printable
 from agentsd_protocol.errors import SessionNotFound, ShuttingDown
 
+# Turns settled ``interrupted`` for these reasons were cut off by the daemon (as the
+# daemon's agentsd.summary.CUT_OFF_REASONS; the client does not import the daemon).
+CUT_OFF_REASONS = ("daemon-restart", "shutdown")
 APP_NAME = "agentsd"
 CURSOR_FILE = "notify-cursor.json"
 SINK_TIMEOUT_S = 10.0  # one notification; a hung notification service must not stall the feed
@@ -161,10 +164,9 @@ def catch_up(client: Client, latest: at.Notice, last: int | None) -> Iterator[at
                 case ItemCompleted(type="agentMessage", text=text) if text:
                     reply = text  # the reply a completion shows, as the daemon's notices do
                 case TurnCompleted(outcome=outcome, error=error, reason=reason):
-                    text = error.message if error is not None else _reason_text(reason, outcome)
-                    if outcome == "completed" and reply is not None:
-                        text = reply
-                    found.append(_notice(latest, row, "turn", text, outcome=outcome))
+                    text = error.message if error is not None else (reply or outcome)
+                    cut = outcome == "interrupted" and reason in CUT_OFF_REASONS
+                    found.append(_notice(latest, row, "turn", text, outcome=outcome, cut_off=cut))
                 case ApprovalRequested(approval_id=approval_id, title=title):
                     found.append(_notice(latest, row, "approval", title, approval_id=approval_id))
                 case SessionAcknowledged(seq=acked):
@@ -177,12 +179,6 @@ def catch_up(client: Client, latest: at.Notice, last: int | None) -> Iterator[at
     yield latest
 
 
-def _reason_text(reason: str | None, outcome: str) -> str:
-    if reason in ("daemon-restart", "shutdown"):
-        return "cut off by a daemon restart: `agentsctl continue` carries it on"
-    return outcome
-
-
 def _notice(
     latest: at.Notice,
     row: st.JournalEvent,
@@ -191,6 +187,7 @@ def _notice(
     *,
     outcome: TurnOutcome | None = None,
     approval_id: str | None = None,
+    cut_off: bool = False,
 ) -> at.Notice:
     return at.Notice(
         session_id=latest.session_id,
@@ -201,6 +198,7 @@ def _notice(
         ts=row.ts,
         outcome=outcome,
         approval_id=approval_id,
+        cut_off=cut_off,
     )
 
 
@@ -219,6 +217,9 @@ def describe(notice: at.Notice) -> tuple[str, str, str]:
     name = printable(notice.title or notice.session_id)[:SUMMARY_CHARS]
     if notice.kind == "approval":
         return f"{name}: needs your approval", notice.text, "critical"
+    if notice.cut_off:
+        carry_on = f"`agentsctl continue {notice.session_id}` carries it on"
+        return f"{name}: cut off by a daemon restart", carry_on, "normal"
     if notice.outcome == "failed":
         return f"{name}: failed", notice.text, "critical"
     if notice.outcome == "interrupted":

@@ -197,6 +197,7 @@ def notice_of(session: Session, seq: int, ts: float, event: Event | UnknownEvent
                 text=text,
                 outcome=outcome,
                 ts=ts,
+                cut_off=summary.cut_off_seq == seq,
             )
         case ApprovalRequested(approval_id=approval_id, title=title):
             return Notice(
@@ -237,4 +238,5 @@ def unseen_notice(session: Session) -> Notice | None:
         text=summary.failure or summary.last_reply or summary.outcome or "",
         outcome=summary.outcome,
         ts=session.row.updated_at,
+        cut_off=summary.cut_off_seq is not None and summary.cut_off_seq == summary.notable_seq,
     )

@@ -151,7 +151,8 @@ def test_exactly_one_notification_per_completion_and_approval_across_restarts(
             # Recovery cut beta's turn off: one notification for that completion;
             # alpha's, unseen still, and beta's approval are not shown again.
             shown = notifier.wait_count(3)
-            assert summary(shown[2]) == "beta: interrupted"
+            assert summary(shown[2]) == "beta: cut off by a daemon restart"
+            assert shown[2][-1] == f"`agentsctl continue {sessions[1]}` carries it on"
             # A later completion comes through the same notifier, once.
             sessions.append(new_session(daemon, "--title", "gamma", "-m", "echo three"))
             wait_for_event(daemon, sessions[2], "turn.completed")
