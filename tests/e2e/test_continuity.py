@@ -247,9 +247,16 @@ def test_a_drain_that_times_out_cuts_the_turn_off_for_continue(base: Path) -> No
         report = status(sock)["recovery"]
         assert report["turnsCutOff"] == 1 and report["lost"] == 0
         assert [(c["sessionId"], c["reason"]) for c in report["cutOff"]] == [(busy, "shutdown")]
-        carried = cli(sock, "continue", busy)
-        assert carried.returncode == EXIT_OK, carried.stderr
+        # Idempotent: a retry with the same operation id replays the answer.
+        params = {"sessionId": busy, "clientOperationId": "op-continue-1"}
+        first = quick_call(sock, "agentSession.continue", params)
+        assert (
+            first["dispatch"] == "accepted" and first["continuedSeq"] == report["cutOff"][0]["seq"]
+        )
+        assert quick_call(sock, "agentSession.continue", params) == first
         wait_event(sock, busy, "turn.completed", outcome="completed")
+        again = cli(sock, "continue", busy)
+        assert again.returncode == EXIT_DAEMON_ERROR and "[not_cut_off]" in again.stderr
         # The summary's last prompt stays the user's, also as rebuilt after a restart.
         for _ in range(2):
             [summary] = quick_call(sock, "agentSession.watch")["sessions"]

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from agentsd.delivery import deliver
 from agentsd.drain import closed_gate, drain_turns
+from agentsd.operations import Provisional
+from agentsd.providers.base import Dispatch
 from agentsd.recovery import mark_continued, mark_failed
 from agentsd_protocol.api import conversation as api
 from agentsd_protocol.api import daemon as daemon_api
@@ -55,6 +57,20 @@ async def handle_continue(call: Call, params: api.ContinueParams) -> api.Continu
         text = supervisor.provider(session.row.provider).continuation_prompt
         cmid = uuid.uuid4().hex
         operation = call.operation
+        provisional = None
+        if operation is not None:
+            # Committed with the continuation: a retry after a crash replays this
+            # (delivery unknown) instead of finding the turn no longer cut off.
+            provisional = Provisional(
+                operation,
+                lambda stored: _result(
+                    session.id,
+                    cmid,
+                    stored[0].seq,
+                    cut,
+                    Dispatch(outcome="unknown", reason="delivery not confirmed yet"),
+                ),
+            )
         supervisor.continuing.add(session.id)
         try:
             stored = await session.journal.append(
@@ -65,7 +81,8 @@ async def handle_continue(call: Call, params: api.ContinueParams) -> api.Continu
                         operation_id=None if operation is None else operation.op_id,
                         continues_seq=cut,
                     )
-                ]
+                ],
+                provisional=provisional,
             )
         finally:
             supervisor.continuing.discard(session.id)
@@ -76,10 +93,16 @@ async def handle_continue(call: Call, params: api.ContinueParams) -> api.Continu
         )
     else:
         app.recovery = mark_continued(app.recovery, session.id)
+    return _result(session.id, cmid, stored[0].seq, cut, dispatch)
+
+
+def _result(
+    session_id: str, cmid: str, seq: int, cut: int, dispatch: Dispatch
+) -> api.ContinueResult:
     return api.ContinueResult(
-        session_id=session.id,
+        session_id=session_id,
         client_message_id=cmid,
-        seq=stored[0].seq,
+        seq=seq,
         continued_seq=cut,
         dispatch=dispatch.outcome,
         reason=dispatch.reason,
