@@ -152,7 +152,9 @@ def _resolve(ref: Any) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-GROUPS = {"daemon": "start, stop or ping the agentsd process, or reload the agents' environment"}
+GROUPS = {
+    "daemon": "start, stop, restart or ping the agentsd process, or reload the agents' environment"
+}
 
 # (section, heading) in the order --help shows them; a row without a known section
 # is listed under "more".
@@ -172,6 +174,7 @@ COMMANDS = (
     Command("new", "create a session and start its agent (-m: and send a prompt); prints its id", f"{_S}:run_new", f"{_S}:configure_new", section="sessions"),
     Command("ls", "list sessions", f"{_S}:run_ls", f"{_S}:configure_ls", section="sessions"),
     Command("watch", "every session's state and what needs you, live (JSON lines when piped)", "agentsctl.watch:run_watch", "agentsctl.watch:configure_watch", section="sessions"),
+    Command("notify", "a desktop notification for each finished turn and each approval (notify-send or D-Bus)", "agentsctl.notify:run_notify", "agentsctl.notify:configure_notify", section="sessions"),
     Command("show", "one session's record, status and agent", f"{_S}:run_show", f"{_S}:configure_session_id", section="sessions"),
     Command("start", "start a session's agent if it is not running", f"{_S}:run_start", f"{_S}:configure_session_id", section="sessions"),
     Command("close", "end a session's agent; keep its record and journal", f"{_S}:run_close", f"{_S}:configure_session_id", section="sessions"),
@@ -188,11 +191,13 @@ COMMANDS = (
     Command("log", "a session's journal (--follow: then stream it)", f"{_C}:run_log", f"{_C}:configure_log", section="conversation"),
     Command("interrupt", "interrupt the running turn", f"{_C}:run_interrupt", f"{_C}:configure_interrupt", section="conversation"),
     Command("approve", "answer a pending approval (accept, or --decline / --decision)", f"{_C}:run_approve", f"{_C}:configure_approve", section="conversation"),
+    Command("continue", "carry on the turns a daemon restart cut off (SESSION, --all; none: list them)", "agentsctl.continuity:run_continue", "agentsctl.continuity:configure_continue", section="conversation"),
     Command("acp", "serve the Agent Client Protocol on stdio for an editor (a daemon session per ACP session)", "agentsctl.acp.command:run_acp", "agentsctl.acp.command:configure_acp", section="conversation"),
     Command("status", "the daemon's version, uptime, paths, connections and sessions", f"{_D}:run_status", f"{_D}:configure_status", section="daemon"),
     Command("providers", "the providers `new` takes: the daemon's, with its config's ACP agents", f"{_D}:run_providers", section="daemon"),
     Command("daemon start", "start agentsd detached (or --foreground) and wait until it answers", f"{_D}:run_daemon_start", f"{_D}:configure_daemon_start", section="daemon"),
     Command("daemon stop", "ask agentsd to shut down and wait until it is gone", f"{_D}:run_daemon_stop", section="daemon"),
+    Command("daemon restart", "restart agentsd (--drain: after the running turns end)", "agentsctl.continuity:run_daemon_restart", "agentsctl.continuity:configure_daemon_restart", section="daemon"),
     Command("daemon ping", "time one round trip to a running agentsd", f"{_D}:run_daemon_ping", section="daemon"),
     Command("daemon reload-env", "capture the agents' environment again from your login shell", f"{_D}:run_daemon_reload_env", f"{_D}:configure_daemon_reload_env", section="daemon"),
     Command("doctor", "check the agents, directories, socket, database and service", "agentsctl.doctor:run_doctor", "agentsctl.doctor:configure_doctor", section="setup"),

@@ -138,6 +138,8 @@ def format_status(result: dict[str, Any]) -> str:
         ("sessions", f"{sessions.get('total', 0)} ({counts})"),
         ("recovery", recovered),
     ]
+    if result.get("draining"):
+        rows.append(("draining", "takes no new turn; restarts once the running turns end"))
     containment = result.get("containment")
     if containment:
         rows.append(("containment", f"{containment.get('mode')} ({containment.get('detail')})"))

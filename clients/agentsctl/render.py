@@ -207,6 +207,11 @@ class Transcript:
                 self._item_completed(item)
             case ItemStarted() | TurnStarted():
                 pass  # its text (or its completion), or the prompt line above, shows it
+            case Submission(continues_seq=int(cut_at)):
+                # The daemon's request to carry on, not words the user typed.
+                self.note(
+                    f"continued: the agent was asked to carry on the turn cut off at seq {cut_at}"
+                )
             case Submission(text=text):
                 self.line("> " + text.replace("\n", "\n  "), self.style.bold)
             case SubmissionDispatched(outcome=outcome, reason=reason):
@@ -216,6 +221,12 @@ class Transcript:
             case TurnCompleted(turn_id=turn_id, outcome=outcome, reason=reason):
                 if outcome == "completed":
                     self.end_line()
+                elif outcome == "interrupted" and reason in ("daemon-restart", "shutdown"):
+                    self.note(
+                        f"turn {turn_id} cut off by a daemon "
+                        f"{'stop' if reason == 'shutdown' else 'restart'}; "
+                        "`agentsctl continue` carries it on"
+                    )
                 else:
                     why = f" ({reason})" if reason else ""
                     self.note(f"turn {turn_id} {outcome}{why}")

@@ -17,9 +17,10 @@ do to its user unless the config's ``agent_allowance`` lifts it: answer any appr
 included, since a permission mode or sandbox is among them: ``approvals``), create
 a session (``sessions``), change another session in any way (send, interrupt,
 queue, close, delete, options, title, acknowledge: every mutation that names another
-session; ``other-sessions``, or ``sessions`` for the sessions it created itself),
-control the daemon (shutdown, reload of the agents' environment: ``daemon``).
-Reading (get, list, history, subscribe: following) is never refused.
+session, continuing its cut-off turn included; ``other-sessions``, or ``sessions``
+for the sessions it created itself), control the daemon (shutdown, restart, reload
+of the agents' environment: ``daemon``). Reading (get, list, history, subscribe:
+following) is never refused.
 
 Rule 3: a session an agent creates is recorded as created by it (``created_by``,
 ``session.created {by}``), runs in a container of its own like any other, and its

@@ -76,15 +76,17 @@ def send_result(cmid: str, seq: int, dispatch: Dispatch) -> api.SendResult:
 
 async def send_queued(supervisor: Supervisor, session: Session, prompt_id: str) -> api.SendResult:
     """Send the queued prompt ``prompt_id`` now (Rule 2). Raises ``PromptNotQueued``
-    when it is gone or claimed, and what the journal raises (then it stays queued)."""
-    prompt = session.queue.claim(prompt_id)
-    if prompt is None:
-        raise PromptNotQueued(f"prompt {prompt_id} is not queued", promptId=prompt_id)
-    try:
-        stored = await session.journal.append([_submission(prompt)])
-    finally:
-        session.queue.release(prompt_id)
-    dispatch = await deliver(supervisor, session, prompt.prompt_id, prompt.text)
+    when it is gone or claimed, ``Draining`` while the daemon drains (it stays
+    queued), and what the journal raises (then it stays queued)."""
+    with supervisor.gate.admit():
+        prompt = session.queue.claim(prompt_id)
+        if prompt is None:
+            raise PromptNotQueued(f"prompt {prompt_id} is not queued", promptId=prompt_id)
+        try:
+            stored = await session.journal.append([_submission(prompt)])
+        finally:
+            session.queue.release(prompt_id)
+        dispatch = await deliver(supervisor, session, prompt.prompt_id, prompt.text)
     return send_result(prompt.prompt_id, stored[0].seq, dispatch)
 
 
@@ -95,8 +97,9 @@ def _submission(prompt: QueuedPrompt) -> SubmissionEvent:
 
 
 async def send_due(supervisor: Supervisor, session: Session) -> api.SendResult | None:
-    """Send the queue's head if it is due (``Session.queue_due``); None if not."""
-    if not session.queue_due():
+    """Send the queue's head if it is due (``Session.queue_due``); None if not, or
+    while the daemon drains (``agentsd.drain`` Rule 1)."""
+    if supervisor.gate.draining or not session.queue_due():
         return None
     head = session.queue.head()
     if head is None:

@@ -12,6 +12,7 @@ from typing import Any
 from agentsd.caller import refusal
 from agentsd.connection import Call
 from agentsd.handlers import attention as attention_handlers
+from agentsd.handlers import continuity as continuity_handlers
 from agentsd.handlers import controls as controls_handlers
 from agentsd.handlers import conversation as conversation_handlers
 from agentsd.handlers import daemon as daemon_handlers
@@ -34,6 +35,7 @@ HANDLERS: dict[str, Handler] = {
     **queue_handlers.HANDLERS,
     **stream_handlers.HANDLERS,
     **attention_handlers.HANDLERS,
+    **continuity_handlers.HANDLERS,
 }
 
 # Both tables in one lookup per request; a method is served when it is in both.

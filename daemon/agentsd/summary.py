@@ -47,6 +47,9 @@ from agentsd_protocol.usage import token_usage
 if TYPE_CHECKING:
     from agentsd.session import Session
 
+# A turn settled ``interrupted`` for one of these causes was cut off by the daemon
+# (a crash, then recovery; or a stop), not ended by the user or the agent.
+CUT_OFF_REASONS = frozenset({"daemon-restart", "shutdown"})
 MAX_TEXT_CHARS = 200  # a status line or a notification body shows no more
 _REPLY_TYPE = "agentMessage"  # the item type of the agent's reply, in every provider
 
@@ -66,6 +69,10 @@ class Summary:
     tokens: TokenUsage | None = None
     notable_seq: int = 0
     acknowledged_seq: int = 0
+    # The seq of the ``turn.completed`` that cut the last turn off, until a prompt
+    # or a continuation follows it (``agentSession.continue``).
+    cut_off_seq: int | None = None
+    cut_off_reason: str | None = None
 
     @property
     def unseen(self) -> bool:
@@ -74,10 +81,12 @@ class Summary:
     def apply(self, seq: int, event: Event | UnknownEvent) -> bool:
         """Apply one event; returns whether it is notable (Rule 2)."""
         match event:
-            case Submission(text=text):
-                self.last_prompt = head(text)
+            case Submission(text=text, continues_seq=continues):
+                if continues is None:  # a continuation is not what the user asked
+                    self.last_prompt = head(text)
                 self.last_reply = None
                 self.reply_item = None
+                self.cut_off_seq = self.cut_off_reason = None
             case (
                 ItemStarted(type=item_type, item_id=item_id, text=text)
                 | ItemCompleted(type=item_type, item_id=item_id, text=text)
@@ -90,6 +99,9 @@ class Summary:
             case TurnCompleted(outcome=outcome, error=error, reason=reason):
                 self.outcome = outcome
                 self.failure = None
+                cut = outcome == "interrupted" and reason in CUT_OFF_REASONS
+                self.cut_off_seq = seq if cut else None
+                self.cut_off_reason = reason if cut else None
                 if outcome == "failed":
                     self.failure = error.message if error is not None else reason or "failed"
                 self.notable_seq = max(self.notable_seq, seq)
@@ -134,6 +146,13 @@ def derive_summary(conn: sqlite3.Connection, session_id: str) -> Summary:
         last_seq_of_kind(conn, session_id, kind_of(TurnCompleted)),
         last_seq_of_kind(conn, session_id, kind_of(ApprovalRequested)),
     )
+    if summary.last_prompt is None:
+        # The last submission was a continuation: the user's prompt is further back.
+        for body in bodies_of_kind(conn, session_id, kind_of(Submission)):
+            prompt = decode_event(kind_of(Submission), body)
+            if isinstance(prompt, Submission) and prompt.continues_seq is None:
+                summary.last_prompt = head(prompt.text)
+                break
     for body in bodies_of_kind(conn, session_id, kind_of(SessionAcknowledged)):
         acked = decode_event(kind_of(SessionAcknowledged), body)
         if isinstance(acked, SessionAcknowledged):
@@ -191,6 +210,7 @@ def notice_of(session: Session, seq: int, ts: float, event: Event | UnknownEvent
                 text=text,
                 outcome=outcome,
                 ts=ts,
+                cut_off=summary.cut_off_seq == seq,
             )
         case ApprovalRequested(approval_id=approval_id, title=title):
             return Notice(
@@ -231,4 +251,5 @@ def unseen_notice(session: Session) -> Notice | None:
         text=summary.failure or summary.last_reply or summary.outcome or "",
         outcome=summary.outcome,
         ts=session.row.updated_at,
+        cut_off=summary.cut_off_seq is not None and summary.cut_off_seq == summary.notable_seq,
     )

@@ -34,6 +34,7 @@ import trio
 from agentsd.agent_env import AgentEnvironment
 from agentsd.cgroup import FALLBACK, Containment
 from agentsd.config import Config, Limits
+from agentsd.drain import TurnGate
 from agentsd.feed import Feed
 from agentsd.held_lease import recorded_identity, settle
 from agentsd.leftovers import EndOutcome, end_contained, reap_own_zombie
@@ -92,6 +93,8 @@ class Supervisor:
         self.ladder = config.ladder
         self.feed = Feed()
         self.board = StatusBoard()
+        self.gate = TurnGate()  # closed while a drained restart waits (agentsd.drain)
+        self.continuing: set[str] = set()  # continuations being journaled (handlers.continuity)
         self.sessions: dict[str, Session] = {}
         self._providers = providers
         self._nursery = nursery

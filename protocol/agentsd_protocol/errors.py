@@ -281,6 +281,24 @@ class UnknownCommand(RpcError):
     kind = "unknown_command"
 
 
+class NotCutOff(RpcError):
+    """``agentSession.continue`` of a session whose last turn was not cut off by a
+    daemon restart (it finished, failed, was interrupted by the user, or a prompt
+    was sent since): there is nothing to carry on."""
+
+    code = -32048
+    kind = "not_cut_off"
+
+
+class Draining(RpcError):
+    """The daemon is draining before a restart (``daemon.restart`` with ``drain``):
+    it takes no new turn. Retry once it has restarted."""
+
+    code = -32049
+    kind = "draining"
+    retryable = True
+
+
 def _all_subclasses(cls: type[RpcError]) -> list[type[RpcError]]:
     out: list[type[RpcError]] = []
     for sub in cls.__subclasses__():

@@ -109,6 +109,13 @@ DISCOVER = Method(
     "This API as an OpenRPC 1.3 document.",
     inline=True,
 )
+RESTART = Method(
+    "daemon.restart",
+    d.RestartParams,
+    d.RestartResult,
+    "Restart the daemon; with drain, take no new turn and wait for running ones first.",
+    mutation=True,
+)
 CREATE = Method(
     "agentSession.create",
     s.CreateParams,
@@ -170,6 +177,13 @@ RESPOND = Method(
     c.RespondParams,
     c.RespondResult,
     "Answer a pending approval; the first answer wins.",
+    mutation=True,
+)
+CONTINUE = Method(
+    "agentSession.continue",
+    c.ContinueParams,
+    c.ContinueResult,
+    "Resume a turn a daemon restart cut off, asking the agent to carry on.",
     mutation=True,
 )
 SET_OPTIONS = Method(
@@ -262,6 +276,7 @@ METHODS: dict[str, Method[Any, Any]] = {
         STATUS,
         SHUTDOWN,
         RELOAD_ENV,
+        RESTART,
         DISCOVER,
         CREATE,
         GET,
@@ -272,6 +287,7 @@ METHODS: dict[str, Method[Any, Any]] = {
         SEND,
         INTERRUPT,
         RESPOND,
+        CONTINUE,
         SET_OPTIONS,
         OPTIONS,
         COMMANDS,

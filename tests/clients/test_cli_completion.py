@@ -253,7 +253,7 @@ def test_zsh_completes_through_bashcompinit(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[:3] == [
-        "start stop ping reload-env",
+        "start stop restart ping reload-env",
         "bash zsh fish",
         "stopped starting running stopping exit-unproven",
     ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,8 +24,9 @@ FIXTURES = Path(__file__).parent.parent / "fixtures"
 DB = FIXTURES / "journal_v1.db"
 EXPECTED: dict[str, Any] = json.loads((FIXTURES / "journal_v1.expected.json").read_text())
 
-# The one intended difference: the CLI showed an agent's failure at its exit as a
-# Python dict; it now shows "kind: message".
+# The intended differences: the CLI showed an agent's failure at its exit as a
+# Python dict; it now shows "kind: message". And a turn a daemon restart or stop cut
+# off is now said to be one, with the command that carries it on.
 OLD_EXIT_ERROR = (
     "failed, {'kind': 'agent_not_found', 'message': \"cannot start the agent: "
     "'/nonexistent/agent' was not found\"}"
@@ -97,6 +99,12 @@ CHANGED_LINES = [
         "(turn 30 tokens, 30 in all, 100% of the context left (271k of 272k))\n",
     ),
 ]
+OLD_CUT_OFF = re.compile(r"^-- turn (\S+) interrupted \((daemon-restart|shutdown)\)$", re.M)
+
+
+def _cut_off(match: re.Match[str]) -> str:
+    by = "stop" if match.group(2) == "shutdown" else "restart"
+    return f"-- turn {match.group(1)} cut off by a daemon {by}; `agentsctl continue` carries it on"
 
 
 def expected_transcript(session_id: str) -> str:
@@ -105,7 +113,7 @@ def expected_transcript(session_id: str) -> str:
         if session == session_id:
             assert old in text, (session_id, old)
             text = text.replace(old, new, 1)
-    return text.replace(OLD_EXIT_ERROR, NEW_EXIT_ERROR)
+    return OLD_CUT_OFF.sub(_cut_off, text.replace(OLD_EXIT_ERROR, NEW_EXIT_ERROR))
 
 
 def test_the_fixture_holds_every_kind_the_daemon_writes(conn: sqlite3.Connection) -> None:

@@ -108,13 +108,17 @@ async def test_agents_are_not_users(mode: str) -> None:
                     {"sessionId": mine, "approvalId": approval["approvalId"], "decision": "accept"},
                 ),
                 ("agentSession.close", {"sessionId": other}),
+                ("agentSession.continue", {"sessionId": other}),
+                ("daemon.restart", {"drain": "turn"}),
                 ("daemon.shutdown", {}),
             ]
             replies = await trio.to_thread.run_sync(intrude, daemon, mode, token, requests)
-            assert [r["error"]["data"]["kind"] for r in replies] == ["forbidden_for_agents"] * 3
+            assert [r["error"]["data"]["kind"] for r in replies] == ["forbidden_for_agents"] * 5
             assert [r["error"]["data"]["refused"] for r in replies] == [
                 "answering an approval",
                 "closing another session",
+                "acting on another session (agentSession.continue)",
+                "controlling the daemon (daemon.restart)",
                 "shutting the daemon down",
             ]
             assert all(r["error"]["data"]["callerSessionId"] == mine for r in replies)
@@ -124,6 +128,8 @@ async def test_agents_are_not_users(mode: str) -> None:
             assert [(e["method"], e["allowed"]) for e in journaled] == [
                 ("agentSession.respond", False),
                 ("agentSession.close", False),
+                ("agentSession.continue", False),
+                ("daemon.restart", False),
                 ("daemon.shutdown", False),
             ]
             assert journaled[1]["targetSessionId"] == other

@@ -60,11 +60,18 @@ INTERRUPT_WAIT_S = 15.0  # an interrupted turn ends within a second; past this i
 
 async def handle_send(call: Call, params: api.SendParams) -> api.SendResult:
     """Journal the prompt, then deliver it by ``params.delivery``
-    (``api.SendParams``); the session's first prompt names an untitled session."""
+    (``api.SendParams``); the session's first prompt names an untitled session.
+    A draining daemon refuses it before journaling (``agentsd.drain`` Rule 1)."""
     supervisor = call.app.supervisor
     session = supervisor.get(params.session_id, params.expected_fence)
     if len(params.text.encode()) > MAX_PROMPT_BYTES:
         raise InvalidParams(f"Invalid params: text longer than {MAX_PROMPT_BYTES} bytes")
+    with supervisor.gate.admit():
+        return await _send(call, session, params)
+
+
+async def _send(call: Call, session: Session, params: api.SendParams) -> api.SendResult:
+    supervisor = call.app.supervisor
     if params.retry_unknown:
         return await _retry_unknown(call, session, params)
     if params.delivery == "interrupt" and session.conversation.turn_open:

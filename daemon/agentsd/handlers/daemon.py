@@ -35,6 +35,7 @@ async def handle_status(call: Call, params: api.StatusParams) -> api.StatusResul
         recovery=app.recovery,
         agent_env=_agent_env(app.agent_env),
         storage=_storage(app.storage_unavailable()),
+        draining=app.draining,
         containment=api.Containment(
             mode=app.containment.mode,
             root=None if app.containment.root is None else str(app.containment.root.path),

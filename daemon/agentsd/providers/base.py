@@ -314,8 +314,19 @@ class Adapter(abc.ABC):
         raise UnknownCommand(f"this agent has no command {name!r}", name=name)
 
 
+CONTINUATION_PROMPT = (
+    "Your previous turn was cut off before it finished: the daemon that runs this "
+    "session restarted. Continue the task from where you left off. Check the state of "
+    "anything you were in the middle of (files being edited, commands that were "
+    "running) before you repeat it."
+)
+
+
 class Provider(abc.ABC):
     name: str  # the session's provider name: a class attribute, or per instance (ACP agents)
+    # What ``agentSession.continue`` sends into the natively resumed conversation, as
+    # the user's next message (no provider has a native "carry on" request).
+    continuation_prompt: ClassVar[str] = CONTINUATION_PROMPT
     # The agent program this provider runs, if it is a known one: its ``--version``
     # is asked when the handshake does not say (``agentsd.providers.versions``).
     program: ClassVar[Program | None] = None

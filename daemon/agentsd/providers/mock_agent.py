@@ -279,6 +279,9 @@ class Agent:
             time.sleep(self.options.ack_delay_s)
         if record:
             self.messages.append({"role": "user", "text": text})
+            # Kept at once, as Codex and Claude Code record a prompt when its turn
+            # starts: a turn cut off by a crash is resumed with the prompt in its history.
+            self._save()
         turn = self.turn
         steering = turn is not None
         if turn is None:

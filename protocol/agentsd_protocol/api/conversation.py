@@ -45,6 +45,26 @@ class SendResult(Result, frozen=True, kw_only=True):
     queued: bool = False
 
 
+class ContinueParams(MutationParams, frozen=True, kw_only=True):
+    """Carry on the session's last turn, cut off by a daemon restart."""
+
+    session_id: str
+
+
+class ContinueResult(Result, frozen=True, kw_only=True):
+    """The continuation was journaled at ``seq`` (a ``submission`` whose
+    ``continuesSeq`` is ``continued_seq``, the cut-off turn's ``turn.completed``);
+    ``dispatch`` says whether the agent took it, as for a send."""
+
+    session_id: str
+    client_message_id: str
+    seq: int
+    continued_seq: int
+    dispatch: DispatchOutcome
+    reason: str | None = None
+    turn_id: str | None = None
+
+
 class QueueParams(MutationParams, frozen=True, kw_only=True):
     """``list`` (the default) changes nothing. ``withdraw``, ``edit`` (with
     ``text``) and ``sendNow`` (as a ``steer``) act on ``prompt_id``; ``resume``

@@ -148,6 +148,10 @@ class Submission(EventStruct, tag="submission", frozen=True, kw_only=True):
     client_message_id: str
     text: str
     operation_id: str | None = None  # the send's clientOperationId
+    # Set on a continuation (``agentSession.continue``): the seq of the
+    # ``turn.completed`` that cut the turn off. ``text`` is then the daemon's
+    # request to carry on, not a prompt the user wrote.
+    continues_seq: int | None = None
 
 
 class SubmissionDispatched(EventStruct, tag="submission.dispatched", frozen=True, kw_only=True):
