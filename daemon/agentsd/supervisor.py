@@ -32,6 +32,7 @@ import msgspec
 import trio
 
 from agentsd.agent_env import AgentEnvironment
+from agentsd.attachments import BlobStore
 from agentsd.cgroup import FALLBACK, Containment
 from agentsd.config import Config
 from agentsd.feed import Feed
@@ -96,6 +97,7 @@ class Supervisor:
         self._providers = providers
         self._nursery = nursery
         self.host_id = _host_id(state_dir)
+        self.blobs = BlobStore(state_dir / "blobs")
 
     # ---- lookup -------------------------------------------------------------------
 
@@ -330,6 +332,7 @@ class Supervisor:
             await trio.to_thread.run_sync(remove_log, self.stderr_path(session.id))
         except OSError as exc:
             log.warning("could not remove the stderr log of session %s: %s", session.id, exc)
+        await trio.to_thread.run_sync(self.blobs.drop, session.id)
         self.feed.end_session(session.id, "deleted")
         self.board.deleted(session)
 

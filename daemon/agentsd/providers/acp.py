@@ -39,8 +39,10 @@ journaled as ``agent.error``; the session goes on.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import logging
+import os
 import secrets
 import shutil
 from collections.abc import Mapping
@@ -62,6 +64,7 @@ from agentsd.providers.base import (
     MAX_BAD_LINES,
     Adapter,
     Dispatch,
+    ImageInput,
     LaunchSpec,
     LineLink,
     Provider,
@@ -146,6 +149,15 @@ class AcpProvider(Provider):
                 f"{self.agent.install_hint()}"
             )
         return LaunchSpec(argv=[program, *argv[1:]], env=self.agent.env)
+
+    content_types = frozenset({"file"})  # resource_link: every ACP agent takes it
+
+    def refused_content(self, types: set[str], adapter: Adapter | None) -> str | None:
+        """Images only when the running agent said at ``initialize`` it takes them
+        (``promptCapabilities.image``); a stopped session is started to ask first."""
+        if "image" in types and not (isinstance(adapter, AcpAdapter) and adapter.takes_images):
+            return "image"
+        return super().refused_content(types - {"image"}, adapter)
 
     def adapter(self, link: LineLink, sink: SessionSink, session: SessionRow) -> Adapter:
         return AcpAdapter(link, sink, session, self.agent)
@@ -524,6 +536,12 @@ class AcpAdapter(Adapter):
             log.warning("answered %s's permission request cancelled: %s", name, exc.message)
             await self._rpc.respond(request_id, CANCELLED)
 
+    @property
+    def takes_images(self) -> bool:
+        """Whether the agent said at ``initialize`` that its prompts take images."""
+        prompt = self._capabilities.get("promptCapabilities")
+        return isinstance(prompt, dict) and prompt.get("image") is True
+
     # -- from RPC handlers ------------------------------------------------------------
 
     async def send(self, submission: Submission) -> Dispatch:
@@ -546,7 +564,7 @@ class AcpAdapter(Adapter):
                 "session/prompt",
                 {
                     "sessionId": self._session_id,
-                    "prompt": [{"type": "text", "text": submission.text}],
+                    "prompt": prompt_blocks(submission),
                 },
             )
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -579,3 +597,17 @@ class AcpAdapter(Adapter):
             log.info("no open permission request %s to answer", native_id)
             return
         await self._rpc.respond(request.request_id, permission_answer(request.option_ids, decision))
+
+
+def prompt_blocks(submission: Submission) -> list[dict[str, Any]]:
+    """A prompt as ACP content blocks: its text, then each image (base64) and each
+    file reference (a ``resource_link``, which every ACP agent takes)."""
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": submission.text}]
+    for item in submission.inputs:
+        if isinstance(item, ImageInput):
+            data = base64.b64encode(item.data).decode()
+            blocks.append({"type": "image", "mimeType": item.media_type, "data": data})
+        else:
+            name = os.path.basename(item.path) or item.path
+            blocks.append({"type": "resource_link", "uri": f"file://{item.path}", "name": name})
+    return blocks

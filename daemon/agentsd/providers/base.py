@@ -72,11 +72,34 @@ class Resume:
 
 
 @attrs.frozen
+class ImageInput:
+    """An image of a prompt: its bytes, read back from the session's copy."""
+
+    media_type: str
+    data: bytes
+
+
+@attrs.frozen
+class FileInput:
+    """A file reference of a prompt: the agent reads ``path`` (absolute) itself."""
+
+    path: str
+
+
+@attrs.frozen
 class Submission:
-    """A prompt the daemon journaled (write-ahead) and now hands to the agent."""
+    """A prompt the daemon journaled (write-ahead) and now hands to the agent:
+    ``text``, then ``inputs`` in order."""
 
     client_message_id: str
     text: str
+    inputs: tuple[ImageInput | FileInput, ...] = ()
+
+    def file_note(self) -> str:
+        """The file references as text, for agents whose input has no file item:
+        the agent reads them with its own tools, as after an ``@path`` in its UI."""
+        paths = [i.path for i in self.inputs if isinstance(i, FileInput)]
+        return "".join(f"\n@{path}" for path in paths)
 
 
 @attrs.frozen
@@ -263,7 +286,12 @@ class Adapter(abc.ABC):
 
 
 class Provider(abc.ABC):
-    name: str  # the session's provider name: a class attribute, or per instance (ACP agents)
+    name: str
+    # The content block types (``api.conversation.Content``) besides text that its
+    # agent takes; a send with another is refused before it is journaled.
+    content_types: ClassVar[frozenset[str]] = (
+        frozenset()
+    )  # the session's provider name: a class attribute, or per instance (ACP agents)
     # The agent program this provider runs, if it is a known one: its ``--version``
     # is asked when the handshake does not say (``agentsd.providers.versions``).
     program: ClassVar[Program | None] = None
@@ -277,6 +305,11 @@ class Provider(abc.ABC):
 
     @abc.abstractmethod
     def adapter(self, link: LineLink, sink: SessionSink, session: SessionRow) -> Adapter: ...
+
+    def refused_content(self, types: set[str], adapter: Adapter | None) -> str | None:
+        """The first of the block ``types`` its agent cannot take (``adapter`` is the
+        running one, if any: some agents say what they take in their handshake)."""
+        return next((t for t in sorted(types) if t not in self.content_types), None)
 
 
 def journal_payload(data: str | bytes, max_bytes: int) -> BoundedPayload:

@@ -198,6 +198,7 @@ class Launched:
 class ClaudeProvider(Provider):
     name = "claude"
     program = CLAUDE
+    content_types = frozenset({"image", "file"})
     minimum_version = MIN_VERSION
 
     def __init__(self) -> None:

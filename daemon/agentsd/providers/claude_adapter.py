@@ -57,6 +57,7 @@ daemon asks the binary (``agentsd.providers.versions``).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import itertools
 import logging
@@ -67,7 +68,15 @@ import attrs
 import msgspec
 import trio
 
-from agentsd.providers.base import Adapter, Dispatch, LineLink, Resume, SessionSink, Submission
+from agentsd.providers.base import (
+    Adapter,
+    Dispatch,
+    ImageInput,
+    LineLink,
+    Resume,
+    SessionSink,
+    Submission,
+)
 from agentsd.providers.claude_events import (
     is_auth_retry,
     result_error_text,
@@ -361,7 +370,7 @@ class ClaudeAdapter(Adapter):
                 await self._link.send(
                     {
                         "type": "user",
-                        "message": {"role": "user", "content": submission.text},
+                        "message": {"role": "user", "content": user_content(submission)},
                         "parent_tool_use_id": None,
                         "session_id": self.session_id,
                         "uuid": message_uuid,
@@ -488,3 +497,28 @@ class ClaudeAdapter(Adapter):
 
     async def answer_approval(self, native_id: str, decision: str) -> None:
         await self._permissions.answer(native_id, decision)
+
+
+def user_content(submission: Submission) -> str | list[dict[str, Any]]:
+    """A prompt as the content of Claude Code's ``user`` message: its text alone
+    (file references as ``@path`` lines, as Claude Code's UI writes them), or, with
+    images, the Messages API's blocks: each image as base64 (the bytes the daemon
+    kept), then the text (the order the Messages API advises)."""
+    text = submission.text + submission.file_note()
+    images = [i for i in submission.inputs if isinstance(i, ImageInput)]
+    if not images:
+        return text
+    blocks: list[dict[str, Any]] = [
+        {
+            "type": "image",
+            "source": {
+                "type": "base64",
+                "media_type": image.media_type,
+                "data": base64.b64encode(image.data).decode(),
+            },
+        }
+        for image in images
+    ]
+    if text:
+        blocks.append({"type": "text", "text": text})
+    return blocks

@@ -32,6 +32,7 @@ protocol's refusal or an error (``codex_approvals``).
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -43,6 +44,7 @@ from agentsd.providers.base import (
     MAX_BAD_LINES,
     Adapter,
     Dispatch,
+    ImageInput,
     LaunchSpec,
     LineLink,
     Provider,
@@ -128,6 +130,7 @@ def never_saved(error: Any) -> bool:
 class CodexProvider(Provider):
     name = "codex"
     program = CODEX
+    content_types = frozenset({"image", "file"})
     minimum_version = MIN_VERSION
 
     def launch(self, session: SessionRow, state_dir: Any, env: Mapping[str, str]) -> LaunchSpec:
@@ -442,10 +445,20 @@ class CodexAdapter(Adapter):
     # -- from RPC handlers ------------------------------------------------------------
 
     def _user_input(self, submission: Submission) -> dict[str, Any]:
+        """The prompt as Codex's ``UserInput`` items: its text (file references as
+        ``@path`` lines, as Codex's own UI writes them), then each image as a data
+        URL (the bytes the daemon kept, not a path that may have changed since)."""
+        items: list[dict[str, Any]] = [
+            {"type": "text", "text": submission.text + submission.file_note(), "text_elements": []}
+        ]
+        for item in submission.inputs:
+            if isinstance(item, ImageInput):
+                url = f"data:{item.media_type};base64,{base64.b64encode(item.data).decode()}"
+                items.append({"type": "image", "url": url})
         return {
             "threadId": self._thread_id,
             "clientUserMessageId": submission.client_message_id,
-            "input": [{"type": "text", "text": submission.text, "text_elements": []}],
+            "input": items,
         }
 
     async def send(self, submission: Submission) -> Dispatch:

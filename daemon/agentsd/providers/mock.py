@@ -4,6 +4,7 @@ misbehave on purpose (see ``mock_agent``)."""
 
 from __future__ import annotations
 
+import base64
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,6 +17,8 @@ from agentsd.providers.base import (
     MAX_BAD_LINES,
     Adapter,
     Dispatch,
+    FileInput,
+    ImageInput,
     LaunchSpec,
     LineLink,
     Provider,
@@ -48,6 +51,7 @@ def _str(value: object) -> str | None:
 
 class MockProvider(Provider):
     name = "mock"
+    content_types = frozenset({"image", "file"})
 
     def launch(self, session: SessionRow, state_dir: Any, env: Mapping[str, str]) -> LaunchSpec:
         argv = list(session.command or [sys.executable, "-m", "agentsd.providers.mock_agent"])
@@ -216,9 +220,7 @@ class MockAdapter(Adapter):
         acked = trio.Event()
         self._acks[submission.client_message_id] = acked
         try:
-            await self._link.send(
-                {"type": "prompt", "id": submission.client_message_id, "text": submission.text}
-            )
+            await self._link.send(prompt_frame(submission))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._acks.pop(submission.client_message_id, None)
             return Dispatch(outcome="rejected", reason="the agent is not running")
@@ -240,3 +242,23 @@ class MockAdapter(Adapter):
         await self._link.send(
             {"type": "approval_response", "requestId": native_id, "decision": decision}
         )
+
+
+def prompt_frame(submission: Submission) -> dict[str, Any]:
+    """The mock agent's ``prompt`` frame, with images (base64) and files when any."""
+    frame: dict[str, Any] = {
+        "type": "prompt",
+        "id": submission.client_message_id,
+        "text": submission.text,
+    }
+    images = [
+        {"mediaType": i.media_type, "data": base64.b64encode(i.data).decode()}
+        for i in submission.inputs
+        if isinstance(i, ImageInput)
+    ]
+    files = [i.path for i in submission.inputs if isinstance(i, FileInput)]
+    if images:
+        frame["images"] = images
+    if files:
+        frame["files"] = files
+    return frame

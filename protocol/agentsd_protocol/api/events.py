@@ -96,6 +96,20 @@ class AgentCommand(Value, frozen=True, kw_only=True):
     hint: str | None = None
 
 
+class Attachment(Value, frozen=True, kw_only=True):
+    """An image or file reference of a prompt, as the journal keeps it: never the
+    bytes. ``type`` is ``image`` or ``file``. An image's bytes are kept by the
+    daemon under its ``sha256`` (hex) for the session's life; ``path`` is where it
+    was read from (absent for inline data). A file reference is its absolute
+    ``path`` (its digest and length are those of the file when it was sent)."""
+
+    type: str
+    sha256: str | None = None
+    byte_length: int | None = None
+    media_type: str | None = None
+    path: str | None = None
+
+
 class PlanStep(Value, frozen=True, kw_only=True):
     """One step of an agent's plan; ``status`` is the agent's (Codex: ``pending``,
     ``inProgress``, ``completed``)."""
@@ -140,6 +154,7 @@ class Submission(EventStruct, tag="submission", frozen=True, kw_only=True):
     client_message_id: str
     text: str
     operation_id: str | None = None  # the send's clientOperationId
+    attachments: list[Attachment] = []  # images and file references, after the text
 
 
 class SubmissionDispatched(EventStruct, tag="submission.dispatched", frozen=True, kw_only=True):
@@ -379,6 +394,7 @@ class PromptQueued(EventStruct, tag="prompt.queued", frozen=True, kw_only=True):
     prompt_id: str
     text: str
     operation_id: str | None = None  # the send's clientOperationId
+    attachments: list[Attachment] = []  # images and file references, after the text
 
 
 class PromptEdited(EventStruct, tag="prompt.edited", frozen=True, kw_only=True):
