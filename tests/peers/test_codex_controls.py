@@ -1,0 +1,131 @@
+"""Conversation controls against the real ``codex app-server``, offline against
+``fake_openai``: an image's bytes reach the model, an oversized one is refused
+before anything is journaled, and a queued prompt reaches the model only after the
+running turn ended."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentsctl.client import Client
+from agentsd.providers.programs import CODEX, find_program
+from agentsd_protocol.errors import RpcError
+from tests.daemon_process import DaemonProcess
+from tests.peers.conftest import Deadline, Follower
+from tests.peers.fake_openai import FakeOpenAI, TextReply, input_texts, running_fake_openai
+from tests.peers.test_claude_controls import MAX_IMAGE_BYTES, tiny_png
+from tests.peers.test_codex import create_codex, send
+
+pytestmark = pytest.mark.skipif(
+    find_program(CODEX) is None, reason="codex is not installed (the test extras ship it)"
+)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOpenAI]:
+    with running_fake_openai() as server:
+        yield server
+
+
+def input_images(body: Any) -> list[str]:
+    """The image URLs of the user messages of a Responses request body."""
+    out: list[str] = []
+    for item in (body or {}).get("input", []):
+        if item.get("type") == "message" and item.get("role") == "user":
+            for span in item.get("content") or []:
+                if span.get("type") == "input_image":
+                    out.append(str(span.get("image_url")))
+    return out
+
+
+def history(client: Client, sid: str) -> list[dict[str, Any]]:
+    page = client.call("agentSession.history", {"sessionId": sid, "limit": 1000})
+    events: list[dict[str, Any]] = page["events"]
+    return events
+
+
+def test_an_images_bytes_reach_the_model(
+    client: Client,
+    peer_daemon: DaemonProcess,
+    fake: FakeOpenAI,
+    codex_env: dict[str, str],
+    workdir: Path,
+    deadline: Deadline,
+) -> None:
+    png = tiny_png()
+    (workdir / "shot.png").write_bytes(png)
+    fake.script(TextReply("A red square."))
+    sid = create_codex(client, workdir, codex_env)["sessionId"]
+    with Follower(peer_daemon, sid, deadline) as follower:
+        sent = client.call(
+            "agentSession.send",
+            {
+                "sessionId": sid,
+                "text": "What is in this picture?",
+                "content": [{"type": "image", "path": "shot.png"}],
+            },
+        )
+        assert sent["dispatch"] == "accepted", sent
+        assert follower.wait_for("turn.completed")["body"]["outcome"] == "completed"
+    (request,) = fake.requests()
+    assert input_texts(request.body, "user")[-1] == "What is in this picture?"
+    assert input_images(request.body) == ["data:image/png;base64," + base64.b64encode(png).decode()]
+
+
+def test_an_oversized_image_is_refused_before_anything_is_journaled(
+    client: Client,
+    peer_daemon: DaemonProcess,
+    fake: FakeOpenAI,
+    codex_env: dict[str, str],
+    workdir: Path,
+) -> None:
+    big = workdir / "big.png"
+    big.write_bytes(tiny_png() + b"\0" * MAX_IMAGE_BYTES)
+    sid = create_codex(client, workdir, codex_env)["sessionId"]
+    before = history(client, sid)
+    with pytest.raises(RpcError) as caught:
+        client.call(
+            "agentSession.send",
+            {"sessionId": sid, "text": "look", "content": [{"type": "image", "path": str(big)}]},
+        )
+    assert caught.value.kind == "attachment_refused"
+    assert caught.value.details["reason"] == "too_large"
+    assert history(client, sid) == before
+    assert fake.requests() == []
+
+
+def test_a_queued_prompt_reaches_the_model_only_after_the_running_turn_ended(
+    client: Client,
+    peer_daemon: DaemonProcess,
+    fake: FakeOpenAI,
+    codex_env: dict[str, str],
+    workdir: Path,
+    deadline: Deadline,
+) -> None:
+    talk = "word " * 60
+    fake.script(TextReply(talk, chunks=60, chunk_delay_s=0.03), TextReply("Queued answer."))
+    sid = create_codex(client, workdir, codex_env)["sessionId"]
+    with Follower(peer_daemon, sid, deadline) as follower:
+        first = send(client, sid, "Talk for a while")
+        follower.wait_for_delta()
+        queued = client.call(
+            "agentSession.send",
+            {"sessionId": sid, "text": "QUEUED PROMPT", "delivery": "queue"},
+        )
+        assert queued["queued"] is True
+        ended = follower.wait_for("turn.completed", lambda b: b["turnId"] == first["turnId"])
+        assert ended["body"]["outcome"] == "completed"
+        submitted = follower.wait_for("submission", lambda b: b["text"] == "QUEUED PROMPT")
+        assert submitted["seq"] > ended["seq"]
+        done = follower.wait_for("turn.completed", lambda b: b["turnId"] != first["turnId"])
+        assert done["body"]["outcome"] == "completed"
+    first_request, second_request = fake.requests()
+    assert "QUEUED PROMPT" not in input_texts(first_request.body, "user")
+    assert input_texts(second_request.body, "user")[-1] == "QUEUED PROMPT"
+    # The second request carries the whole first answer: it came after that turn.
+    assert talk.strip() in " ".join(input_texts(second_request.body, "assistant")).strip()
