@@ -205,10 +205,13 @@ class Supervisor:
         command: list[str] | None,
         operation: Operation | None = None,
         provisional: Callable[[SessionInfo], Any] | None = None,
+        resume_from: str | None = None,
     ) -> Session:
         """Insert the record and its ``session.created`` event; with ``operation``,
         the ledger's provisional entry commits in the same transaction, so a retry
-        after a crash finds this session instead of creating another."""
+        after a crash finds this session instead of creating another. With
+        ``resume_from`` the session adopts that provider conversation: it is the
+        handle its first start resumes (``runner``: an adoption)."""
         self.provider(provider)
         await self.check_limits()
         now = time.time()
@@ -221,11 +224,11 @@ class Supervisor:
             options=options,
             env=env,
             command=command,
-            provider_handle=None,
+            provider_handle=resume_from,
             created_at=now,
             updated_at=now,
         )
-        created = SessionCreated(provider=provider, cwd=cwd, title=title)
+        created = SessionCreated(provider=provider, cwd=cwd, title=title, resume_from=resume_from)
         session = self._bound(Session(row=row, head_seq=0, board=self.board))
 
         def insert(conn: StoreConnection) -> tuple[None, list[StoredEvent]]:

@@ -45,6 +45,7 @@ KINDS_SINCE_V1 = {
     "session.acknowledged",
     "agent.request",
     "commands.updated",
+    "message.imported",
 }
 # A body's field "kind" before the union (the tag owns that name now).
 RENAMED_FIELDS = {

@@ -7,8 +7,11 @@ conversation started outside the daemon is adopted with its history."""
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 import struct
+import subprocess
+import uuid
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from agentsctl.client import Client
 from agentsd_protocol.errors import RpcError
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
 from tests.peers.fake_anthropic import (
@@ -25,9 +29,13 @@ from tests.peers.fake_anthropic import (
     running_fake_anthropic,
 )
 from tests.peers.test_claude import (
+    CALL_TIMEOUT_S,
+    CLAUDE_PROGRAM,
+    Conversation,
     alarm,  # noqa: F401 (the autouse bound of every test here too)
     conversation,
     eventually,
+    journal_of,
     needs_claude,
 )
 
@@ -197,3 +205,84 @@ def test_an_interrupt_after_a_steer_starts_no_turn_of_its_own(
         assert len(requests) == 2
         assert all("And make it about a cat" not in r.texts() for r in requests)
         assert "Are you there?" in [t.strip() for t in requests[1].texts()]
+
+
+def claude_print(home: Path, fake: FakeAnthropic, prompt: str) -> str:
+    """Run the real ``claude -p`` in ``home/work``, outside the daemon, as a user in
+    a terminal would; the session id it used."""
+    session_id = str(uuid.uuid4())
+    assert CLAUDE_PROGRAM is not None
+    subprocess.run(
+        [CLAUDE_PROGRAM, "-p", prompt, "--session-id", session_id],
+        cwd=home / "work",
+        env={**os.environ, **fake.claude_env(home)},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=CALL_TIMEOUT_S,
+        check=True,
+    )
+    return session_id
+
+
+def test_adopting_a_session_started_outside_brings_its_history_and_continues_it(
+    daemon: DaemonProcess, fake: FakeAnthropic, home: Path
+) -> None:
+    fake.script(TextReply("Noted: KIWI."), TextReply("The word was KIWI."))
+    handle = claude_print(home, fake, "Remember the word KIWI")
+    assert len(fake.message_requests()) == 1
+    with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
+        created = client.call(
+            "agentSession.create",
+            {
+                "provider": "claude",
+                "cwd": str(home / "work"),
+                "env": fake.claude_env(home),
+                "resumeFrom": {"handle": handle},
+            },
+        )
+        sid = created["sessionId"]
+        assert created["session"]["providerHandle"] == handle
+        convo = Conversation(client, sid)
+        imported = [e["body"] for e in convo.history() if e["kind"] == "message.imported"]
+        assert [(m["role"], m["text"]) for m in imported] == [
+            ("user", "Remember the word KIWI"),
+            ("assistant", "Noted: KIWI."),
+        ]
+        sent = convo.send("What was the word?")
+        assert sent["dispatch"] == "accepted", sent
+        assert convo.wait_for("turn.completed")["body"]["outcome"] == "completed"
+        texts = [t.strip() for t in fake.message_requests()[-1].texts()]
+        assert "Remember the word KIWI" in texts
+        assert "Noted: KIWI." in texts
+        assert texts.index("Remember the word KIWI") < texts.index("What was the word?")
+        client.call("agentSession.delete", {"sessionId": sid})
+
+
+def test_adopting_a_session_of_another_directory_or_account_fails_resume_failed(
+    daemon: DaemonProcess, fake: FakeAnthropic, home: Path
+) -> None:
+    fake.script(TextReply("Noted."))
+    handle = claude_print(home, fake, "Hello")
+    elsewhere = home / "elsewhere"
+    elsewhere.mkdir()
+    other_account = {**fake.claude_env(home), "CLAUDE_CONFIG_DIR": str(home / "other")}
+    with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
+        for cwd, env in (
+            (elsewhere, fake.claude_env(home)),
+            (home / "work", other_account),
+        ):
+            with pytest.raises(RpcError) as caught:
+                client.call(
+                    "agentSession.create",
+                    {
+                        "provider": "claude",
+                        "cwd": str(cwd),
+                        "env": env,
+                        "resumeFrom": {"handle": handle},
+                    },
+                )
+            assert caught.value.kind == "resume_failed", caught.value
+            sid = caught.value.details["sessionId"]
+            kinds = [e["kind"] for e in journal_of(daemon, sid)]
+            assert "message.imported" not in kinds and "child.ready" not in kinds
+    assert len(fake.message_requests()) == 1  # only the terminal's own turn

@@ -1,11 +1,15 @@
 """Conversation controls against the real ``codex app-server``, offline against
 ``fake_openai``: an image's bytes reach the model, an oversized one is refused
-before anything is journaled, and a queued prompt reaches the model only after the
-running turn ended."""
+before anything is journaled, a queued prompt reaches the model only after the
+running turn ended, and a thread started outside the daemon (by ``codex exec``) is
+adopted with its history and continued."""
 
 from __future__ import annotations
 
 import base64
+import json
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +20,7 @@ from agentsctl.client import Client
 from agentsd.providers.programs import CODEX, find_program
 from agentsd_protocol.errors import RpcError
 from tests.daemon_process import DaemonProcess
-from tests.peers.conftest import Deadline, Follower
+from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
 from tests.peers.fake_openai import FakeOpenAI, TextReply, input_texts, running_fake_openai
 from tests.peers.test_claude_controls import MAX_IMAGE_BYTES, tiny_png
 from tests.peers.test_codex import create_codex, send
@@ -129,3 +133,102 @@ def test_a_queued_prompt_reaches_the_model_only_after_the_running_turn_ended(
     assert input_texts(second_request.body, "user")[-1] == "QUEUED PROMPT"
     # The second request carries the whole first answer: it came after that turn.
     assert talk.strip() in " ".join(input_texts(second_request.body, "assistant")).strip()
+
+
+def codex_exec(workdir: Path, codex_env: dict[str, str], prompt: str) -> str:
+    """Run the real ``codex exec`` in ``workdir``, outside the daemon, as a user in a
+    terminal would; the id of the thread it started."""
+    program = find_program(CODEX)
+    assert program is not None
+    done = subprocess.run(
+        [program, "exec", "--skip-git-repo-check", "--json", prompt],
+        cwd=workdir,
+        env={**os.environ, **codex_env},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=CALL_TIMEOUT_S,
+        check=True,
+    )
+    for line in done.stdout.decode().splitlines():
+        event = json.loads(line)
+        if event.get("type") == "thread.started":
+            return str(event["thread_id"])
+    raise AssertionError(f"codex exec started no thread: {done.stdout!r}")
+
+
+def test_adopting_a_thread_started_outside_brings_its_history_and_continues_it(
+    client: Client,
+    peer_daemon: DaemonProcess,
+    fake: FakeOpenAI,
+    codex_env: dict[str, str],
+    workdir: Path,
+    deadline: Deadline,
+) -> None:
+    fake.script(TextReply("Noted: KIWI."), TextReply("The word was KIWI."))
+    thread_id = codex_exec(workdir, codex_env, "Remember the word KIWI")
+    assert len(fake.requests()) == 1
+    created = client.call(
+        "agentSession.create",
+        {
+            "provider": "codex",
+            "cwd": str(workdir),
+            "env": codex_env,
+            "resumeFrom": {"handle": thread_id},
+        },
+    )
+    sid = created["sessionId"]
+    assert created["session"]["providerHandle"] == thread_id
+    events = history(client, sid)
+    imported = [e["body"] for e in events if e["kind"] == "message.imported"]
+    assert [(m["role"], m["text"]) for m in imported] == [
+        ("user", "Remember the word KIWI"),
+        ("assistant", "Noted: KIWI."),
+    ]
+    kinds = [e["kind"] for e in events]
+    assert kinds.index("message.imported") < kinds.index("child.ready")
+    assert "submission" not in kinds  # nothing was sent again
+    with Follower(peer_daemon, sid, deadline) as follower:
+        sent = send(client, sid, "What was the word?")
+        assert sent["dispatch"] == "accepted", sent
+        assert follower.wait_for("turn.completed")["body"]["outcome"] == "completed"
+    _, request = fake.requests()
+    assert input_texts(request.body, "user")[-1] == "What was the word?"
+    assert "Remember the word KIWI" in input_texts(request.body, "user")
+    assert "Noted: KIWI." in input_texts(request.body, "assistant")
+    # A restart of the adopted session resumes it; nothing is imported twice.
+    client.call("agentSession.close", {"sessionId": sid})
+    client.call("agentSession.start", {"sessionId": sid})
+    again = [e for e in history(client, sid) if e["kind"] == "message.imported"]
+    assert len(again) == 2
+
+
+def test_adopting_a_thread_of_another_directory_or_none_fails_resume_failed(
+    client: Client,
+    peer_daemon: DaemonProcess,
+    fake: FakeOpenAI,
+    codex_env: dict[str, str],
+    workdir: Path,
+) -> None:
+    fake.script(TextReply("Noted."))
+    thread_id = codex_exec(workdir, codex_env, "Hello")
+    elsewhere = workdir.parent / "elsewhere"
+    elsewhere.mkdir()
+    for cwd, handle in (
+        (elsewhere, thread_id),
+        (workdir, "01a23293-7749-78c2-b918-2f5e48e020d7"),  # no such thread here
+    ):
+        with pytest.raises(RpcError) as caught:
+            client.call(
+                "agentSession.create",
+                {
+                    "provider": "codex",
+                    "cwd": str(cwd),
+                    "env": codex_env,
+                    "resumeFrom": {"handle": handle},
+                },
+            )
+        assert caught.value.kind == "resume_failed", caught.value
+        sid = caught.value.details["sessionId"]
+        kinds = [e["kind"] for e in history(client, sid)]
+        assert "message.imported" not in kinds and "child.ready" not in kinds
+    assert len(fake.requests()) == 1  # only the terminal's own turn

@@ -69,6 +69,10 @@ class Resume:
 
     handle: str
     had_turns: bool
+    # The session adopts ``handle``, a conversation started outside the daemon
+    # (``create {resumeFrom}``): check it belongs to the session's cwd, and keep
+    # its history for ``Adapter.imported_history``. ``had_turns`` is then true.
+    adopt: bool = False
 
 
 @attrs.frozen
@@ -241,7 +245,9 @@ class LineLink:
 
 
 class Adapter(abc.ABC):
-    """Speaks to one running agent child."""
+    """Speaks to one running agent child. An adapter that cannot adopt a
+    conversation (``Resume.adopt``) refuses it in ``handshake`` with
+    ``ResumeFailed``."""
 
     __slots__ = ()  # a subclass may declare its own: one adapter lives per session
 
@@ -267,6 +273,12 @@ class Adapter(abc.ABC):
         return the provider handle to store. Raise an ``RpcError`` on failure:
         ``ResumeFailed`` when a conversation that had turns cannot be resumed."""
 
+    async def imported_history(self) -> list[Event]:
+        """After a handshake that adopted a conversation (``Resume.adopt``): its
+        earlier messages as ``message.imported`` events, oldest first, to journal
+        with ``child.ready``. Raises ``ResumeFailed`` when it cannot be read."""
+        return []
+
     @abc.abstractmethod
     async def run(self) -> None:
         """Read and translate frames until the agent's output ends. Raises
@@ -286,12 +298,12 @@ class Adapter(abc.ABC):
 
 
 class Provider(abc.ABC):
-    name: str
+    name: str  # the session's provider name: a class attribute, or per instance (ACP agents)
     # The content block types (``api.conversation.Content``) besides text that its
     # agent takes; a send with another is refused before it is journaled.
-    content_types: ClassVar[frozenset[str]] = (
-        frozenset()
-    )  # the session's provider name: a class attribute, or per instance (ACP agents)
+    content_types: ClassVar[frozenset[str]] = frozenset()
+    # Whether its adapter can adopt a conversation started elsewhere (``Resume.adopt``).
+    adopts: ClassVar[bool] = False
     # The agent program this provider runs, if it is a known one: its ``--version``
     # is asked when the handshake does not say (``agentsd.providers.versions``).
     program: ClassVar[Program | None] = None

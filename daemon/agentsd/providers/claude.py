@@ -40,6 +40,7 @@ import attrs
 
 from agentsd.providers.base import Adapter, LaunchSpec, LineLink, Provider, SessionSink
 from agentsd.providers.claude_adapter import MIN_VERSION, ClaudeAdapter
+from agentsd.providers.claude_transcript import project_slug
 from agentsd.providers.programs import CLAUDE, find_program
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.errors import AgentNotFound, AgentStartFailed, InvalidParams
@@ -193,12 +194,14 @@ class Launched:
     fence: int
     session_id: str
     replaces: str | None = None  # the session's id, which has no transcript (Rule 2)
+    transcript: Path | None = None  # where the resumed session's transcript is for this cwd
 
 
 class ClaudeProvider(Provider):
     name = "claude"
     program = CLAUDE
     content_types = frozenset({"image", "file"})
+    adopts = True
     minimum_version = MIN_VERSION
 
     def __init__(self) -> None:
@@ -221,7 +224,10 @@ class ClaudeProvider(Provider):
             program = [found]
         handle = session.provider_handle
         if handle is not None and has_transcript(agent_env, handle):
-            chosen = Launched(session.fence, handle)
+            home = config_dir(agent_env)
+            own = None if home is None else home / "projects" / project_slug(session.cwd)
+            transcript = None if own is None else own / f"{handle}.jsonl"
+            chosen = Launched(session.fence, handle, transcript=transcript)
             flags += ["--resume", handle]
         else:
             chosen = Launched(session.fence, str(uuid.uuid4()), replaces=handle)
@@ -235,4 +241,10 @@ class ClaudeProvider(Provider):
             # Rule 1 broken: a bug, not the agent's doing. Refusing to guess keeps a
             # wrong id from ever becoming the provider handle.
             raise AgentStartFailed(f"claude for session {session.id} was not launched by agentsd")
-        return ClaudeAdapter(link, sink, session_id=launched.session_id, replaces=launched.replaces)
+        return ClaudeAdapter(
+            link,
+            sink,
+            session_id=launched.session_id,
+            replaces=launched.replaces,
+            transcript=launched.transcript,
+        )

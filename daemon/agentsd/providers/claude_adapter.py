@@ -71,6 +71,7 @@ import contextlib
 import itertools
 import logging
 import uuid
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -94,11 +95,13 @@ from agentsd.providers.claude_events import (
 )
 from agentsd.providers.claude_items import Items
 from agentsd.providers.claude_permissions import Permissions
+from agentsd.providers.claude_transcript import transcript_history
 from agentsd.providers.programs import CLAUDE
 from agentsd.providers.versions import refuse_if_too_old
 from agentsd_protocol.api.events import (
     AgentError,
     ErrorInfo,
+    Event,
     SubmissionDispatched,
     ThreadSuperseded,
     TurnCompleted,
@@ -156,12 +159,19 @@ class ClaudeAdapter(Adapter):
     takes out of ``Permissions``."""
 
     def __init__(
-        self, link: LineLink, sink: SessionSink, *, session_id: str, replaces: str | None = None
+        self,
+        link: LineLink,
+        sink: SessionSink,
+        *,
+        session_id: str,
+        replaces: str | None = None,
+        transcript: Path | None = None,
     ) -> None:
         self._link = link
         self._sink = sink
         self.session_id = session_id  # chosen at launch; system/init must agree
         self._replaces = replaces  # the id without a transcript it was launched over
+        self._transcript = transcript  # the resumed session's, for this cwd
         self._ids = itertools.count(1)
         self._controls: dict[str, _Control] = {}
         self._closed = False
@@ -245,7 +255,19 @@ class ClaudeAdapter(Adapter):
     def _replace(self, resume: Resume) -> None:
         """Check ``resume`` against the launch: it resumes ``session_id``, or it has no
         transcript and was replaced (``claude`` Rule 2), which supersedes it when it
-        never had a turn. Raises ``ResumeFailed`` when it had turns."""
+        never had a turn. Raises ``ResumeFailed`` when it had turns, and when an
+        adopted session has no transcript for this cwd."""
+        if resume.adopt and (
+            resume.handle != self.session_id
+            or self._replaces is not None
+            or self._transcript is None
+            or not self._transcript.is_file()
+        ):
+            raise ResumeFailed(
+                f"claude has no session {resume.handle} to adopt for this directory "
+                "(no transcript of it under projects/ of its config directory for this cwd "
+                "and account)"
+            )
         if resume.handle == self.session_id and self._replaces is None:
             return
         if resume.handle != self._replaces:
@@ -264,6 +286,18 @@ class ClaudeAdapter(Adapter):
             reason=f"claude never saved session {resume.handle}, which had no turn: "
             "it has no transcript",
         )
+
+    async def imported_history(self) -> list[Event]:
+        """The adopted session's messages, from its transcript."""
+        path = self._transcript
+        if path is None:
+            return []
+        try:
+            return list(await trio.to_thread.run_sync(transcript_history, path))
+        except OSError as exc:
+            raise ResumeFailed(
+                f"claude's transcript of session {self.session_id} cannot be read: {exc.strerror}"
+            ) from None
 
     # -- the reader -------------------------------------------------------------------
 

@@ -136,6 +136,9 @@ class SessionCreated(EventStruct, tag="session.created", frozen=True, kw_only=Tr
     provider: str
     cwd: str
     title: str | None = None
+    # The provider conversation (Codex thread, Claude session) the session adopts
+    # (``create {resumeFrom}``): its first start resumes it and imports its history.
+    resume_from: str | None = None
 
 
 class SessionUpdated(EventStruct, tag="session.updated", frozen=True, kw_only=True):
@@ -444,6 +447,19 @@ class ThreadStatus(EventStruct, tag="thread.status", frozen=True, kw_only=True):
     active_flags: list[str] = []
 
 
+class MessageImported(EventStruct, tag="message.imported", frozen=True, kw_only=True):
+    """One message of a conversation started outside the daemon, imported when the
+    session adopted it (``create {resumeFrom}``): history the agent already has,
+    never sent again. ``role`` is ``user`` or ``assistant``; ``turn_id`` the
+    provider's own id of its turn, when it has one; ``text`` at most the import
+    bound, ``truncated`` when cut."""
+
+    role: str
+    text: str
+    turn_id: str | None = None
+    truncated: bool = False
+
+
 Event = (
     SessionCreated
     | SessionUpdated
@@ -478,6 +494,7 @@ Event = (
     | SessionAcknowledged
     | AgentRequest
     | CommandsUpdated
+    | MessageImported
 )
 """Every event the daemon writes."""
 
