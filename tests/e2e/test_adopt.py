@@ -5,6 +5,7 @@ real agents in ``tests/peers/test_*_controls.py``)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -16,7 +17,7 @@ from tests.e2e.test_sessions import TEST_TIMEOUT_S, CallFailed, open_rpc
 async def test_what_cannot_be_adopted_is_refused_before_a_session_is_stored(
     daemon: DaemonProcess, tmp_path: Path
 ) -> None:
-    cases = [
+    cases: list[dict[str, Any]] = [
         {"provider": "mock", "resumeFrom": {"handle": "abc"}},  # the mock cannot adopt
         {"provider": "codex", "resumeFrom": {"handle": "abc"}, "start": False},
         {"provider": "codex", "resumeFrom": {"handle": "--help"}},
