@@ -84,6 +84,12 @@ def configure_new(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stopped", action="store_true", help="create the session without starting its agent"
     )
+    parser.add_argument(
+        "--resume-from",
+        metavar="HANDLE",
+        help="adopt a conversation started elsewhere (a Codex thread id, a Claude session "
+        "id) in this --cwd: its history is imported and the next prompt continues it",
+    )
     parser.add_argument("--json", action="store_true", help="print the whole JSON result")
 
 
@@ -111,6 +117,8 @@ def run_new(args: argparse.Namespace, target: Target) -> int:
     A prompt that was not delivered exits 1 after the id is printed.
     """
     provider = _provider(args)
+    if args.resume_from is not None and args.stopped:
+        raise UsageError("--resume-from starts the agent: it cannot be --stopped")
     options: dict[str, Any] = {}
     for key, text in args.option:
         try:
@@ -125,6 +133,7 @@ def run_new(args: argparse.Namespace, target: Target) -> int:
         env=dict(args.env),
         command=None if args.agent_command is None else shlex.split(args.agent_command),
         start=not args.stopped,
+        resume_from=None if args.resume_from is None else s.ResumeFrom(handle=args.resume_from),
     )
     try:
         created = mutate(target, methods.CREATE, params)

@@ -218,3 +218,20 @@ def test_fish_completes_commands_options_and_values(tmp_path: Path) -> None:
     assert offer("agentsctl completion ") == ["bash", "fish", "zsh"]
     assert offer("agentsctl new --provider m") == ["mock"]
     assert offer("agentsctl send s1 ") == []
+
+
+def test_bash_completes_the_conversation_controls(tmp_path: Path) -> None:
+    (tmp_path / "shot.png").write_text("")
+    assert set(complete_in_bash("ask", "--")) >= {
+        "--provider",
+        "--session",
+        "--no-wait",
+        "--image",
+        "--file",
+    }
+    assert complete_in_bash("ask", "--provider", "c") == ["codex", "claude"]
+    assert complete_in_bash("send", "s1", "--image", f"{tmp_path}/s") == [f"{tmp_path}/shot.png"]
+    assert complete_in_bash("send", "s1", "--file", f"{tmp_path}/s") == [f"{tmp_path}/shot.png"]
+    assert set(complete_in_bash("send", "s1", "--")) >= {"--image", "--file", "--queue"}
+    assert complete_in_bash("new", "--resume") == ["--resume-from"]
+    assert complete_in_bash("new", "--resume-from", "") == []  # a conversation id: free text
