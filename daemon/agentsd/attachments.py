@@ -37,8 +37,13 @@ from pathlib import Path
 import attrs
 
 from agentsd.providers.base import FileInput, ImageInput
-from agentsd_protocol.api.conversation import Content, FileBlock, ImageBlock, TextBlock
-from agentsd_protocol.api.events import Attachment
+from agentsd_protocol.api.conversation import (
+    Attachment,
+    Content,
+    FileBlock,
+    ImageBlock,
+    TextBlock,
+)
 from agentsd_protocol.errors import AttachmentRefused, InvalidParams
 
 # The Anthropic API's bound per image (Codex takes larger ones): one bound for every

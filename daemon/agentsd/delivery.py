@@ -21,8 +21,9 @@ import trio
 from agentsd.prompt_queue import QueuedPrompt
 from agentsd.providers.base import Dispatch, FileInput, ImageInput, Submission
 from agentsd_protocol.api import conversation as api
-from agentsd_protocol.api.events import Attachment, SubmissionDispatched
+from agentsd_protocol.api.conversation import Attachment
 from agentsd_protocol.api.events import Submission as SubmissionEvent
+from agentsd_protocol.api.events import SubmissionDispatched
 from agentsd_protocol.errors import PromptNotQueued, RpcError, StorageUnavailable
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ import sqlite3
 import attrs
 
 from agentsd.store.journal import events_of_kinds
+from agentsd_protocol.api.conversation import Attachment
 from agentsd_protocol.api.events import (
-    Attachment,
     Event,
     PromptEdited,
     PromptQueued,

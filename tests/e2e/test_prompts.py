@@ -235,6 +235,8 @@ async def test_a_queued_image_survives_a_daemon_sigkill_and_reaches_the_agent_fr
                     assert listed["paused"] == "daemon-restart"
                     (prompt,) = listed["prompts"]
                     assert prompt["text"] == "echo later"
+                    (attached,) = prompt["attachments"]
+                    assert attached["sha256"] == hashlib.sha256(PNG).hexdigest()
                     await rpc.call("agentSession.setOptions", {"sessionId": sid, "options": {}})
                     resumed = await rpc.call(
                         "agentSession.queue", {"sessionId": sid, "action": "resume"}

@@ -4,12 +4,28 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import msgspec
+
 from agentsd_protocol.api.base import MutationParams, Params, Result
 from agentsd_protocol.api.session import SessionInfo
 
 DispatchOutcome = Literal["accepted", "rejected", "unknown"]
 Delivery = Literal["steer", "queue", "interrupt"]
 QueueAction = Literal["list", "withdraw", "edit", "sendNow", "resume"]
+
+
+class Attachment(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    """An image or file reference of a prompt, as the journal keeps it: never the
+    bytes. ``type`` is ``image`` or ``file``. An image's bytes are kept by the
+    daemon under its ``sha256`` (hex) for the session's life; ``path`` is where it
+    was read from (absent for inline data). A file reference is its absolute
+    ``path`` and the file's length when it was sent (never read: no digest)."""
+
+    type: str
+    sha256: str | None = None
+    byte_length: int | None = None
+    media_type: str | None = None
+    path: str | None = None
 
 
 class ContentBlock(Params, frozen=True, kw_only=True, tag_field="type"):
@@ -98,6 +114,7 @@ class QueuedPromptInfo(Result, frozen=True, kw_only=True):
     prompt_id: str
     text: str
     seq: int  # of its ``prompt.queued``
+    attachments: list[Attachment] = []  # its images and file references, as journaled
 
 
 class QueueResult(Result, frozen=True, kw_only=True):

@@ -37,7 +37,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from agentsd_protocol.api.conversation import DispatchOutcome
+from agentsd_protocol.api.conversation import Attachment, DispatchOutcome
 from agentsd_protocol.api.session import ExitCause
 
 TurnOutcome = Literal["completed", "interrupted", "failed", "unknown"]
@@ -94,20 +94,6 @@ class AgentCommand(Value, frozen=True, kw_only=True):
     name: str
     description: str | None = None
     hint: str | None = None
-
-
-class Attachment(Value, frozen=True, kw_only=True):
-    """An image or file reference of a prompt, as the journal keeps it: never the
-    bytes. ``type`` is ``image`` or ``file``. An image's bytes are kept by the
-    daemon under its ``sha256`` (hex) for the session's life; ``path`` is where it
-    was read from (absent for inline data). A file reference is its absolute
-    ``path`` (its digest and length are those of the file when it was sent)."""
-
-    type: str
-    sha256: str | None = None
-    byte_length: int | None = None
-    media_type: str | None = None
-    path: str | None = None
 
 
 class PlanStep(Value, frozen=True, kw_only=True):
