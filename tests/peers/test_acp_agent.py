@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -14,7 +15,12 @@ from typing import Any
 import pytest
 
 from agentsctl.client import Client
-from agentsd_protocol.errors import AgentStartFailed, HandshakeTimeout, InvalidParams
+from agentsd_protocol.errors import (
+    AgentStartFailed,
+    ContentUnsupported,
+    HandshakeTimeout,
+    InvalidParams,
+)
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
 from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
 
@@ -30,6 +36,7 @@ def agent_config(path: Path, *flags: str, handshake_timeout_s: float = 10.0) -> 
         f"[agents.testacp-noload]\ncommand = {json.dumps([*command, '--no-load'])}\n"
         f"[agents.testacp-auth]\ncommand = {json.dumps([*command, '--auth'])}\n"
         f"[agents.testacp-forget]\ncommand = {json.dumps([*command, '--forget'])}\n"
+        f"[agents.testacp-images]\ncommand = {json.dumps([*command, '--images'])}\n"
     )
     return path
 
@@ -379,3 +386,33 @@ def test_a_lost_session_without_turns_is_superseded(
         follower.wait_for("item.completed", lambda b: b.get("text") == "echo: hello")
     assert note["previousHandle"] == handle
     assert "which had no turn: Resource not found" in note["reason"]
+
+
+def test_images_go_to_an_agent_that_takes_them_and_are_refused_unjournaled_otherwise(
+    client: Client, peer_daemon: DaemonProcess, workdir: Path, deadline: Deadline
+) -> None:
+    png = b"\x89PNG\r\n\x1a\n" + bytes(range(64))
+    (workdir / "shot.png").write_bytes(png)
+    (workdir / "notes.txt").write_text("x")
+    image = {"type": "image", "path": "shot.png"}
+    link = {"type": "file", "path": "notes.txt"}
+    plain = create(client, workdir)
+    before = history(client, plain)
+    with pytest.raises(ContentUnsupported) as caught:
+        client.call("agentSession.send", {"sessionId": plain, "text": "hi", "content": [image]})
+    assert caught.value.details == {"block": "image", "provider": "testacp"}
+    assert history(client, plain) == before
+    # A file reference is a resource_link, which every ACP agent takes.
+    with Follower(peer_daemon, plain, deadline) as follower:
+        client.call("agentSession.send", {"sessionId": plain, "text": "hi", "content": [link]})
+        follower.wait_for("turn.completed")
+    texts = [e["body"].get("text", "") for e in history(client, plain)]
+    assert f"echo: hi [link file://{workdir / 'notes.txt'}]" in texts
+
+    takes = create(client, workdir, provider="testacp-images")
+    with Follower(peer_daemon, takes, deadline) as follower:
+        client.call("agentSession.send", {"sessionId": takes, "text": "see", "content": [image]})
+        follower.wait_for("turn.completed")
+    digest = hashlib.sha256(png).hexdigest()
+    texts = [e["body"].get("text", "") for e in history(client, takes)]
+    assert f"echo: see [image image/png {digest} {len(png)}]" in texts
