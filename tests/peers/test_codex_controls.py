@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,8 @@ import pytest
 from agentsctl.client import Client
 from agentsd.providers.programs import CODEX, find_program
 from agentsd_protocol.errors import RpcError
-from tests.daemon_process import DaemonProcess
+from tests.daemon_process import DaemonProcess, running_daemon
+from tests.e2e.test_sessions import DATABASE_NAME, db_rows, kill_carriers
 from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
 from tests.peers.fake_openai import FakeOpenAI, TextReply, input_texts, running_fake_openai
 from tests.peers.test_claude_controls import MAX_IMAGE_BYTES, tiny_png
@@ -232,3 +234,49 @@ def test_adopting_a_thread_of_another_directory_or_none_fails_resume_failed(
         kinds = [e["kind"] for e in history(client, sid)]
         assert "message.imported" not in kinds and "child.ready" not in kinds
     assert len(fake.requests()) == 1  # only the terminal's own turn
+
+
+def test_queued_prompts_survive_a_daemon_sigkill_paused_and_reach_codex_once_resumed(
+    fake: FakeOpenAI, codex_env: dict[str, str], workdir: Path, deadline: Deadline
+) -> None:
+    talk = "word " * 400  # 400 chunks 50 ms apart: the turn outlives the daemon
+    fake.script(TextReply(talk, chunks=400, chunk_delay_s=0.05), TextReply("Queued answer."))
+    state = workdir.parent / "state"
+    tokens: list[str] = []
+    try:
+        with running_daemon(state_dir=state) as first:
+            with Client(first.socket, timeout_s=CALL_TIMEOUT_S) as client:
+                sid = create_codex(client, workdir, codex_env)["sessionId"]
+                with Follower(first, sid, deadline) as follower:
+                    send(client, sid, "Talk for a while")
+                    follower.wait_for_delta()
+                    queued = client.call(
+                        "agentSession.send",
+                        {"sessionId": sid, "text": "QUEUED PROMPT", "delivery": "queue"},
+                    )
+                    assert queued["queued"] is True
+            tokens = [r[0] for r in db_rows(state / DATABASE_NAME, "SELECT token FROM leases")]
+            first.process.send_signal(signal.SIGKILL)
+            assert first.wait() == -signal.SIGKILL
+
+        with (
+            running_daemon(state_dir=state) as second,
+            Client(second.socket, timeout_s=CALL_TIMEOUT_S) as client,
+        ):
+            listed = client.call("agentSession.queue", {"sessionId": sid})
+            assert [p["text"] for p in listed["prompts"]] == ["QUEUED PROMPT"]
+            assert listed["paused"] == "daemon-restart"
+            assert len(fake.requests()) == 1  # never sent on its own
+            with Follower(second, sid, deadline) as follower:
+                resumed = client.call("agentSession.queue", {"sessionId": sid, "action": "resume"})
+                assert resumed["sent"]["dispatch"] == "accepted", resumed
+                done = follower.wait_for(
+                    "turn.completed", lambda b: b["turnId"] == resumed["sent"]["turnId"]
+                )
+                assert done["body"]["outcome"] == "completed"
+            client.call("agentSession.close", {"sessionId": sid})
+        last = fake.requests()[-1]
+        assert input_texts(last.body, "user")[-1] == "QUEUED PROMPT"
+        assert "Talk for a while" in input_texts(last.body, "user")  # the same thread
+    finally:
+        kill_carriers(tokens)
