@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import uuid
@@ -22,6 +23,7 @@ import pytest
 from agentsctl.client import Client
 from agentsd_protocol.errors import RpcError
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
+from tests.e2e.test_sessions import DATABASE_NAME, db_rows, kill_carriers
 from tests.peers.fake_anthropic import (
     FakeAnthropic,
     RecordedRequest,
@@ -286,3 +288,49 @@ def test_adopting_a_session_of_another_directory_or_account_fails_resume_failed(
             kinds = [e["kind"] for e in journal_of(daemon, sid)]
             assert "message.imported" not in kinds and "child.ready" not in kinds
     assert len(fake.message_requests()) == 1  # only the terminal's own turn
+
+
+def test_queued_prompts_survive_a_daemon_sigkill_paused_and_reach_claude_once_resumed(
+    fake: FakeAnthropic, home: Path
+) -> None:
+    story = "Once upon a time, " * 400  # 5 chars per 50 ms: the turn outlives the daemon
+    fake.script(TextReply(story, chunk_chars=5, delay_s=0.05), TextReply("Queued answer."))
+    state = home / "state"
+    tokens: list[str] = []
+    try:
+        with (
+            running_daemon(state_dir=state) as first,
+            Client(first.socket, timeout_s=CALL_TIMEOUT_S) as client,
+        ):
+            params = {"provider": "claude", "cwd": str(home / "work"), "env": fake.claude_env(home)}
+            sid = client.call("agentSession.create", params)["sessionId"]
+            convo = Conversation(client, sid)
+            convo.send("Tell me a long story")
+            item = convo.wait_for("item.started")
+            convo.wait_for_delta(item["body"]["itemId"])
+            queued = convo.call("agentSession.send", text="QUEUED PROMPT", delivery="queue")
+            assert queued["queued"] is True
+            tokens = [r[0] for r in db_rows(state / DATABASE_NAME, "SELECT token FROM leases")]
+            first.process.send_signal(signal.SIGKILL)
+            assert first.wait() == -signal.SIGKILL
+        with (
+            running_daemon(state_dir=state) as second,
+            Client(second.socket, timeout_s=CALL_TIMEOUT_S) as client,
+        ):
+            convo = Conversation(client, sid)
+            listed = convo.call("agentSession.queue")
+            assert [p["text"] for p in listed["prompts"]] == ["QUEUED PROMPT"]
+            assert listed["paused"] == "daemon-restart"
+            assert all("QUEUED PROMPT" not in r.texts() for r in fake.message_requests())
+            resumed = convo.call("agentSession.queue", action="resume")
+            assert resumed["sent"]["dispatch"] == "accepted", resumed
+            done = convo.wait_for(
+                "turn.completed", lambda b: b.get("turnId") == resumed["sent"]["turnId"]
+            )
+            assert done["body"]["outcome"] == "completed"
+            texts = [t.strip() for t in fake.message_requests()[-1].texts()]
+            assert "QUEUED PROMPT" in texts
+            assert "Tell me a long story" in texts  # the same conversation, resumed
+            client.call("agentSession.delete", {"sessionId": sid})
+    finally:
+        kill_carriers(tokens)
