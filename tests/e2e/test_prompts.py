@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import trio
 
+from agentsd.attachments import sniff
 from tests.daemon_process import DaemonProcess, running_daemon
 from tests.e2e.test_conversation import SLOW_TURN, conversation_file, get, user_texts, wait_journal
 from tests.e2e.test_sessions import (
@@ -248,3 +249,43 @@ async def test_a_queued_image_survives_a_daemon_sigkill_and_reaches_the_agent_fr
                     assert texts[-1] == "echo later\n" + image_line("image/png", PNG)
         finally:
             kill_carriers(tokens)
+
+
+async def test_a_kept_image_that_was_damaged_is_never_replaced_by_other_bytes(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """A queued image whose kept copy no longer matches its digest is not sent: its
+    delivery is rejected, saying why, and the agent gets nothing else in its place."""
+    (tmp_path / "shot.png").write_bytes(PNG)
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with open_rpc(daemon.socket) as rpc:
+            info = await create(rpc, tmp_path, options=SLOW_TURN)
+            sid = info["sessionId"]
+            await rpc.call("agentSession.send", {"sessionId": sid, "text": "go"})
+            queued = await send(
+                rpc, sid, "echo later", {"type": "image", "path": "shot.png"}, delivery="queue"
+            )
+            kept = daemon.state_dir / "blobs" / sid / hashlib.sha256(PNG).hexdigest()
+            kept.write_bytes(GIF)
+            events = await wait_journal(rpc, sid, "submission.dispatched", 2)
+            (dispatched,) = [
+                e["body"]
+                for e in events
+                if e["kind"] == "submission.dispatched"
+                and e["body"]["clientMessageId"] == queued["clientMessageId"]
+            ]
+            assert dispatched["outcome"] == "rejected"
+            assert "attachment_refused" in dispatched["reason"]
+            await rpc.call("agentSession.close", {"sessionId": sid})
+    assert user_texts(conversation_file(daemon.state_dir, info["providerHandle"])) == ["go"]
+
+
+def test_image_types_are_read_from_their_bytes() -> None:
+    assert sniff(PNG) == "image/png"
+    assert sniff(b"\xff\xd8\xff\xe0" + b"\0" * 10) == "image/jpeg"
+    assert sniff(GIF) == "image/gif"
+    assert sniff(b"GIF87a...") == "image/gif"
+    assert sniff(b"RIFF\0\0\0\0WEBPVP8 ") == "image/webp"
+    assert sniff(b"RIFF\0\0\0\0WAVEfmt ") is None
+    assert sniff(b"%PDF-1.7") is None
+    assert sniff(b"") is None
