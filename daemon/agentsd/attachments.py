@@ -17,7 +17,8 @@ client asking may be one of its own agents (``agentsd.caller`` lets an agent sen
 its own session). So only a regular file is read (never a FIFO, device, socket or
 directory; opened without blocking), at most ``MAX_IMAGE_BYTES`` of it, and never
 one under ``/proc``, ``/sys`` or ``/dev`` (``/proc/self`` is the daemon's own memory
-and environment) or under the daemon's private directories. The place is checked on
+and environment), nor one on the file systems of ``/proc`` or ``/sys`` mounted
+elsewhere, nor one under the daemon's private directories. The place is checked on
 the resolved path before opening and again on the opened file's own path, so a
 symlink swapped in between does not lead elsewhere. File references are checked
 the same way but never read: the agent reads them with its own tools.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import os
 import shutil
@@ -182,6 +184,16 @@ def _check_place(real: str, shown: str, private: list[str]) -> None:
             )
 
 
+def _kernel_devices() -> set[int]:
+    """The devices of the kernel's own file systems (``/proc``, ``/sys``), wherever
+    else they are mounted."""
+    devices = set()
+    for root in ("/proc", "/sys"):
+        with contextlib.suppress(OSError):
+            devices.add(os.stat(root).st_dev)
+    return devices
+
+
 def _read_bounded(path: str, private: list[str]) -> bytes:
     """At most ``MAX_IMAGE_BYTES`` of the regular file ``path`` (Rule 3)."""
     _check_place(os.path.realpath(path), path, private)
@@ -199,6 +211,12 @@ def _read_bounded(path: str, private: list[str]) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             raise AttachmentRefused(
                 f"{path} is not a regular file", reason="not_regular", path=path
+            )
+        if st.st_dev in _kernel_devices():  # /proc or /sys mounted elsewhere too
+            raise AttachmentRefused(
+                f"{path} is a kernel file, which the daemon does not read for a prompt",
+                reason="forbidden_path",
+                path=path,
             )
         try:
             opened = os.readlink(f"/proc/self/fd/{fd}")
