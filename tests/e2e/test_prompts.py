@@ -187,6 +187,7 @@ async def test_what_the_daemon_will_not_read_for_a_prompt_is_refused_with_its_re
         ({"type": "image"}, "invalid_params", ""),
         ({"type": "audio", "path": "x"}, "invalid_params", ""),
     ]
+    empty: list[dict[str, Any]] = [{}, {"text": ""}, {"content": [{"type": "text", "text": ""}]}]
     with trio.fail_after(TEST_TIMEOUT_S):
         async with open_rpc(daemon.socket) as rpc:
             sid = (await create(rpc, tmp_path))["sessionId"]
@@ -194,6 +195,10 @@ async def test_what_the_daemon_will_not_read_for_a_prompt_is_refused_with_its_re
             for block, kind, reason in cases:
                 error = await refused(rpc, sid, block)
                 assert (error.kind, error.data.get("reason", "")) == (kind, reason), block
+            for params in empty:
+                with pytest.raises(CallFailed) as caught:
+                    await rpc.call("agentSession.send", {"sessionId": sid, **params})
+                assert caught.value.kind == "invalid_params", params
             too_many = [{"type": "image", "path": "shot.png"}] * 17
             error = await refused(rpc, sid, *too_many)
             assert (error.kind, error.data["reason"]) == ("attachment_refused", "too_many")

@@ -104,6 +104,8 @@ async def _prepare(call: Call, session: Session, params: api.SendParams) -> Prep
     if len(params.text.encode()) > MAX_PROMPT_BYTES:
         raise InvalidParams(f"Invalid params: text longer than {MAX_PROMPT_BYTES} bytes")
     if not params.content:
+        if not params.text:
+            raise InvalidParams("Invalid params: a prompt needs text or content")
         return Prepared(text=params.text, attachments=[], images={})
     supervisor = call.app.supervisor
     provider = supervisor.provider(session.row.provider)
@@ -127,6 +129,8 @@ async def _prepare(call: Call, session: Session, params: api.SendParams) -> Prep
     )
     if len(prompt.text.encode()) > MAX_PROMPT_BYTES:
         raise InvalidParams(f"Invalid params: text longer than {MAX_PROMPT_BYTES} bytes")
+    if not prompt.text and not prompt.attachments:
+        raise InvalidParams("Invalid params: a prompt needs text or content")
     await trio.to_thread.run_sync(supervisor.blobs.keep, session.id, prompt.images)
     return prompt
 
