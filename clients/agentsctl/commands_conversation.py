@@ -51,7 +51,9 @@ def configure_send(parser: argparse.ArgumentParser) -> None:
         "unknown (journaled, delivery unconfirmed; never re-sent by itself), or queued.\n"
         "Exits 1 unless accepted or queued. The agent is started (resuming its\n"
         "conversation) if it is not running. While a turn runs, the prompt steers it\n"
-        "(the default), or waits behind it (--queue), or interrupts it (--interrupt)."
+        "(the default), or waits behind it (--queue), or interrupts it (--interrupt).\n"
+        "--image attaches an image the daemon reads (PNG, JPEG, GIF, WebP, at most\n"
+        "5 MiB) and keeps with the session; --file names a file the agent reads itself."
     )
     add_session_argument(parser)
     delivery = parser.add_mutually_exclusive_group()
