@@ -238,7 +238,8 @@ def run_queue(args: argparse.Namespace, target: Target) -> int:
     if result.paused is not None:
         print(f"paused ({result.paused}): `agentsctl queue {sid} --resume` sends them")
     for number, prompt in enumerate(result.prompts, 1):
-        print(f"{number}. {prompt.prompt_id} {excerpt(prompt.text, 70)}")
+        attached = f" (+{len(prompt.attachments)} attached)" if prompt.attachments else ""
+        print(f"{number}. {prompt.prompt_id} {excerpt(prompt.text, 70)}{attached}")
     if result.sent is not None:
         return report_send(result.sent)
     return EXIT_OK

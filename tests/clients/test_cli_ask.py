@@ -232,3 +232,21 @@ def test_the_transcript_shows_attachments_and_imported_history() -> None:
         "> look",
         "  [image/png, 9 bytes] /w/a.png",
     ]
+
+
+def test_queue_lists_what_a_queued_prompt_has_attached(
+    daemon: DaemonProcess,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    sid = new_session(daemon, "--option", "chunks=400", "--option", "chunkDelayS=0.05")
+    (tmp_path / "shot.png").write_bytes(PNG)
+    monkeypatch.chdir(tmp_path)
+    assert run(daemon, capsys, "send", sid, "go")[0] == EXIT_OK
+    code, _, err = run(daemon, capsys, "send", "--queue", sid, "--image", "shot.png", "echo x")
+    assert code == EXIT_OK, err
+    code, out, _ = run(daemon, capsys, "queue", sid)
+    assert code == EXIT_OK
+    assert out.splitlines()[0].endswith("'echo x' (+1 attached)")
+    quick_call(daemon.socket, "agentSession.interrupt", {"sessionId": sid})
