@@ -24,6 +24,7 @@ from agentsctl.client import Client
 from agentsd_protocol.errors import RpcError
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
 from tests.e2e.test_sessions import DATABASE_NAME, db_rows, kill_carriers
+from tests.peers.agents import CLAUDE_RELEASES, Release
 from tests.peers.fake_anthropic import (
     FakeAnthropic,
     RecordedRequest,
@@ -164,8 +165,9 @@ def test_a_queued_prompt_reaches_the_model_only_after_the_running_turn_ended(
         assert "QUEUED PROMPT" not in requests[0].texts()
 
 
+@pytest.mark.parametrize("release", CLAUDE_RELEASES, ids=lambda r: r.id)
 def test_an_interrupt_after_a_steer_starts_no_turn_of_its_own(
-    daemon: DaemonProcess, fake: FakeAnthropic, home: Path
+    daemon: DaemonProcess, fake: FakeAnthropic, home: Path, release: Release
 ) -> None:
     """Claude Code takes a prompt sent mid-turn up at the turn's next model call.
     Interrupting the turn before that must not leave the steered prompt to start
@@ -173,7 +175,8 @@ def test_an_interrupt_after_a_steer_starts_no_turn_of_its_own(
     the journal says so."""
     story = "Once upon a time, " * 200
     fake.script(TextReply(story, chunk_chars=5, delay_s=0.05))
-    with conversation(daemon, fake.claude_env(home), home / "work") as convo:
+    command = release.command()
+    with conversation(daemon, fake.claude_env(home), home / "work", command=command) as convo:
         first = convo.send("Tell me a long story")
         item = convo.wait_for("item.started")
         convo.wait_for_delta(item["body"]["itemId"])
