@@ -96,13 +96,15 @@ def image_blocks(request: RecordedRequest) -> list[dict[str, Any]]:
     return found
 
 
+@pytest.mark.parametrize("release", CLAUDE_RELEASES, ids=lambda r: r.id)
 def test_an_images_bytes_reach_the_model(
-    daemon: DaemonProcess, fake: FakeAnthropic, home: Path
+    daemon: DaemonProcess, fake: FakeAnthropic, home: Path, release: Release
 ) -> None:
     png = tiny_png()
     (home / "work" / "shot.png").write_bytes(png)
     fake.script(TextReply("A red square."))
-    with conversation(daemon, fake.claude_env(home), home / "work") as convo:
+    command = release.command()
+    with conversation(daemon, fake.claude_env(home), home / "work", command=command) as convo:
         sent = convo.call(
             "agentSession.send",
             text="What is in this picture?",

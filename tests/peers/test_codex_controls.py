@@ -22,6 +22,7 @@ from agentsd.providers.programs import CODEX, find_program
 from agentsd_protocol.errors import RpcError
 from tests.daemon_process import DaemonProcess, running_daemon
 from tests.e2e.test_sessions import DATABASE_NAME, db_rows, kill_carriers
+from tests.peers.agents import CODEX_RELEASES, Release
 from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
 from tests.peers.fake_openai import FakeOpenAI, TextReply, input_texts, running_fake_openai
 from tests.peers.test_claude_controls import MAX_IMAGE_BYTES, tiny_png
@@ -55,6 +56,7 @@ def history(client: Client, sid: str) -> list[dict[str, Any]]:
     return events
 
 
+@pytest.mark.parametrize("release", CODEX_RELEASES, ids=lambda r: r.id)
 def test_an_images_bytes_reach_the_model(
     client: Client,
     peer_daemon: DaemonProcess,
@@ -62,11 +64,13 @@ def test_an_images_bytes_reach_the_model(
     codex_env: dict[str, str],
     workdir: Path,
     deadline: Deadline,
+    release: Release,
 ) -> None:
     png = tiny_png()
     (workdir / "shot.png").write_bytes(png)
     fake.script(TextReply("A red square."))
-    sid = create_codex(client, workdir, codex_env)["sessionId"]
+    params = {"provider": "codex", "cwd": str(workdir), "env": codex_env}
+    sid = client.call("agentSession.create", {**params, "command": release.command()})["sessionId"]
     with Follower(peer_daemon, sid, deadline) as follower:
         sent = client.call(
             "agentSession.send",
