@@ -71,6 +71,11 @@ class SendParams(MutationParams, frozen=True, kw_only=True):
       prompt queued before it ended, then sent as a turn of its own.
     - ``interrupt``: interrupt the running turn, wait for its end, then send this
       prompt as the next turn; the queue is paused, never sent on its own.
+
+    ``content`` adds blocks after ``text`` (``TextBlock``, ``ImageBlock``,
+    ``FileBlock``). What cannot be used is refused before anything is journaled:
+    ``content_unsupported`` (the agent takes no such block), ``attachment_refused``
+    (with ``data.reason``), ``invalid_params`` (no text and no content).
     """
 
     session_id: str
