@@ -416,3 +416,23 @@ def test_images_go_to_an_agent_that_takes_them_and_are_refused_unjournaled_other
     digest = hashlib.sha256(png).hexdigest()
     texts = [e["body"].get("text", "") for e in history(client, takes)]
     assert f"echo: see [image image/png {digest} {len(png)}]" in texts
+
+
+def test_a_stopped_acp_session_is_started_to_learn_whether_it_takes_images(
+    client: Client, peer_daemon: DaemonProcess, workdir: Path, deadline: Deadline
+) -> None:
+    png = b"\x89PNG\r\n\x1a\n" + bytes(range(16))
+    (workdir / "shot.png").write_bytes(png)
+    image = {"type": "image", "path": "shot.png"}
+    takes = create(client, workdir, provider="testacp-images", start=False)
+    with Follower(peer_daemon, takes, deadline) as follower:
+        sent = client.call(
+            "agentSession.send", {"sessionId": takes, "text": "see", "content": [image]}
+        )
+        assert sent["dispatch"] == "accepted", sent
+        follower.wait_for("turn.completed")
+    refuses = create(client, workdir, start=False)
+    with pytest.raises(ContentUnsupported):
+        client.call("agentSession.send", {"sessionId": refuses, "text": "see", "content": [image]})
+    kinds = [e["kind"] for e in history(client, refuses)]
+    assert "submission" not in kinds and "child.ready" in kinds  # started to ask, nothing sent
