@@ -284,3 +284,23 @@ def test_queued_prompts_survive_a_daemon_sigkill_paused_and_reach_codex_once_res
         assert "Talk for a while" in input_texts(last.body, "user")  # the same thread
     finally:
         kill_carriers(tokens)
+
+
+def test_an_image_alone_is_a_prompt(
+    client: Client,
+    peer_daemon: DaemonProcess,
+    fake: FakeOpenAI,
+    codex_env: dict[str, str],
+    workdir: Path,
+    deadline: Deadline,
+) -> None:
+    png = tiny_png()
+    fake.script(TextReply("A red square."))
+    sid = create_codex(client, workdir, codex_env)["sessionId"]
+    inline = {"type": "image", "data": base64.b64encode(png).decode(), "mediaType": "image/png"}
+    with Follower(peer_daemon, sid, deadline) as follower:
+        sent = client.call("agentSession.send", {"sessionId": sid, "content": [inline]})
+        assert sent["dispatch"] == "accepted", sent
+        assert follower.wait_for("turn.completed")["body"]["outcome"] == "completed"
+    (request,) = fake.requests()
+    assert input_images(request.body) == ["data:image/png;base64," + inline["data"]]

@@ -483,9 +483,10 @@ class CodexAdapter(Adapter):
         """The prompt as Codex's ``UserInput`` items: its text (file references as
         ``@path`` lines, as Codex's own UI writes them), then each image as a data
         URL (the bytes the daemon kept, not a path that may have changed since)."""
-        items: list[dict[str, Any]] = [
-            {"type": "text", "text": submission.text + submission.file_note(), "text_elements": []}
-        ]
+        text = submission.text + submission.file_note()
+        items: list[dict[str, Any]] = []
+        if text or not submission.inputs:
+            items.append({"type": "text", "text": text, "text_elements": []})
         for item in submission.inputs:
             if isinstance(item, ImageInput):
                 url = f"data:{item.media_type};base64,{base64.b64encode(item.data).decode()}"
