@@ -23,7 +23,7 @@ connection.
 Rule 3: exit codes are the constants below and nothing else: 0 ok, 1 the daemon
 answered with an error (or did not do what was asked, or ``doctor`` found a problem),
 2 usage error (argparse's own), 3 daemon unreachable, 4 the followed session was
-deleted, 130 interrupted (except ``attach`` and ``log --follow``, for which Ctrl-C is
+deleted, 5 / 6 the turn ``ask`` waited for failed / was interrupted, 130 interrupted (except ``attach`` and ``log --follow``, for which Ctrl-C is
 the normal way out: 0), 141 stdout was closed by its reader (``| head``).
 """
 
@@ -47,6 +47,8 @@ EXIT_DAEMON_ERROR = 1  # the daemon answered with an error, or what was asked di
 EXIT_USAGE = 2  # argparse's own code for a bad command line
 EXIT_UNREACHABLE = 3  # no daemon answers and none was (or could be) started
 EXIT_SESSION_GONE = 4  # attach / log --follow: the session was deleted while followed
+EXIT_TURN_FAILED = 5  # ask: the turn failed, or its end is unknown (the agent died)
+EXIT_TURN_INTERRUPTED = 6  # ask: the turn was interrupted
 EXIT_INTERRUPTED = 128 + 2  # what a shell reports for SIGINT
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for SIGPIPE: the reader went away
 
@@ -179,7 +181,8 @@ COMMANDS = (
     Command("start", "start a session's agent if it is not running", f"{_S}:run_start", f"{_S}:configure_session_id", section="sessions"),
     Command("close", "end a session's agent; keep its record and journal", f"{_S}:run_close", f"{_S}:configure_session_id", section="sessions"),
     Command("rm", "close a session, then delete its record and journal", f"{_S}:run_rm", f"{_S}:configure_session_id", section="sessions"),
-    Command("send", "send a prompt; prints its seq and whether the agent took it", f"{_C}:run_send", f"{_C}:configure_send", section="conversation"),
+    Command("ask", "continue this directory's session for an agent (created on first use), stream the answer", "agentsctl.ask:run_ask", "agentsctl.ask:configure_ask", section="conversation"),
+    Command("send", "send a prompt (--image, --file attach); prints its seq and whether the agent took it", f"{_C}:run_send", f"{_C}:configure_send", section="conversation"),
     Command("queue", "the prompts held behind the running turn: list, --withdraw, --edit, --send-now, --resume", f"{_C}:run_queue", f"{_C}:configure_queue", section="conversation"),
     Command("options", "a session's options, what each may be (models, modes) and where a change applies", f"{_K}:run_options", f"{_K}:configure_options", section="conversation"),
     Command("set", "change options (KEY=VALUE ...): live where the agent allows", f"{_K}:run_set", f"{_K}:configure_set", section="conversation"),
@@ -231,6 +234,8 @@ Run `agentsctl COMMAND --help` for a command's options.
 
 examples:
   agentsctl new --provider mock -m "echo hello"   create a session, send a prompt
+  agentsctl ask --provider codex "fix the tests"  this directory's session: ask, stream
+  agentsctl send SESSION --image shot.png "why?"  a prompt with a screenshot
   agentsctl attach SESSION                          watch it live; answer approvals
   agentsctl log SESSION --jsonl --follow            the journal as JSON lines, live
   agentsctl doctor                                  is everything in place?
@@ -256,7 +261,9 @@ exit status:
      prompt was not delivered, or `doctor` found something wrong
   {EXIT_USAGE}  usage error
   {EXIT_UNREACHABLE}  the daemon is unreachable: not running (and --no-start), or not answering
-  {EXIT_SESSION_GONE}  `attach` or `log --follow`: the session was deleted
+  {EXIT_SESSION_GONE}  `attach`, `log --follow` or `ask`: the session was deleted
+  {EXIT_TURN_FAILED}  `ask`: the turn failed (or the agent died before it ended)
+  {EXIT_TURN_INTERRUPTED}  `ask`: the turn was interrupted
   {EXIT_INTERRUPTED}  interrupted by Ctrl-C (`attach` and `log --follow` detach with 0 instead)
   {EXIT_BROKEN_PIPE}  the reader of stdout went away (`agentsctl log ID | head`)
 """

@@ -108,6 +108,12 @@ def configure_new(parser: argparse.ArgumentParser) -> None:
         metavar="CPUS",
         help="CPU time per second, in CPUs (0.5, 2); needs the cpu controller",
     )
+    parser.add_argument(
+        "--resume-from",
+        metavar="HANDLE",
+        help="adopt a conversation started elsewhere (a Codex thread id, a Claude session "
+        "id) in this --cwd: its history is imported and the next prompt continues it",
+    )
     parser.add_argument("--json", action="store_true", help="print the whole JSON result")
 
 
@@ -149,6 +155,8 @@ def run_new(args: argparse.Namespace, target: Target) -> int:
     A prompt that was not delivered exits 1 after the id is printed.
     """
     provider = _provider(args)
+    if args.resume_from is not None and args.stopped:
+        raise UsageError("--resume-from starts the agent: it cannot be --stopped")
     options: dict[str, Any] = {}
     for key, text in args.option:
         try:
@@ -166,6 +174,7 @@ def run_new(args: argparse.Namespace, target: Target) -> int:
         memory_max=args.memory_max,
         pids_max=args.pids_max,
         cpu_max=args.cpu_max,
+        resume_from=None if args.resume_from is None else s.ResumeFrom(handle=args.resume_from),
     )
     try:
         created = mutate(target, methods.CREATE, params)

@@ -41,6 +41,7 @@ from agentsd_protocol.api.events import (
     ItemUpdated,
     LeaseAcquired,
     LeaseReleased,
+    MessageImported,
     SessionAcknowledged,
     SessionCreated,
     SessionUpdated,
@@ -212,8 +213,15 @@ class Transcript:
                 self.note(
                     f"continued: the agent was asked to carry on the turn cut off at seq {cut_at}"
                 )
-            case Submission(text=text):
+            case Submission(text=text, attachments=attachments):
                 self.line("> " + text.replace("\n", "\n  "), self.style.bold)
+                for attached in attachments:
+                    size = f", {attached.byte_length} bytes" if attached.byte_length else ""
+                    kind = attached.media_type or attached.type
+                    self.line(f"  [{kind}{size}] {attached.path or '(inline)'}", self.style.dim)
+            case MessageImported(role=role, text=text):
+                prefix = "> " if role == "user" else ""
+                self.line(f"{prefix}{text}".replace("\n", "\n  "), self.style.dim)
             case SubmissionDispatched(outcome=outcome, reason=reason):
                 if outcome != "accepted":
                     why = f": {reason}" if reason else ""
@@ -245,8 +253,9 @@ class Transcript:
                 self.note(f"approval {approval_id}: {decision} (by {by})")
             case AgentError(message=message):
                 self.line(f"! agent error: {message}", self.style.warn)
-            case SessionCreated(provider=provider, cwd=cwd):
-                self.note(f"session created ({provider} in {cwd})")
+            case SessionCreated(provider=provider, cwd=cwd, resume_from=adopted):
+                adopting = f", adopting {adopted}" if adopted else ""
+                self.note(f"session created ({provider} in {cwd}{adopting})")
             case ChildReady(agent_version=version):
                 self.note(f"agent ready ({version})" if version else "agent ready")
             case ChildExited() as exited:

@@ -39,10 +39,10 @@ from agentsd.held_lease import SETTLE_TIMEOUT_S, HeldLease, exit_cause, open_lea
 from agentsd.leases import Lease
 from agentsd.providers.base import Adapter, LineLink, Provider, Resume
 from agentsd.providers.versions import settle_version
-from agentsd.session import Session, had_turns
+from agentsd.session import Session, had_turns, was_ready
 from agentsd.sink import Sink
 from agentsd.stderr_log import StderrLog
-from agentsd_protocol.api.events import ChildReady
+from agentsd_protocol.api.events import ChildReady, Event
 from agentsd_protocol.api.session import ExitCause
 from agentsd_protocol.errors import (
     AgentExited,
@@ -282,8 +282,13 @@ async def _handshake(
     timeout_s = supervisor.config.handshake_timeout_s
     resume = None
     if session.row.provider_handle is not None:
-        turns = await supervisor.store.read(lambda conn: had_turns(conn, session.id))
-        resume = Resume(handle=session.row.provider_handle, had_turns=turns)
+        turns, ready_before = await supervisor.store.read(
+            lambda conn: (had_turns(conn, session.id), was_ready(conn, session.id))
+        )
+        # A handle before any child was ready is one the session adopted
+        # (``create {resumeFrom}``): it must exist, and its history is imported.
+        adopt = not ready_before
+        resume = Resume(handle=session.row.provider_handle, had_turns=turns or adopt, adopt=adopt)
     try:
         with trio.fail_after(timeout_s):
             handle = await adapter.handshake(resume)
@@ -308,9 +313,12 @@ async def _handshake(
         agent_version=version,
         agent_name=adapter.agent_name,
     )
+    events: list[Event] = [] if adapter.superseded is None else [adapter.superseded]
+    if resume is not None and resume.adopt:
+        events += await adapter.imported_history()
     with trio.move_on_after(SETTLE_TIMEOUT_S) as slow:
         await session.journal.append(
-            [ready] if adapter.superseded is None else [adapter.superseded, ready],
+            [*events, ready],
             fence=lease.fence,
             provider_handle=handle,
         )

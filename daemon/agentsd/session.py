@@ -37,6 +37,7 @@ from agentsd_protocol.api.events import (
     ApprovalRequested,
     ApprovalResolved,
     ChildExited,
+    ChildReady,
     ConversationCleared,
     Event,
     Submission,
@@ -288,3 +289,8 @@ def had_turns(conn: sqlite3.Connection, session_id: str) -> bool:
         last_seq_of_kind(conn, session_id, kind_of(ConversationCleared)),
     )
     return has_kind_after(conn, session_id, kind_of(TurnStarted), began)
+
+
+def was_ready(conn: sqlite3.Connection, session_id: str) -> bool:
+    """Whether a child of the session ever completed its handshake."""
+    return last_seq_of_kind(conn, session_id, kind_of(ChildReady)) > 0

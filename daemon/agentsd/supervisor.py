@@ -32,6 +32,7 @@ import msgspec
 import trio
 
 from agentsd.agent_env import AgentEnvironment
+from agentsd.attachments import BlobStore
 from agentsd.cgroup import FALLBACK, Containment
 from agentsd.config import Config, Limits
 from agentsd.drain import TurnGate
@@ -99,6 +100,7 @@ class Supervisor:
         self._providers = providers
         self._nursery = nursery
         self.host_id = _host_id(state_dir)
+        self.blobs = BlobStore(state_dir / "blobs")
 
     # ---- lookup -------------------------------------------------------------------
 
@@ -208,13 +210,16 @@ class Supervisor:
         created_by: str | None = None,
         operation: Operation | None = None,
         provisional: Callable[[SessionInfo], Any] | None = None,
+        resume_from: str | None = None,
     ) -> Session:
         """Insert the record and its ``session.created`` event; with ``operation``,
         the ledger's provisional entry commits in the same transaction, so a retry
         after a crash finds this session instead of creating another. ``limits`` are
         the session's own (``SessionLimits`` as the wire spells it); ``created_by``
-        is the session whose agent asks (None: the user). Raises
-        ``LimitUnavailable``, with nothing stored, if its limits cannot be applied."""
+        is the session whose agent asks (None: the user). With ``resume_from`` the
+        session adopts that provider conversation: it is the handle its first start
+        resumes (``runner``: an adoption). Raises ``LimitUnavailable``, with nothing
+        stored, if its limits cannot be applied."""
         self.provider(provider)
         now = time.time()
         row = session_rows.SessionRow(
@@ -226,13 +231,15 @@ class Supervisor:
             options=options,
             env=env,
             command=command,
-            provider_handle=None,
+            provider_handle=resume_from,
             created_at=now,
             updated_at=now,
             limits=limits,
             created_by=created_by,
         )
-        created = SessionCreated(provider=provider, cwd=cwd, title=title, by=created_by)
+        created = SessionCreated(
+            provider=provider, cwd=cwd, title=title, by=created_by, resume_from=resume_from
+        )
         session = self._bound(Session(row=row, head_seq=0, board=self.board))
         await self.check_limits(session)
 
@@ -344,6 +351,7 @@ class Supervisor:
             await trio.to_thread.run_sync(remove_log, self.stderr_path(session.id))
         except OSError as exc:
             log.warning("could not remove the stderr log of session %s: %s", session.id, exc)
+        await trio.to_thread.run_sync(self.blobs.drop, session.id)
         self.feed.end_session(session.id, "deleted")
         self.board.deleted(session)
 

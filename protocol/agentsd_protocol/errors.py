@@ -299,6 +299,27 @@ class Draining(RpcError):
     retryable = True
 
 
+class ContentUnsupported(RpcError):
+    """The prompt carries a content block (an image, a file reference) the session's
+    agent cannot take. Refused before anything is journaled; ``block`` names the
+    block's type and ``provider`` the agent."""
+
+    code = -32050
+    kind = "content_unsupported"
+
+
+class AttachmentRefused(RpcError):
+    """An image or file of a prompt cannot be used: missing, not a regular file, in
+    a place the daemon does not read from, past its size bound, or not an image of a
+    known type. Refused before anything is journaled; ``reason`` is a stable word
+    (``not_found``, ``not_regular``, ``forbidden_path``, ``too_large``,
+    ``not_an_image``, ``bad_base64``, ``too_many``), ``limit`` the bound when one was
+    passed."""
+
+    code = -32051
+    kind = "attachment_refused"
+
+
 def _all_subclasses(cls: type[RpcError]) -> list[type[RpcError]]:
     out: list[type[RpcError]] = []
     for sub in cls.__subclasses__():

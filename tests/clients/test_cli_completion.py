@@ -322,3 +322,20 @@ def test_set_and_command_complete_from_the_sessions_options_and_commands(
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert [row.split("\t")[0] for row in done.stdout.splitlines()] == wanted
+
+
+def test_bash_completes_the_conversation_controls(tmp_path: Path) -> None:
+    (tmp_path / "shot.png").write_text("")
+    assert set(complete_in_bash("ask", "--")) >= {
+        "--provider",
+        "--session",
+        "--no-wait",
+        "--image",
+        "--file",
+    }
+    assert complete_in_bash("ask", "--provider", "c") == ["codex", "claude"]
+    assert complete_in_bash("send", "s1", "--image", f"{tmp_path}/s") == [f"{tmp_path}/shot.png"]
+    assert complete_in_bash("send", "s1", "--file", f"{tmp_path}/s") == [f"{tmp_path}/shot.png"]
+    assert set(complete_in_bash("send", "s1", "--")) >= {"--image", "--file", "--queue"}
+    assert complete_in_bash("new", "--resume") == ["--resume-from"]
+    assert complete_in_bash("new", "--resume-from", "") == []  # a conversation id: free text

@@ -49,6 +49,7 @@ KINDS_SINCE_V1 = {
     "commands.updated",
     "command.run",
     "conversation.cleared",
+    "message.imported",
 }
 # A body's field "kind" before the union (the tag owns that name now).
 RENAMED_FIELDS = {

@@ -1,9 +1,11 @@
 """A minimal ACP agent for the tests, that misbehaves on request (stdlib only, so it
 starts in milliseconds).
 
-Started as ``python acp_test_agent.py [--hang-init] [--no-load] [--auth] [--forget]``
-(``--auth``: ``session/new`` needs a login first; ``--forget``: ``session/load``
-knows no session). A prompt's text
+Started as ``python acp_test_agent.py [--hang-init] [--no-load] [--auth] [--forget]
+[--images]`` (``--auth``: ``session/new`` needs a login first; ``--forget``:
+``session/load`` knows no session; ``--images``: its prompts take images, which it
+echoes as ``[image MIME SHA256 LENGTH]``, as it echoes a ``resource_link`` as
+``[link URI]``). A prompt's text
 chooses what the turn does:
 
 - ``permission``: asks for permission and reports the outcome it got;
@@ -173,8 +175,21 @@ def prompt(request_id: Any, params: dict[str, Any]) -> None:
             },
         )
         chunk(session_id, "echo: ")
-        chunk(session_id, text)
+        chunk(session_id, text + "".join(describe(b) for b in params["prompt"]))
     write({"id": request_id, "result": {"stopReason": "cancelled" if cancelled[0] else stop}})
+
+
+def describe(block: dict[str, Any]) -> str:
+    """What the echo says of a prompt block other than text."""
+    if block.get("type") == "image":
+        import base64
+        import hashlib
+
+        data = base64.b64decode(block.get("data", ""))
+        return f" [image {block.get('mimeType')} {hashlib.sha256(data).hexdigest()} {len(data)}]"
+    if block.get("type") == "resource_link":
+        return f" [link {block.get('uri')}]"
+    return ""
 
 
 def main() -> None:
@@ -195,7 +210,10 @@ def main() -> None:
                     "id": request_id,
                     "result": {
                         "protocolVersion": 1,
-                        "agentCapabilities": {"loadSession": can_load},
+                        "agentCapabilities": {
+                            "loadSession": can_load,
+                            "promptCapabilities": {"image": "--images" in sys.argv},
+                        },
                         "authMethods": [{"id": "login", "name": "Log in with Test"}],
                         "agentInfo": {"name": "acp-test-agent", "version": "1.2.3"},
                     },

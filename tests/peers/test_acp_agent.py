@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import pytest
 from agentsctl.client import Client
 from agentsd_protocol.errors import (
     AgentStartFailed,
+    ContentUnsupported,
     HandshakeTimeout,
     InvalidParams,
     UnknownCommand,
@@ -36,6 +38,7 @@ def agent_config(path: Path, *flags: str, handshake_timeout_s: float = 10.0) -> 
         f"[agents.testacp-noload]\ncommand = {json.dumps([*command, '--no-load'])}\n"
         f"[agents.testacp-auth]\ncommand = {json.dumps([*command, '--auth'])}\n"
         f"[agents.testacp-forget]\ncommand = {json.dumps([*command, '--forget'])}\n"
+        f"[agents.testacp-images]\ncommand = {json.dumps([*command, '--images'])}\n"
     )
     return path
 
@@ -437,3 +440,53 @@ def test_commands_and_a_live_mode_switch(
             client.call("agentSession.setOptions", {"sessionId": sid, "changes": {"model": "x"}})
     kinds = [e["kind"] for e in history(client, sid)]
     assert kinds.count("command.run") == 1
+
+
+def test_images_go_to_an_agent_that_takes_them_and_are_refused_unjournaled_otherwise(
+    client: Client, peer_daemon: DaemonProcess, workdir: Path, deadline: Deadline
+) -> None:
+    png = b"\x89PNG\r\n\x1a\n" + bytes(range(64))
+    (workdir / "shot.png").write_bytes(png)
+    (workdir / "notes.txt").write_text("x")
+    image = {"type": "image", "path": "shot.png"}
+    link = {"type": "file", "path": "notes.txt"}
+    plain = create(client, workdir)
+    before = history(client, plain)
+    with pytest.raises(ContentUnsupported) as caught:
+        client.call("agentSession.send", {"sessionId": plain, "text": "hi", "content": [image]})
+    assert caught.value.details == {"block": "image", "provider": "testacp"}
+    assert history(client, plain) == before
+    # A file reference is a resource_link, which every ACP agent takes.
+    with Follower(peer_daemon, plain, deadline) as follower:
+        client.call("agentSession.send", {"sessionId": plain, "text": "hi", "content": [link]})
+        follower.wait_for("turn.completed")
+    texts = [e["body"].get("text", "") for e in history(client, plain)]
+    assert f"echo: hi [link file://{workdir / 'notes.txt'}]" in texts
+
+    takes = create(client, workdir, provider="testacp-images")
+    with Follower(peer_daemon, takes, deadline) as follower:
+        client.call("agentSession.send", {"sessionId": takes, "text": "see", "content": [image]})
+        follower.wait_for("turn.completed")
+    digest = hashlib.sha256(png).hexdigest()
+    texts = [e["body"].get("text", "") for e in history(client, takes)]
+    assert f"echo: see [image image/png {digest} {len(png)}]" in texts
+
+
+def test_a_stopped_acp_session_is_started_to_learn_whether_it_takes_images(
+    client: Client, peer_daemon: DaemonProcess, workdir: Path, deadline: Deadline
+) -> None:
+    png = b"\x89PNG\r\n\x1a\n" + bytes(range(16))
+    (workdir / "shot.png").write_bytes(png)
+    image = {"type": "image", "path": "shot.png"}
+    takes = create(client, workdir, provider="testacp-images", start=False)
+    with Follower(peer_daemon, takes, deadline) as follower:
+        sent = client.call(
+            "agentSession.send", {"sessionId": takes, "text": "see", "content": [image]}
+        )
+        assert sent["dispatch"] == "accepted", sent
+        follower.wait_for("turn.completed")
+    refuses = create(client, workdir, start=False)
+    with pytest.raises(ContentUnsupported):
+        client.call("agentSession.send", {"sessionId": refuses, "text": "see", "content": [image]})
+    kinds = [e["kind"] for e in history(client, refuses)]
+    assert "submission" not in kinds and "child.ready" in kinds  # started to ask, nothing sent

@@ -4,6 +4,7 @@ and its agent's life."""
 from __future__ import annotations
 
 import bisect
+import re
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -20,6 +21,10 @@ if TYPE_CHECKING:
     from agentsd.connection import Call
     from agentsd.session import Session
     from agentsd.supervisor import Supervisor
+
+MAX_TITLE_CHARS = 500  # a status-bar label, not a document
+# A Codex thread id or Claude session id (uuids); never a path or a flag.
+HANDLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 
 _encoder = msgspec.json.Encoder()
 
@@ -86,8 +91,22 @@ async def handle_create(call: Call, params: api.CreateParams) -> api.CreateResul
     _check_create(params)
     limits = _own_limits(params)
     supervisor = call.app.supervisor
-    supervisor.provider(params.provider)
+    provider = supervisor.provider(params.provider)
     cwd = supervisor.check_cwd(params.cwd)
+    resume_from = None if params.resume_from is None else params.resume_from.handle
+    if resume_from is not None:
+        if not provider.adopts:
+            raise InvalidParams(
+                f"Invalid params: a {params.provider} session cannot adopt a conversation"
+            )
+        if not params.start:
+            raise InvalidParams(
+                "Invalid params: resumeFrom needs start: the adoption is checked then"
+            )
+        if not HANDLE.fullmatch(resume_from):
+            raise InvalidParams(
+                f"Invalid params: resumeFrom.handle is not a conversation id: {excerpt(resume_from)}"
+            )
 
     def provisional(session_info: api.SessionInfo) -> Any:
         return api.CreateResult(
@@ -109,6 +128,7 @@ async def handle_create(call: Call, params: api.CreateParams) -> api.CreateResul
         created_by=call.connection.caller_session,
         operation=call.operation,
         provisional=provisional,
+        resume_from=resume_from,
     )
     if params.start:
         try:

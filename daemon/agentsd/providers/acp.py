@@ -67,6 +67,15 @@ class AcpProvider(Provider):
             )
         return LaunchSpec(argv=[program, *argv[1:]], env=self.agent.env)
 
+    content_types = frozenset({"file"})  # resource_link: every ACP agent takes it
+
+    def refused_content(self, types: set[str], adapter: Adapter | None) -> str | None:
+        """Images only when the running agent said at ``initialize`` it takes them
+        (``promptCapabilities.image``); a stopped session is started to ask first."""
+        if "image" in types and not (isinstance(adapter, AcpAdapter) and adapter.takes_images):
+            return "image"
+        return super().refused_content(types - {"image"}, adapter)
+
     def adapter(self, link: LineLink, sink: SessionSink, session: SessionRow) -> Adapter:
         return AcpAdapter(link, sink, session, self.agent)
 

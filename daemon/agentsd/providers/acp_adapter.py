@@ -30,8 +30,10 @@ journaled as ``agent.error``; the session goes on.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import logging
+import os
 import secrets
 from collections.abc import Mapping
 from typing import Any
@@ -57,6 +59,7 @@ from agentsd.providers.base import (
     MAX_BAD_LINES,
     Adapter,
     Dispatch,
+    ImageInput,
     LineLink,
     Resume,
     SessionSink,
@@ -328,6 +331,12 @@ class AcpAdapter(Adapter):
             log.warning("answered %s's permission request cancelled: %s", name, exc.message)
             await self._rpc.respond(request_id, CANCELLED)
 
+    @property
+    def takes_images(self) -> bool:
+        """Whether the agent said at ``initialize`` that its prompts take images."""
+        prompt = self._opener.capabilities.get("promptCapabilities")
+        return isinstance(prompt, dict) and prompt.get("image") is True
+
     # -- from RPC handlers ------------------------------------------------------------
 
     async def send(self, submission: Submission) -> Dispatch:
@@ -350,7 +359,7 @@ class AcpAdapter(Adapter):
                 "session/prompt",
                 {
                     "sessionId": self._session_id,
-                    "prompt": [{"type": "text", "text": submission.text}],
+                    "prompt": prompt_blocks(submission),
                 },
             )
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -421,3 +430,17 @@ class AcpAdapter(Adapter):
             log.info("no open permission request %s to answer", native_id)
             return
         await self._rpc.respond(request.request_id, permission_answer(request.option_ids, decision))
+
+
+def prompt_blocks(submission: Submission) -> list[dict[str, Any]]:
+    """A prompt as ACP content blocks: its text, then each image (base64) and each
+    file reference (a ``resource_link``, which every ACP agent takes)."""
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": submission.text}]
+    for item in submission.inputs:
+        if isinstance(item, ImageInput):
+            data = base64.b64encode(item.data).decode()
+            blocks.append({"type": "image", "mimeType": item.media_type, "data": data})
+        else:
+            name = os.path.basename(item.path) or item.path
+            blocks.append({"type": "resource_link", "uri": f"file://{item.path}", "name": name})
+    return blocks

@@ -76,6 +76,25 @@ class Resume:
 
     handle: str
     had_turns: bool
+    # The session adopts ``handle``, a conversation started outside the daemon
+    # (``create {resumeFrom}``): check it belongs to the session's cwd, and keep
+    # its history for ``Adapter.imported_history``. ``had_turns`` is then true.
+    adopt: bool = False
+
+
+@attrs.frozen
+class ImageInput:
+    """An image of a prompt: its bytes, read back from the session's copy."""
+
+    media_type: str
+    data: bytes
+
+
+@attrs.frozen
+class FileInput:
+    """A file reference of a prompt: the agent reads ``path`` (absolute) itself."""
+
+    path: str
 
 
 @attrs.frozen
@@ -93,10 +112,18 @@ class OptionSpec:
 
 @attrs.frozen
 class Submission:
-    """A prompt the daemon journaled (write-ahead) and now hands to the agent."""
+    """A prompt the daemon journaled (write-ahead) and now hands to the agent:
+    ``text``, then ``inputs`` in order."""
 
     client_message_id: str
     text: str
+    inputs: tuple[ImageInput | FileInput, ...] = ()
+
+    def file_note(self) -> str:
+        """The file references as text, for agents whose input has no file item:
+        the agent reads them with its own tools, as after an ``@path`` in its UI."""
+        paths = [i.path for i in self.inputs if isinstance(i, FileInput)]
+        return "".join(f"\n@{path}" for path in paths)
 
 
 @attrs.frozen
@@ -238,7 +265,9 @@ class LineLink:
 
 
 class Adapter(abc.ABC):
-    """Speaks to one running agent child."""
+    """Speaks to one running agent child. An adapter that cannot adopt a
+    conversation (``Resume.adopt``) refuses it in ``handshake`` with
+    ``ResumeFailed``."""
 
     __slots__ = ()  # a subclass may declare its own: one adapter lives per session
 
@@ -267,6 +296,12 @@ class Adapter(abc.ABC):
         """Initialize the agent (resuming natively when ``resume`` is given) and
         return the provider handle to store. Raise an ``RpcError`` on failure:
         ``ResumeFailed`` when a conversation that had turns cannot be resumed."""
+
+    async def imported_history(self) -> list[Event]:
+        """After a handshake that adopted a conversation (``Resume.adopt``): its
+        earlier messages as ``message.imported`` events, oldest first, to journal
+        with ``child.ready``. Raises ``ResumeFailed`` when it cannot be read."""
+        return []
 
     @abc.abstractmethod
     async def run(self) -> None:
@@ -327,6 +362,11 @@ class Provider(abc.ABC):
     # What ``agentSession.continue`` sends into the natively resumed conversation, as
     # the user's next message (no provider has a native "carry on" request).
     continuation_prompt: ClassVar[str] = CONTINUATION_PROMPT
+    # The content block types (``api.conversation.Content``) besides text that its
+    # agent takes; a send with another is refused before it is journaled.
+    content_types: ClassVar[frozenset[str]] = frozenset()
+    # Whether its adapter can adopt a conversation started elsewhere (``Resume.adopt``).
+    adopts: ClassVar[bool] = False
     # The agent program this provider runs, if it is a known one: its ``--version``
     # is asked when the handshake does not say (``agentsd.providers.versions``).
     program: ClassVar[Program | None] = None
@@ -351,6 +391,11 @@ class Provider(abc.ABC):
         with (the launch checks the same). A provider without declared options
         checks them only when its agent starts."""
         return None
+
+    def refused_content(self, types: set[str], adapter: Adapter | None) -> str | None:
+        """The first of the block ``types`` its agent cannot take (``adapter`` is the
+        running one, if any: some agents say what they take in their handshake)."""
+        return next((t for t in sorted(types) if t not in self.content_types), None)
 
 
 def journal_payload(data: str | bytes, max_bytes: int) -> BoundedPayload:

@@ -47,6 +47,7 @@ from agentsd.providers.base import (
     SessionSink,
 )
 from agentsd.providers.claude_adapter import MIN_VERSION, PERMISSION_MODE_FLAGS, ClaudeAdapter
+from agentsd.providers.claude_transcript import project_slug
 from agentsd.providers.mcp_servers import claude_mcp_config, parse_mcp_servers
 from agentsd.providers.programs import CLAUDE, find_program
 from agentsd.store.sessions import SessionRow
@@ -233,11 +234,14 @@ class Launched:
     fence: int
     session_id: str
     replaces: str | None = None  # the session's id, which has no transcript (Rule 2)
+    transcript: Path | None = None  # where the resumed session's transcript is for this cwd
 
 
 class ClaudeProvider(Provider):
     name = "claude"
     program = CLAUDE
+    content_types = frozenset({"image", "file"})
+    adopts = True
     minimum_version = MIN_VERSION
 
     def __init__(self) -> None:
@@ -260,7 +264,10 @@ class ClaudeProvider(Provider):
             program = [found]
         handle = session.provider_handle
         if handle is not None and has_transcript(agent_env, handle):
-            chosen = Launched(session.fence, handle)
+            home = config_dir(agent_env)
+            own = None if home is None else home / "projects" / project_slug(session.cwd)
+            transcript = None if own is None else own / f"{handle}.jsonl"
+            chosen = Launched(session.fence, handle, transcript=transcript)
             flags += ["--resume", handle]
         else:
             chosen = Launched(session.fence, str(uuid.uuid4()), replaces=handle)
@@ -274,7 +281,13 @@ class ClaudeProvider(Provider):
             # Rule 1 broken: a bug, not the agent's doing. Refusing to guess keeps a
             # wrong id from ever becoming the provider handle.
             raise AgentStartFailed(f"claude for session {session.id} was not launched by agentsd")
-        return ClaudeAdapter(link, sink, session_id=launched.session_id, replaces=launched.replaces)
+        return ClaudeAdapter(
+            link,
+            sink,
+            session_id=launched.session_id,
+            replaces=launched.replaces,
+            transcript=launched.transcript,
+        )
 
     def option_specs(self) -> Mapping[str, OptionSpec]:
         return OPTION_SPECS

@@ -32,7 +32,9 @@ protocol's refusal or an error (``codex_approvals``).
 
 from __future__ import annotations
 
+import base64
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,6 +45,7 @@ from agentsd.providers.base import (
     MAX_BAD_LINES,
     Adapter,
     Dispatch,
+    ImageInput,
     LaunchSpec,
     LineLink,
     OptionSpec,
@@ -69,6 +72,7 @@ from agentsd.providers.codex_events import (
     turn_id_of,
     turn_plan,
     usage_updated,
+    user_text,
 )
 from agentsd.providers.codex_options import (
     MIN_VERSION,
@@ -77,6 +81,7 @@ from agentsd.providers.codex_options import (
     parse_version,
 )
 from agentsd.providers.codex_rpc import Call, Garbage, RpcPeer, clip, error_message
+from agentsd.providers.imported import imported, latest
 from agentsd.providers.programs import CODEX, find_program
 from agentsd.providers.versions import refuse_if_too_old
 from agentsd.store.sessions import SessionRow
@@ -85,6 +90,8 @@ from agentsd_protocol.api.events import (
     AgentCommand,
     AgentError,
     AgentWarning,
+    Event,
+    MessageImported,
     ThreadStatus,
     ThreadSuperseded,
     TurnDiff,
@@ -145,6 +152,8 @@ def never_saved(error: Any) -> bool:
 class CodexProvider(Provider):
     name = "codex"
     program = CODEX
+    content_types = frozenset({"image", "file"})
+    adopts = True
     minimum_version = MIN_VERSION
 
     def launch(self, session: SessionRow, state_dir: Any, env: Mapping[str, str]) -> LaunchSpec:
@@ -182,6 +191,7 @@ class CodexAdapter(Adapter):
         self._options = parse_options(self._raw_options)
         self._live: set[str] = set()  # options changed live: turn/start overrides them
         self._skills: dict[str, str] = {}  # name -> path, from the last skills/list
+        self._imported: list[MessageImported] = []  # an adopted thread's history
         self._thread_id: str | None = None
         self._turn_id: str | None = None
         self._requests: dict[str, ServerRequest] = {}  # approvals not yet answered
@@ -245,6 +255,8 @@ class CodexAdapter(Adapter):
 
         params = {"cwd": self._session.cwd, **self._options.thread_params()}
         superseded_because = None
+        if resume is not None and resume.adopt:
+            await self._read_adopted(resume.handle)
         if resume is None:
             call = await self._start_thread(params)
         else:
@@ -261,6 +273,32 @@ class CodexAdapter(Adapter):
             )
         self._thread_id = thread_id
         return thread_id
+
+    async def _read_adopted(self, thread_id: str) -> None:
+        """``thread/read`` of a thread the session adopts: it must exist in this
+        ``CODEX_HOME`` and belong to the session's cwd; its turns become the history
+        to import. Raises ``ResumeFailed`` otherwise."""
+        call = await self._handshake_call(
+            "thread/read", {"threadId": thread_id, "includeTurns": True}
+        )
+        if call.error is not None:
+            raise ResumeFailed(
+                f"codex has no thread {thread_id} to adopt (in this CODEX_HOME): "
+                f"{error_message(call.error)}"
+            )
+        thread = call.result.get("thread") if isinstance(call.result, dict) else None
+        if not isinstance(thread, dict):
+            raise AgentProtocolError(f"codex answered thread/read with {clip(call.result)}")
+        cwd = thread.get("cwd")
+        if not isinstance(cwd, str) or not same_dir(cwd, self._session.cwd):
+            raise ResumeFailed(
+                f"codex thread {thread_id} belongs to {cwd}, not to {self._session.cwd}; "
+                "adopt it from a session in that directory"
+            )
+        self._imported = thread_history(thread.get("turns"))
+
+    async def imported_history(self) -> list[Event]:
+        return list(self._imported)
 
     async def _start_thread(self, params: dict[str, Any]) -> Call:
         call = await self._handshake_call("thread/start", params)
@@ -474,10 +512,21 @@ class CodexAdapter(Adapter):
     # -- from RPC handlers ------------------------------------------------------------
 
     def _user_input(self, submission: Submission) -> dict[str, Any]:
+        """The prompt as Codex's ``UserInput`` items: its text (file references as
+        ``@path`` lines, as Codex's own UI writes them), then each image as a data
+        URL (the bytes the daemon kept, not a path that may have changed since)."""
+        text = submission.text + submission.file_note()
+        items: list[dict[str, Any]] = []
+        if text or not submission.inputs:
+            items.append({"type": "text", "text": text, "text_elements": []})
+        for item in submission.inputs:
+            if isinstance(item, ImageInput):
+                url = f"data:{item.media_type};base64,{base64.b64encode(item.data).decode()}"
+                items.append({"type": "image", "url": url})
         return {
             "threadId": self._thread_id,
             "clientUserMessageId": submission.client_message_id,
-            "input": [{"type": "text", "text": submission.text, "text_elements": []}],
+            "input": items,
         }
 
     async def send(self, submission: Submission) -> Dispatch:
@@ -669,3 +718,31 @@ class CodexAdapter(Adapter):
             log.info("no open codex request %s to answer (withdrawn or answered)", native_id)
             return
         await self._rpc.respond(request.request_id, response(request, decision))
+
+
+def same_dir(a: str, b: str) -> bool:
+    """Whether two paths name the same directory (symlinks resolved)."""
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def thread_history(turns: Any) -> list[MessageImported]:
+    """The user and agent messages of a thread's turns, oldest first."""
+    messages: list[MessageImported] = []
+    for turn in turns if isinstance(turns, list) else []:
+        if not isinstance(turn, dict):
+            continue
+        turn_id = turn.get("id") if isinstance(turn.get("id"), str) else None
+        for item in turn.get("items") or []:
+            if not isinstance(item, dict):
+                continue
+            if item.get("type") == "userMessage":
+                text = user_text(item.get("content"))
+                role = "user"
+            elif item.get("type") == "agentMessage":
+                text = str(item.get("text") or "")
+                role = "assistant"
+            else:
+                continue
+            if text:
+                messages.append(imported(role, text, turn_id))
+    return latest(messages)

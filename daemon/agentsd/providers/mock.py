@@ -4,6 +4,7 @@ misbehave on purpose (see ``mock_agent``)."""
 
 from __future__ import annotations
 
+import base64
 import sys
 import uuid
 from collections.abc import Mapping
@@ -17,6 +18,8 @@ from agentsd.providers.base import (
     MAX_BAD_LINES,
     Adapter,
     Dispatch,
+    FileInput,
+    ImageInput,
     LaunchSpec,
     LineLink,
     OptionSpec,
@@ -68,6 +71,7 @@ OPTION_SPECS: dict[str, OptionSpec] = {
 
 class MockProvider(Provider):
     name = "mock"
+    content_types = frozenset({"image", "file"})
 
     def launch(self, session: SessionRow, state_dir: Any, env: Mapping[str, str]) -> LaunchSpec:
         argv = list(session.command or [sys.executable, "-m", "agentsd.providers.mock_agent"])
@@ -257,8 +261,7 @@ class MockAdapter(Adapter):
                 )
 
     async def send(self, submission: Submission) -> Dispatch:
-        frame = {"type": "prompt", "id": submission.client_message_id, "text": submission.text}
-        return await self._dispatch(submission.client_message_id, frame)
+        return await self._dispatch(submission.client_message_id, prompt_frame(submission))
 
     async def _dispatch(self, frame_id: str, frame: dict[str, Any]) -> Dispatch:
         """Write a frame the mock acks (a prompt, a command) and wait for its ack."""
@@ -317,3 +320,23 @@ class MockAdapter(Adapter):
         await self._link.send(
             {"type": "approval_response", "requestId": native_id, "decision": decision}
         )
+
+
+def prompt_frame(submission: Submission) -> dict[str, Any]:
+    """The mock agent's ``prompt`` frame, with images (base64) and files when any."""
+    frame: dict[str, Any] = {
+        "type": "prompt",
+        "id": submission.client_message_id,
+        "text": submission.text,
+    }
+    images = [
+        {"mediaType": i.media_type, "data": base64.b64encode(i.data).decode()}
+        for i in submission.inputs
+        if isinstance(i, ImageInput)
+    ]
+    files = [i.path for i in submission.inputs if isinstance(i, FileInput)]
+    if images:
+        frame["images"] = images
+    if files:
+        frame["files"] = files
+    return frame

@@ -24,7 +24,9 @@ Frames in (one JSON object per line) and what answers them:
 - ``initialize {handle}`` -> ``initialized {handle, agent, version, history}``;
   a null handle starts a conversation, a given one resumes
   ``<stateDir>/<handle>.json`` (history = number of earlier messages).
-- ``prompt {id, text}`` -> ``ack {id, turnId}`` at once; if no turn runs:
+- ``prompt {id, text, images?, files?}`` -> ``ack {id, turnId}`` at once (each
+  image ``{mediaType, data}`` (base64) and file path is recorded as a line after
+  the text: ``[image MEDIA_TYPE SHA256 LENGTH]``, ``[file PATH]``); if no turn runs:
   ``turn_started``, ``delta``s, ``message`` (the full text: the deltas joined),
   ``turn_completed {outcome: "completed"}``. While a turn runs, a prompt steers it:
   its reply is appended to the running turn. The word ``approve`` first raises an
@@ -275,6 +277,11 @@ class Agent:
         if not isinstance(text, str):
             self.out.write({"type": "error", "message": "prompt text must be a string"})
             return
+        attached = _attached(frame)
+        if attached is None:
+            self.out.write({"type": "error", "message": "images and files must be lists"})
+            return
+        text += attached
         if self.options.ack_delay_s:
             time.sleep(self.options.ack_delay_s)
         if record:
@@ -514,6 +521,27 @@ def _read_stdin(inbox: queue.Queue[bytes | None]) -> None:
         pass
     finally:
         inbox.put(None)
+
+
+def _attached(frame: Frame) -> str | None:
+    """What a prompt's images and files add to its text, as the mock records them:
+    a line per image naming its media type, the sha256 of the bytes it received
+    and their length (so a test sees the bytes themselves arrived), and a line per
+    file reference. None when they are malformed."""
+    images = frame.get("images", [])
+    files = frame.get("files", [])
+    if not isinstance(images, list) or not isinstance(files, list):
+        return None
+    import base64
+    import hashlib
+
+    lines = []
+    for image in images:
+        data = base64.b64decode(image.get("data", "")) if isinstance(image, dict) else b""
+        media_type = image.get("mediaType") if isinstance(image, dict) else None
+        lines.append(f"[image {media_type} {hashlib.sha256(data).hexdigest()} {len(data)}]")
+    lines.extend(f"[file {path}]" for path in files)
+    return "".join("\n" + line for line in lines)
 
 
 def main() -> int:

@@ -4,13 +4,61 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from agentsd_protocol.api.base import MutationParams, Result
+import msgspec
+
+from agentsd_protocol.api.base import MutationParams, Params, Result
 from agentsd_protocol.api.controls import AppliesAt
 from agentsd_protocol.api.session import SessionInfo
 
 DispatchOutcome = Literal["accepted", "rejected", "unknown"]
 Delivery = Literal["steer", "queue", "interrupt"]
 QueueAction = Literal["list", "withdraw", "edit", "sendNow", "resume"]
+
+
+class Attachment(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    """An image or file reference of a prompt, as the journal keeps it: never the
+    bytes. ``type`` is ``image`` or ``file``. An image's bytes are kept by the
+    daemon under its ``sha256`` (hex) for the session's life; ``path`` is where it
+    was read from (absent for inline data). A file reference is its absolute
+    ``path`` and the file's length when it was sent (never read: no digest)."""
+
+    type: str
+    sha256: str | None = None
+    byte_length: int | None = None
+    media_type: str | None = None
+    path: str | None = None
+
+
+class ContentBlock(Params, frozen=True, kw_only=True, tag_field="type"):
+    """One part of a prompt (``SendParams.content``)."""
+
+
+class TextBlock(ContentBlock, frozen=True, kw_only=True, tag="text"):
+    text: str
+
+
+class ImageBlock(ContentBlock, frozen=True, kw_only=True, tag="image"):
+    """An image: ``path`` (absolute, or relative to the session's cwd), which the
+    daemon reads, or ``data`` (base64) with its ``media_type``. PNG, JPEG, GIF and
+    WebP, at most 5 MiB decoded; the type is read from the bytes, and a
+    ``media_type`` that disagrees is refused. The daemon keeps a copy for the
+    session (the agent gets the bytes as they were when sent, also after a queue or
+    a restart) and journals only its digest."""
+
+    path: str | None = None
+    data: str | None = None
+    media_type: str | None = None
+
+
+class FileBlock(ContentBlock, frozen=True, kw_only=True, tag="file"):
+    """A reference to a file the agent reads with its own tools: the daemon checks
+    that ``path`` (absolute, or relative to the session's cwd) is a regular file and
+    hands the agent its absolute path, never its content."""
+
+    path: str
+
+
+Content = TextBlock | ImageBlock | FileBlock
 
 
 class SendParams(MutationParams, frozen=True, kw_only=True):
@@ -24,12 +72,24 @@ class SendParams(MutationParams, frozen=True, kw_only=True):
       prompt queued before it ended, then sent as a turn of its own.
     - ``interrupt``: interrupt the running turn, wait for its end, then send this
       prompt as the next turn; the queue is paused, never sent on its own.
+
+    ``content`` adds blocks after ``text`` (``TextBlock``, ``ImageBlock``,
+    ``FileBlock``). What cannot be used is refused before anything is journaled:
+    ``content_unsupported`` (the agent takes no such block), ``attachment_refused``
+    (with ``data.reason``), ``invalid_params`` (no text and no content).
     """
 
     session_id: str
-    text: str
+    text: str = ""
     retry_unknown: bool = False  # with clientOperationId: re-deliver a durably unknown submission
     delivery: Delivery = "steer"
+    # Blocks after ``text``: the prompt's text is ``text`` and every text block, in
+    # order (joined by blank lines); its images and file references, in order, go
+    # with it as the agent's own input takes them (Codex: text then images; Claude:
+    # images then text; file references as ``@path`` lines of the text).
+    # A provider that cannot take a block refuses the send (``content_unsupported``)
+    # before anything is journaled.
+    content: list[Content] = []
 
 
 class SendResult(Result, frozen=True, kw_only=True):
@@ -80,6 +140,7 @@ class QueuedPromptInfo(Result, frozen=True, kw_only=True):
     prompt_id: str
     text: str
     seq: int  # of its ``prompt.queued``
+    attachments: list[Attachment] = []  # its images and file references, as journaled
 
 
 class QueueResult(Result, frozen=True, kw_only=True):

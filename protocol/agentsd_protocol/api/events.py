@@ -37,7 +37,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from agentsd_protocol.api.conversation import DispatchOutcome
+from agentsd_protocol.api.conversation import Attachment, DispatchOutcome
 from agentsd_protocol.api.session import ExitCause
 
 TurnOutcome = Literal["completed", "interrupted", "failed", "unknown"]
@@ -130,6 +130,9 @@ class SessionCreated(EventStruct, tag="session.created", frozen=True, kw_only=Tr
     cwd: str
     title: str | None = None
     by: str | None = None
+    # The provider conversation (Codex thread, Claude session) the session adopts
+    # (``create {resumeFrom}``): its first start resumes it and imports its history.
+    resume_from: str | None = None
 
 
 class SessionUpdated(EventStruct, tag="session.updated", frozen=True, kw_only=True):
@@ -152,6 +155,7 @@ class Submission(EventStruct, tag="submission", frozen=True, kw_only=True):
     # ``turn.completed`` that cut the turn off. ``text`` is then the daemon's
     # request to carry on, not a prompt the user wrote.
     continues_seq: int | None = None
+    attachments: list[Attachment] = []  # images and file references, after the text
 
 
 class SubmissionDispatched(EventStruct, tag="submission.dispatched", frozen=True, kw_only=True):
@@ -394,6 +398,7 @@ class PromptQueued(EventStruct, tag="prompt.queued", frozen=True, kw_only=True):
     prompt_id: str
     text: str
     operation_id: str | None = None  # the send's clientOperationId
+    attachments: list[Attachment] = []  # images and file references, after the text
 
 
 class PromptEdited(EventStruct, tag="prompt.edited", frozen=True, kw_only=True):
@@ -460,6 +465,19 @@ class ThreadStatus(EventStruct, tag="thread.status", frozen=True, kw_only=True):
     active_flags: list[str] = []
 
 
+class MessageImported(EventStruct, tag="message.imported", frozen=True, kw_only=True):
+    """One message of a conversation started outside the daemon, imported when the
+    session adopted it (``create {resumeFrom}``): history the agent already has,
+    never sent again. ``role`` is ``user`` or ``assistant``; ``turn_id`` the
+    provider's own id of its turn, when it has one; ``text`` at most the import
+    bound, ``truncated`` when cut."""
+
+    role: str
+    text: str
+    turn_id: str | None = None
+    truncated: bool = False
+
+
 Event = (
     SessionCreated
     | SessionUpdated
@@ -496,6 +514,7 @@ Event = (
     | CommandsUpdated
     | CommandRun
     | ConversationCleared
+    | MessageImported
 )
 """Every event the daemon writes."""
 

@@ -138,7 +138,22 @@ class SessionInfo(Result, frozen=True, kw_only=True):
     tokens: TokenUsage | None = None  # once its agent reported usage
 
 
+class ResumeFrom(Params, frozen=True, kw_only=True):
+    """A provider conversation started elsewhere (a terminal): a Codex thread id or
+    a Claude Code session id."""
+
+    handle: str
+
+
 class CreateParams(MutationParams, frozen=True, kw_only=True):
+    """``resume_from`` adopts an existing conversation: the create starts the agent
+    (``start`` must stay true), which resumes it after checking it exists for this
+    ``cwd`` and this account home (``CODEX_HOME``, ``CLAUDE_CONFIG_DIR`` or ``HOME``
+    in ``env`` or the daemon's environment); its earlier messages are journaled as
+    ``message.imported``, and the next prompt continues it natively. One that does
+    not exist there fails the create with ``resume_failed`` (the session is kept,
+    stopped, with the error, as any failed start)."""
+
     provider: str
     cwd: str
     title: str | None = None
@@ -152,6 +167,7 @@ class CreateParams(MutationParams, frozen=True, kw_only=True):
     memory_max: int | None = None
     pids_max: int | None = None
     cpu_max: float | None = None
+    resume_from: ResumeFrom | None = None
 
 
 class CreateResult(Result, frozen=True, kw_only=True):
