@@ -334,10 +334,10 @@ async def test_interrupt_says_when_nothing_runs_and_a_replay_never_interrupts_tw
         async with open_rpc(daemon.socket) as rpc:
             sid = (await create(rpc, tmp_path, start=False, options=SLOW_TURN))["sessionId"]
             result = await rpc.call("agentSession.interrupt", {"sessionId": sid})
-            assert result == {"interrupted": False, "reason": "no agent is running"}
+            assert result == {"interrupted": False, "reason": "no agent is running", "seq": None}
             await rpc.call("agentSession.start", {"sessionId": sid})
             result = await rpc.call("agentSession.interrupt", {"sessionId": sid})
-            assert result == {"interrupted": False, "reason": "no turn is running"}
+            assert result == {"interrupted": False, "reason": "no turn is running", "seq": None}
 
             sent = await rpc.call("agentSession.send", {"sessionId": sid, "text": "go"})
             turn = sent["turnId"]
@@ -347,8 +347,12 @@ async def test_interrupt_says_when_nothing_runs_and_a_replay_never_interrupts_tw
             assert result["interrupted"] is False and "not the running turn" in result["reason"]
             interrupt = {"sessionId": sid, "clientOperationId": "op-interrupt"}
             first = await rpc.call("agentSession.interrupt", interrupt)
-            assert first == {"interrupted": True, "reason": None}
+            assert first == {"interrupted": True, "reason": None, "seq": first["seq"]}
             events = await wait_journal(rpc, sid, "turn.completed")
+            # The reply names its own evidence: the interrupt.requested at its seq.
+            [requested] = [e for e in events if e["seq"] == first["seq"]]
+            assert requested["kind"] == "interrupt.requested"
+            assert requested["body"]["turnId"] == turn
             completed = [e["body"] for e in events if e["kind"] == "turn.completed"]
             assert completed == [{"turnId": turn, "outcome": "interrupted"}]
 
