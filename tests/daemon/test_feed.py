@@ -92,6 +92,7 @@ class Subscriber:
     subscription: Subscription
     connection: FakeConnection
     start: int
+    offered_before: int  # items the feed had been offered when this one subscribed
     disconnected: bool = False
 
 
@@ -123,6 +124,7 @@ class Journal:
         self.head = 0
         self._bodies = itertools.count()
         self._offsets = itertools.count()
+        self.offered = 0  # live items (events and deltas) handed to the feed so far
         self._in_flight = 0
         self._idle = trio.Event()
 
@@ -141,6 +143,7 @@ class Journal:
                 self._idle.set()
         if publish:  # otherwise: a publisher cancelled between its commit and publish
             self.head = max(self.head, stored[-1].seq)
+            self.offered += len(stored)
             self.feed.publish(SESSION, stored)
 
     async def settle(self) -> None:
@@ -152,6 +155,7 @@ class Journal:
 
     def delta(self) -> None:
         offset = next(self._offsets)
+        self.offered += 1
         self.feed.publish_delta(
             SESSION, Delta(item_id="i", offset=offset, text="x", after_seq=self.head)
         )
@@ -239,7 +243,7 @@ async def _run_plan(store: Store, plan: list[tuple[Any, ...]]) -> None:
     truth = {e.seq: e for e in stored}
     assert sorted(truth) == list(range(1, journal.head + 1))
     for subscriber in subscribers:
-        _check(subscriber, truth, journal.head)
+        _check(subscriber, truth, journal.head, journal.offered)
 
 
 def _subscribe(
@@ -251,10 +255,10 @@ def _subscribe(
     subscription = Subscription(feed, SESSION, cast(Connection, connection), start)
     feed.add(subscription)
     pumps.start_soon(subscription.run, store, lambda: journal.head)
-    return Subscriber(subscription, connection, start)
+    return Subscriber(subscription, connection, start, journal.offered)
 
 
-def _check(subscriber: Subscriber, truth: dict[int, StoredEvent], head: int) -> None:
+def _check(subscriber: Subscriber, truth: dict[int, StoredEvent], head: int, offered: int) -> None:
     sent = subscriber.connection.sent
     events = subscriber.connection.events()
     seqs = [e.seq for e in events]
@@ -265,7 +269,13 @@ def _check(subscriber: Subscriber, truth: dict[int, StoredEvent], head: int) -> 
         assert bytes(event.event.body) == truth[event.seq].body
     lagged = [p for m, p in sent if m == "agentSession.lagged"]
     if lagged:
-        # Dropped: told where to resume, and nothing after that.
+        # Dropped: told where to resume, and nothing after that. Only a subscriber
+        # that could have had a full queue lags: more live items were offered after
+        # it subscribed than its queue holds (a feed that always lags fails here).
+        live_items = offered - subscriber.offered_before
+        assert live_items > feed_module.MAX_QUEUED, (
+            f"lagged after {live_items} live items; the queue holds {feed_module.MAX_QUEUED}"
+        )
         assert len(lagged) == 1 and sent[-1][0] == "agentSession.lagged"
         notice = lagged[0]
         assert isinstance(notice, LaggedNotification)
