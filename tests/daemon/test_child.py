@@ -15,6 +15,7 @@ import attrs
 import msgspec
 import pytest
 import trio
+import trio.testing
 
 from agentsd.child import (
     Child,
@@ -302,16 +303,29 @@ async def test_child_ignoring_sigterm_is_killed_after_term_grace(make_token: Mak
 
 async def test_hanging_handshake_cancelled_child_is_reaped(make_token: MakeToken) -> None:
     exits: list[ChildExit] = []
+    handshaking = trio.Event()
+
+    async def handshake() -> None:
+        async with open_child(
+            mock_spec(make_token(), {"hangHandshake": True}),
+            QUICK,
+            ignore_identity,
+            exits.append,
+        ) as spawned:
+            children.append(spawned)
+            handshaking.set()
+            await JsonLines(spawned).handshake()
+
+    children: list[Child] = []
     with trio.fail_after(15):
-        with trio.move_on_after(0.5) as handshake_deadline:
-            async with open_child(
-                mock_spec(make_token(), {"hangHandshake": True}),
-                QUICK,
-                ignore_identity,
-                exits.append,
-            ) as child:
-                await JsonLines(child).handshake()
-    assert handshake_deadline.cancelled_caught
+        # Cancelled while the handshake waits for its answer (every task blocked),
+        # not after a delay that a slow spawn could outlast.
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(handshake)
+            await handshaking.wait()
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+    [child] = children
     assert child.process.returncode is not None
     assert [type(e) for e in exits] == [ExitProof]
     assert group_and_carriers(child.identity) == []

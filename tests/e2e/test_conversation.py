@@ -47,6 +47,12 @@ from tests.polling import eventually
 SLOW_TURN = {"replyText": "x" * 200, "chunks": 200, "chunkDelayS": 0.05}
 
 
+# The mock waits this long before taking a prompt: the window in which a client that
+# sent one can leave before its answer (it leaves as soon as the submission is
+# journaled; the window only has to outlast that).
+ACK_DELAY_S = 5.0
+
+
 async def wait_journal(
     rpc: Rpc, sid: str, kind: str, count: int = 1, timeout_s: float = 20.0
 ) -> list[dict[str, Any]]:
@@ -296,15 +302,20 @@ async def test_idempotent_mutations_a_send_repeated_after_reconnecting_is_one_su
 ) -> None:
     with trio.fail_after(TEST_TIMEOUT_S):
         async with open_rpc(daemon.socket) as rpc:
-            info = await create(rpc, tmp_path, options={"ackDelayS": 0.5})
+            info = await create(rpc, tmp_path, options={"ackDelayS": ACK_DELAY_S})
             sid, handle = info["sessionId"], info["providerHandle"]
         send = {"sessionId": sid, "text": "echo once", "clientOperationId": "op-once"}
 
-        # The client goes away while its send is in flight, then retries on a new
-        # connection, twice at once: one submission, one answer for all.
-        async with open_rpc(daemon.socket) as rpc:
-            with trio.move_on_after(0.1):
-                await rpc.call("agentSession.send", send)
+        # The client goes away while its send is in flight (journaled, its answer
+        # not yet given), then retries on a new connection, twice at once: one
+        # submission, one answer for all.
+        async with open_rpc(daemon.socket) as rpc, open_rpc(daemon.socket) as watcher:
+            with trio.CancelScope() as leaving:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(rpc.call, "agentSession.send", send)
+                    await wait_journal(watcher, sid, "submission")
+                    leaving.cancel()
+            assert leaving.cancelled_caught  # the send was still unanswered: window hit
         async with open_rpc(daemon.socket) as a, open_rpc(daemon.socket) as b:
             first, second = await gather(
                 lambda: a.call("agentSession.send", send), lambda: b.call("agentSession.send", send)
