@@ -21,7 +21,7 @@ import attrs
 import msgspec
 import trio
 import trio.testing
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agentsd import feed as feed_module
@@ -181,10 +181,44 @@ steps = st.one_of(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+# Lag: a blocked subscriber overflows its queue while live.
+@example(
+    plan=[
+        ("subscribe", None),
+        ("settle",),
+        ("block", 0, True),
+        ("append", 6, True),
+        ("append", 6, True),
+        ("settle",),
+    ],
+    max_queued=3,
+)
+# A gap: a commit never published (its publisher cancelled), then a later one.
+@example(
+    plan=[
+        ("subscribe", None),
+        ("settle",),
+        ("append", 2, False),
+        ("settle",),
+        ("append", 1, True),
+        ("settle",),
+    ],
+    max_queued=3,
+)
 @given(plan=st.lists(steps, min_size=1, max_size=40), max_queued=st.sampled_from([3, 8, 2048]))
 async def test_each_live_subscriber_sees_every_seq_after_its_cursor_exactly_once_in_order(
     plan: list[tuple[Any, ...]], max_queued: int
 ) -> None:
+    """Any interleaving of commits, publishes, deltas, subscriptions, blocked readers
+    and disconnects: exactly once, in order, and a lag only where one was possible.
+
+    How many examples: measured (4 runs of 80 random plans each), a subscriber lagged
+    in 0 to 10 of them, a gap was closed in 3 to 10, and a catch-up was refilled in
+    0 to 7; at 300, runs still drew none of some. So the two interleavings this
+    property exists for are pinned by the examples above, hit in every run (checked
+    by counting ``_send_lagged`` and ``_close_gap`` calls), and the 80 random plans
+    (about 10 s here) explore their combinations. The refill during catch-up has a
+    deterministic test of its own below."""
     saved = feed_module.MAX_QUEUED
     feed_module.MAX_QUEUED = max_queued  # small bounds exercise lag and catch-up refills
     try:
