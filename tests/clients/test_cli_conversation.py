@@ -373,7 +373,7 @@ def test_interrupt_with_nothing_running_says_so(
     assert out == f"{session_id}: nothing to interrupt (no turn is running)\n"
     code, out, _ = run(daemon, capsys, "interrupt", session_id, "--json")
     assert code == EXIT_OK
-    assert json.loads(out) == {"interrupted": False, "reason": "no turn is running"}
+    assert json.loads(out) == {"interrupted": False, "reason": "no turn is running", "seq": None}
 
 
 def test_interrupt_ends_a_running_turn(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import sqlite3
 import subprocess
 import threading
@@ -158,6 +159,7 @@ class Worker(threading.Thread):
         self.stop = threading.Event()
         self.done_ok = 0  # mutations (or reads) this worker completed
         self.crash: BaseException | None = None
+        self.last_error: dict[str, Any] | None = None  # the last refusal it got
 
     def run(self) -> None:
         try:
@@ -196,6 +198,7 @@ class Sender(Worker):
             else:
                 self.outcomes.failed_sends.append(text)
         if "error" in reply:
+            self.last_error = reply["error"]
             self.outcomes.failed(reply["error"])
 
 
@@ -212,6 +215,7 @@ class Lifecycle(Worker):
     def mutate(self, client: WireClient, method: str, params: dict[str, Any]) -> Any:
         reply = client.call(method, params)
         if "error" in reply:
+            self.last_error = reply["error"]
             self.outcomes.failed(reply["error"])
             return None
         with self.outcomes.lock:
@@ -289,9 +293,26 @@ def failing_while_reading(outcomes: Outcomes) -> Callable[[], bool]:
 
 
 def each_progresses(workers: list[Worker]) -> Callable[[], bool]:
-    """True once every worker completed something more than when this was called."""
+    """True once every worker completed something more than when this was called;
+    AssertionError at once, naming it, if a worker stopped (a stopped worker never
+    progresses, and the wait would only time out without saying why)."""
     done = [w.done_ok for w in workers]
-    return lambda: all(w.done_ok > n for w, n in zip(workers, done, strict=True))
+
+    def check() -> bool:
+        stopped = [f"{type(w).__name__}: {w.crash!r}" for w in workers if w.crash is not None]
+        assert not stopped, f"a worker stopped: {stopped}"
+        return all(w.done_ok > n for w, n in zip(workers, done, strict=True))
+
+    return check
+
+
+def stalled(workers: list[Worker], before: list[int]) -> str:
+    """Which workers completed nothing since ``before``, and the last refusal each got."""
+    return "; ".join(
+        f"{type(w).__name__} (last refusal: {w.last_error})"
+        for w, n in zip(workers, before, strict=True)
+        if w.done_ok <= n
+    )
 
 
 def journal(client: WireClient, session_id: str) -> list[dict[str, Any]]:
@@ -363,13 +384,22 @@ def test_a_full_disk_fails_mutations_loses_nothing_and_recovers_by_itself() -> N
                     )
                     # Space returns: the same daemon takes every client's mutations again.
                     freed_at = time.monotonic()
+                    before = [w.done_ok for w in workers]
                     progressed = each_progresses(workers)
                     ballast.unlink()
-                    wait_until(
-                        progressed,
-                        PHASE_TIMEOUT_S,
-                        "every client's mutations succeed again without a restart",
-                    )
+                    try:
+                        wait_until(
+                            progressed,
+                            PHASE_TIMEOUT_S,
+                            "every client's mutations succeed again without a restart",
+                        )
+                    except AssertionError as exc:
+                        usage = shutil.disk_usage(mount_point)
+                        files = {p.name: p.stat().st_size for p in state.iterdir() if p.is_file()}
+                        raise AssertionError(
+                            f"{exc}\nstalled: {stalled(workers, before)}\n"
+                            f"free {usage.free} of {usage.total} bytes; state files: {files}"
+                        ) from None
                     recovered_s = max(recovered_s, time.monotonic() - freed_at)
             finally:
                 for worker in workers:

@@ -12,8 +12,8 @@ of its edge values (``edge_values``), one field at a time.
 After every example: every reply is well-formed JSON-RPC (an error has an integer
 code, a message and ``data.kind``/``data.retryable``; nothing is an internal error),
 bad params get exactly ``invalid_params``, the daemon is up, and a control connection
-(``PingProbe``) has had every ``daemon.ping`` answered within ``PING_BOUND_S`` all
-along. After every test the daemon's log holds no traceback.
+(``PingProbe``) has had every ``daemon.ping`` answered all along (counted: one sent
+after the example is answered too; its timeout is only a hang guard). After every test the daemon's log holds no traceback.
 
 The CI form runs modest example counts with a fixed seed (``derandomize``); ``python
 -m tests.e2e.reliability`` runs the long form with random seeds. The fuzzer never
@@ -47,7 +47,6 @@ from tests.daemon_process import IO_TIMEOUT_S, DaemonProcess, WireClient, make_t
 from tests.daemon_process import running_daemon as start_daemon
 from tests.e2e.reliability import (
     LONG,
-    PING_BOUND_S,
     PingProbe,
     replies_until_closed,
     report,
@@ -181,7 +180,7 @@ def fuzz() -> Iterator[Fuzz]:
             yield state
             state.check_alive()
             state.check_log()
-            report("fuzz", f"{probe.summary()} (bound {PING_BOUND_S * 1000:.0f} ms)")
+            report("fuzz", probe.summary())
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -638,8 +637,16 @@ def test_envelopes_with_params_from_the_structs(fuzz: Fuzz, method: str) -> None
             took = time.monotonic() - started
             if took > fuzz.slowest[1]:
                 fuzz.slowest = (method, took)
-            # Whatever the notifications among them did, the connection still answers.
-            client.ping()
+            # Whatever the notifications among them did, the connection still answers
+            # (a fuzzed subscription may go on notifying: those are skipped).
+            ping = Envelope(
+                body={"jsonrpc": "2.0", "id": "alive", "method": "daemon.ping"},
+                mode="valid",
+                notification=False,
+            )
+            client.send(ping.body)
+            [(_, pong)] = await_replies(client, [ping])
+            assert pong.get("result") == {"pong": True}, pong
         fuzz.check_alive()
 
     run()

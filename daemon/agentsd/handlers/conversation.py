@@ -210,16 +210,17 @@ async def _interrupt_for(session: Session, text: str) -> None:
         )
 
 
-async def _interrupt(session: Session, turn_id: str | None) -> bool:
+async def _interrupt(session: Session, turn_id: str | None) -> tuple[int, bool]:
     """Journal the interrupt request, pausing a non-empty queue with it (a stop
-    returns queued prompts to the user's control), then interrupt the agent."""
+    returns queued prompts to the user's control), then interrupt the agent. The
+    seq of the ``interrupt.requested``, and whether the agent took the interrupt."""
     events: list[Event] = [InterruptRequested(turn_id=turn_id)]
     if session.queue.prompts and session.queue.paused is None:
         events.append(QueuePaused(reason="interrupted"))
-    await session.journal.append(events)
+    stored = await session.journal.append(events)
     task = session.task
     adapter = None if task is None else task.adapter
-    return adapter is not None and await adapter.interrupt(turn_id)
+    return stored[0].seq, adapter is not None and await adapter.interrupt(turn_id)
 
 
 async def _retry_unknown(call: Call, session: Session, params: api.SendParams) -> api.SendResult:
@@ -271,9 +272,11 @@ async def handle_interrupt(call: Call, params: api.InterruptParams) -> api.Inter
         return api.InterruptResult(
             interrupted=False, reason=f"turn {params.turn_id} is not the running turn"
         )
-    interrupted = await _interrupt(session, convo.turn_id)
+    seq, interrupted = await _interrupt(session, convo.turn_id)
     return api.InterruptResult(
-        interrupted=interrupted, reason=None if interrupted else "the turn had already ended"
+        interrupted=interrupted,
+        reason=None if interrupted else "the turn had already ended",
+        seq=seq,
     )
 
 

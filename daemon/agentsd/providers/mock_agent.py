@@ -17,7 +17,10 @@ cgroup), ``crashAfterS`` (``os._exit(3)``),
 ``chunkDelayS`` (0.01), ``replyText``, ``stateDir`` (conversations for resume),
 ``ackDelayS`` (0: wait this long before taking each prompt, its ack and its turn;
 nothing else is handled meanwhile; opens the window between a send's commit and its
-delivery for crash tests).
+delivery for crash tests), ``termBarrierDir`` with ``termBarrierCount`` (a SIGTERM is
+not obeyed at once: the agent records its pid in that directory, waits until
+``termBarrierCount`` agents have, then exits with ``BARRIER_EXIT_CODE``; an agent
+whose supervisor ends agents one at a time never sees the count reached).
 
 Frames in (one JSON object per line) and what answers them:
 
@@ -67,6 +70,7 @@ from typing import Any
 
 OPTIONS_ENV = "AGENTSD_MOCK_OPTIONS"
 CRASH_EXIT_CODE = 3
+BARRIER_EXIT_CODE = 4  # every agent of a termBarrier got its SIGTERM while this one lived
 _HANDLE = re.compile(r"[A-Za-z0-9_-]{1,128}")  # a handle names a file: no "/" or ".."
 _APPROVE = re.compile(r"\bapprove\b", re.IGNORECASE)
 _APPROVAL_COMMAND = "ls -la"
@@ -113,6 +117,8 @@ class Options:
         self.ack_delay_s = max(0.0, _get(raw, "ackDelayS", float, 0.0))
         self.reply_text = _get(raw, "replyText", str, "Hello from the mock agent.")
         self.state_dir = _get(raw, "stateDir", str, None)
+        self.term_barrier_dir = _get(raw, "termBarrierDir", str, None)
+        self.term_barrier_count = _get(raw, "termBarrierCount", int, 1)
 
 
 def _get(raw: dict[str, Any], key: str, kind: type, default: Any) -> Any:
@@ -544,6 +550,16 @@ def _attached(frame: Frame) -> str | None:
     return "".join("\n" + line for line in lines)
 
 
+def _term_barrier(directory: str, count: int) -> None:
+    """On SIGTERM: record this pid, wait until ``count`` agents have, then exit."""
+    signal.sigwait({signal.SIGTERM})
+    with open(os.path.join(directory, str(os.getpid())), "x"):
+        pass
+    while len(os.listdir(directory)) < count:
+        time.sleep(0.01)
+    os._exit(BARRIER_EXIT_CODE)
+
+
 def main() -> int:
     raw = json.loads(os.environ.get(OPTIONS_ENV) or "{}")
     if not isinstance(raw, dict):
@@ -557,6 +573,14 @@ def main() -> int:
         _spawn_escapee()
     if options.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if options.term_barrier_dir is not None:
+        # Blocked in every thread (threads inherit the mask), taken by sigwait in one.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        threading.Thread(
+            target=_term_barrier,
+            args=(options.term_barrier_dir, options.term_barrier_count),
+            daemon=True,
+        ).start()
     if options.crash_after_s is not None:
         crash = threading.Timer(options.crash_after_s, os._exit, args=(CRASH_EXIT_CODE,))
         crash.daemon = True

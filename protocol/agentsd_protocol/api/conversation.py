@@ -160,8 +160,12 @@ class InterruptParams(MutationParams, frozen=True, kw_only=True):
 
 
 class InterruptResult(Result, frozen=True, kw_only=True):
+    """``seq`` is that of the ``interrupt.requested`` this call journaled (none when
+    nothing was running to interrupt)."""
+
     interrupted: bool
     reason: str | None = None  # why nothing was interrupted
+    seq: int | None = None
 
 
 class RespondParams(MutationParams, frozen=True, kw_only=True):
