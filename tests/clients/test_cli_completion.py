@@ -333,7 +333,12 @@ def test_bash_completes_the_conversation_controls(tmp_path: Path) -> None:
         "--image",
         "--file",
     }
-    assert complete_in_bash("ask", "--provider", "c") == ["codex", "claude"]
+    assert complete_in_bash("ask", "--provider", "c") == [
+        "codex",
+        "claude",
+        "codex-acp",
+        "claude-agent-acp",
+    ]
     assert complete_in_bash("send", "s1", "--image", f"{tmp_path}/s") == [f"{tmp_path}/shot.png"]
     assert complete_in_bash("send", "s1", "--file", f"{tmp_path}/s") == [f"{tmp_path}/shot.png"]
     assert set(complete_in_bash("send", "s1", "--")) >= {"--image", "--file", "--queue"}

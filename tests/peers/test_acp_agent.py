@@ -426,7 +426,9 @@ def test_commands_and_a_live_mode_switch(
         follower.wait_for("item.completed", lambda b: b.get("text") == "echo: /ask why?")
         follower.wait_for("turn.completed")
 
-        (mode,) = client.call("agentSession.options", {"sessionId": sid})["options"]
+        options = client.call("agentSession.options", {"sessionId": sid})["options"]
+        assert [o["key"] for o in options] == ["mode", "mcpServers"]
+        mode = options[0]
         assert [c["value"] for c in mode["choices"]] == ["ask", "code"]
         assert (mode["key"], mode["appliesAt"]) == ("mode", "now")
         switched = client.call(
@@ -451,6 +453,8 @@ def test_images_go_to_an_agent_that_takes_them_and_are_refused_unjournaled_other
     image = {"type": "image", "path": "shot.png"}
     link = {"type": "file", "path": "notes.txt"}
     plain = create(client, workdir)
+    with Follower(peer_daemon, plain, deadline) as follower:
+        follower.wait_for("commands.updated")  # the agent's last word as it starts
     before = history(client, plain)
     with pytest.raises(ContentUnsupported) as caught:
         client.call("agentSession.send", {"sessionId": plain, "text": "hi", "content": [image]})
