@@ -12,10 +12,7 @@ all the while; the test then fills the filesystem with a ballast file. It checks
 - once the ballast is deleted, new mutations succeed without a restart;
 - afterwards ``PRAGMA integrity_check`` is ``ok`` and every journal is contiguous.
 
-Mounting needs root (or CAP_SYS_ADMIN). Where the mount fails (a container that
-forbids it) the test is skipped with the mount's error as the reason; under ``CI``
-that skip is a failure (tests/conftest.py), and ``.ci/run`` runs as root. The mount
-is always undone, in ``finally``.
+Mounting needs root (``tests.small_filesystem``).
 """
 
 from __future__ import annotations
@@ -25,21 +22,19 @@ import errno
 import os
 import shutil
 import sqlite3
-import subprocess
 import threading
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.daemon_process import IO_TIMEOUT_S, DaemonProcess, WireClient, make_temp_dir
+from tests.daemon_process import IO_TIMEOUT_S, DaemonProcess, WireClient
 from tests.daemon_process import running_daemon as start_daemon
 from tests.e2e.reliability import PingProbe, report, sized, wait_until
+from tests.small_filesystem import small_filesystem
 
 TMPFS_SIZE = "16m"  # room for the database and mock agents; filled in milliseconds
 DATABASE_NAME = "agentsd.db"
@@ -59,41 +54,6 @@ STORAGE_UNAVAILABLE = "storage_unavailable"
 
 
 # ---- the filesystem --------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def small_filesystem() -> Iterator[Path]:
-    """A fresh tmpfs of ``TMPFS_SIZE``, unmounted (and its mount point removed) after."""
-    mount_point = make_temp_dir()
-    try:
-        proc = subprocess.run(
-            [
-                "mount",
-                "-t",
-                "tmpfs",
-                "-o",
-                f"size={TMPFS_SIZE},mode=0700",
-                "tmpfs",
-                str(mount_point),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=IO_TIMEOUT_S,
-            check=False,
-        )
-        failure = (proc.stderr.strip() or f"exit {proc.returncode}") if proc.returncode else None
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        failure = str(exc)
-    if failure is not None:
-        mount_point.rmdir()
-        pytest.skip(f"cannot mount a tmpfs for the full-disk test (needs root): {failure}")
-    try:
-        yield mount_point
-    finally:
-        unmounted = subprocess.run(["umount", str(mount_point)], check=False, timeout=IO_TIMEOUT_S)
-        if unmounted.returncode != 0:  # still busy (a straggler): detach it now, free it later
-            subprocess.run(["umount", "-l", str(mount_point)], check=True, timeout=IO_TIMEOUT_S)
-        mount_point.rmdir()
 
 
 def fill(path: Path, progress: Callable[[], int]) -> int:
@@ -337,7 +297,7 @@ def read_only(db: Path) -> sqlite3.Connection:
 
 
 def test_a_full_disk_fails_mutations_loses_nothing_and_recovers_by_itself() -> None:
-    with small_filesystem() as mount_point:
+    with small_filesystem(TMPFS_SIZE) as mount_point:
         cwd = mount_point / "work"  # the agents' cwd, outside the state directory
         cwd.mkdir()
         config = mount_point / "agentsd.toml"

@@ -43,6 +43,15 @@ task, which lets every task woken by that batch submit before it cuts the next
 batch, so concurrent writers keep sharing commits (Rule 1) instead of one of them
 splitting off into a commit of its own each round. Order is kept: the direct path
 is taken only when no op is pending at all.
+
+Rule 8: a batch that failed because the disk is full first gives the WAL's space
+back: a ``wal_checkpoint(TRUNCATE)`` copies every committed frame into the database
+and cuts the log to zero bytes (it waits, briefly, for a read in progress, since a
+reader's snapshot may still need the log). When the log did shrink, the batch runs
+once more from the start (its first run left nothing behind: Rule 3, Rule 6), so a
+log that filled the disk by itself (it is only cut back when checkpointed, and a
+reader's snapshot holds that back) never keeps refusing writes once the disk has
+room for them again (DESIGN.md invariant 8).
 """
 
 from __future__ import annotations
@@ -58,11 +67,11 @@ from typing import Any, TypeVar, cast
 
 import trio
 
-from agentsd.store.database import StoreConnection, open_database
+from agentsd.store.database import BUSY_TIMEOUT_MS, StoreConnection, open_database
 from agentsd.store.failures import batch_failed, translate
 from agentsd.store.handoff import Request, WriterThread
 from agentsd.store.journal import Append, StoredEvent, insert_rows
-from agentsd.store.location import Location
+from agentsd.store.location import Location, wal_bytes
 from agentsd_protocol.errors import ShuttingDown, StorageUnavailable
 
 __all__ = [
@@ -96,6 +105,11 @@ WRITER_STALL_S = 20.0
 # (at most QUEUE_CAPACITY ops, a handful of batches) before the rest is refused.
 CLOSE_DRAIN_S = 10.0
 
+# How long the checkpoint after a disk-full failure (Rule 8) waits for a read in
+# progress to end. Reads take milliseconds; a longer one makes the checkpoint give
+# up and the next failed batch try again, rather than hold up the writer.
+FULL_CHECKPOINT_BUSY_MS = 250
+
 # How long closing a connection (the last one checkpoints the WAL) may hold up
 # shutdown before its worker thread is abandoned to finish on its own.
 CLOSE_CONNECTION_S = 5.0
@@ -119,6 +133,8 @@ class Store:
         self._location = location
         # What the last batch found wrong with the location (writer thread only).
         self._misplaced: str | None = None
+        # Why the last batch's transaction failed, if it did (writer thread only).
+        self._batch_failure: BaseException | None = None
         self._read_conn = read_conn
         self._send, self._receive = trio.open_memory_channel[Request[Any]](QUEUE_CAPACITY)
         # A dedicated limiter: the reader never waits for a token of trio's shared
@@ -355,9 +371,48 @@ class Store:
         self._receive.close()
 
     def _run_batch(self, batch: list[Request[Any]]) -> int | None:
-        """Run one batch in one transaction (writer thread). Returns how many ops
+        """Run one batch in one transaction (writer thread), once more if the disk
+        was full and checkpointing gave space back (Rule 8). Returns how many ops
         committed, or None when the transaction failed and every request in the
         batch was failed with ``StorageUnavailable``."""
+        committed = self._run_transaction(batch)
+        if committed is None and self._disk_was_full() and self._give_back_wal():
+            for request in batch:
+                request.reset()
+            committed = self._run_transaction(batch)
+        return committed
+
+    def _disk_was_full(self) -> bool:
+        code = getattr(self._batch_failure, "sqlite_errorcode", None)
+        return code is not None and code & 0xFF == sqlite3.SQLITE_FULL
+
+    def _give_back_wal(self) -> bool:
+        """Checkpoint the whole WAL into the database and truncate it (Rule 8).
+        True when the log shrank, so the failed batch may fit now."""
+        conn = self._write_conn
+        before = wal_bytes(self._location.path)
+        if not before or conn.in_transaction:
+            return False
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {FULL_CHECKPOINT_BUSY_MS:d}")
+            try:
+                busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS:d}")
+        except sqlite3.Error as exc:
+            # The checkpoint had to grow the database and found no room either.
+            log.warning("disk full: checkpointing the WAL failed too: %s", exc)
+            return False
+        after = wal_bytes(self._location.path)
+        if after < before:
+            log.warning("disk full: the WAL gave back %d bytes; retrying the batch", before - after)
+        elif busy:
+            log.warning("disk full: a read in progress kept the WAL from being truncated")
+        return after < before
+
+    def _run_transaction(self, batch: list[Request[Any]]) -> int | None:
+        """``_run_batch``'s one attempt; records why it failed in ``_batch_failure``."""
+        self._batch_failure = None
         conn = self._write_conn
         memory = conn.memory
         # A transaction left over from a batch whose ROLLBACK failed would make
@@ -459,8 +514,8 @@ class Store:
         with contextlib.suppress(sqlite3.Error):
             self._write_conn.execute("ROLLBACK")
 
-    @staticmethod
-    def _fail_batch(batch: list[Request[Any]], cause: BaseException) -> None:
+    def _fail_batch(self, batch: list[Request[Any]], cause: BaseException) -> None:
+        self._batch_failure = cause
         # A fresh exception per caller: one instance raised in many tasks would
         # share (and scramble) its traceback.
         for request in batch:
