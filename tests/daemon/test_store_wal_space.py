@@ -1,7 +1,8 @@
 """The WAL gives its space back (DESIGN.md invariant 8).
 
 A WAL that a held read let grow past its checkpoint size is cut back to
-``WAL_SIZE_LIMIT_BYTES`` once it starts over (``journal_size_limit``).
+``WAL_SIZE_LIMIT_BYTES`` once it starts over (``journal_size_limit``). A database
+that grows on a small disk fills it with its rows, not with its log.
 
 On a full disk (writer Rule 8), on a tmpfs of its own (``tests.small_filesystem``,
 needs root), a read holds an old snapshot while writes rewrite the same few pages,
@@ -168,3 +169,39 @@ async def test_a_wal_grown_past_its_checkpoint_size_is_cut_back_when_it_starts_o
                 )
             assert wal_bytes(path) < grown
         assert committed_rounds(path) == {rounds}
+
+
+async def test_a_growing_database_fills_the_disk_with_its_data_not_its_log() -> None:
+    # New rows, about a page each: a checkpoint grows the database by the pages
+    # the log holds, so it needs free space of its own; a log that took the last
+    # free bytes could never be checkpointed, and every write after would fail.
+    def insert(index: int) -> Callable[[sqlite3.Connection], int]:
+        def op(conn: sqlite3.Connection) -> int:
+            conn.execute(
+                "INSERT INTO sessions (id, host_id, provider, cwd, options, env, created_at,"
+                " updated_at) VALUES (?, 'h', 'mock', '/', ?, '{}', 0, 0)",
+                (f"new{index}", "n" * OPTIONS_BYTES),
+            )
+            return index
+
+        return op
+
+    with small_filesystem(f"{DISK // 1024}k") as mount_point:
+        path = mount_point / "agentsd.db"
+        with trio.fail_after(TEST_TIMEOUT_S):
+            async with open_store(path) as store:
+                rows = 0
+                while True:
+                    try:
+                        await store.write(insert(rows))
+                    except StorageUnavailable as exc:
+                        assert "disk full" in exc.message, exc.message
+                        break
+                    rows += 1
+                    assert rows < DISK // OPTIONS_BYTES, "the disk never filled"
+                # The disk is full of rows, each committed: the database holds more
+                # than half of it (the log at most as much as was left free).
+                assert rows * OPTIONS_BYTES > DISK // 2, (rows, wal_bytes(path))
+                assert path.stat().st_size > DISK // 2, (path.stat().st_size, wal_bytes(path))
+                with closing(sqlite3.connect(path)) as conn:
+                    assert conn.execute("SELECT count(*) FROM sessions").fetchone()[0] == rows

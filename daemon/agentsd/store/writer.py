@@ -44,14 +44,21 @@ batch, so concurrent writers keep sharing commits (Rule 1) instead of one of the
 splitting off into a commit of its own each round. Order is kept: the direct path
 is taken only when no op is pending at all.
 
-Rule 8: a batch that failed because the disk is full first gives the WAL's space
-back: a ``wal_checkpoint(TRUNCATE)`` copies every committed frame into the database
-and cuts the log to zero bytes (it waits, briefly, for a read in progress, since a
-reader's snapshot may still need the log). When the log did shrink, the batch runs
-once more from the start (its first run left nothing behind: Rule 3, Rule 6), so a
-log that filled the disk by itself (it is only cut back when checkpointed, and a
-reader's snapshot holds that back) never keeps refusing writes once the disk has
-room for them again (DESIGN.md invariant 8).
+Rule 8: the WAL never keeps the disk full by itself (DESIGN.md invariant 8). Its
+file only grows until a checkpoint (every ``WAL_AUTOCHECKPOINT_PAGES``, 16 MB,
+postponed while a read's snapshot needs the log), so on a small or nearly full disk
+the log alone can take every free byte. Giving its space back is a
+``wal_checkpoint(TRUNCATE)``: it copies every committed frame into the database and
+cuts the log to zero bytes (not while a read's snapshot still needs the log). The
+writer does that
+- after a commit that grew the log file to as much as the filesystem has left, so
+  the database still has room to take the log's pages (the checkpoint needs it:
+  the log cannot be cut before its pages are in the database); a read in progress
+  makes it skip this, the next commit that grows the log tries again;
+- after a batch failed because the disk is full, waiting at most
+  ``FULL_CHECKPOINT_BUSY_MS`` for a read in progress; when the log did shrink, the
+  batch runs once more from the start (its first run left nothing behind: Rule 3,
+  Rule 6).
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -135,6 +143,10 @@ class Store:
         self._misplaced: str | None = None
         # Why the last batch's transaction failed, if it did (writer thread only).
         self._batch_failure: BaseException | None = None
+        # The WAL file's size after the last commit, and why it last could not give
+        # its space back (Rule 8; writer thread only).
+        self._wal_size = wal_bytes(location.path)
+        self._wal_problem: str | None = None
         self._read_conn = read_conn
         self._send, self._receive = trio.open_memory_channel[Request[Any]](QUEUE_CAPACITY)
         # A dedicated limiter: the reader never waits for a token of trio's shared
@@ -376,39 +388,76 @@ class Store:
         committed, or None when the transaction failed and every request in the
         batch was failed with ``StorageUnavailable``."""
         committed = self._run_transaction(batch)
-        if committed is None and self._disk_was_full() and self._give_back_wal():
+        if (
+            committed is None
+            and self._disk_was_full()
+            and self._give_back_wal(FULL_CHECKPOINT_BUSY_MS)
+        ):
             for request in batch:
                 request.reset()
             committed = self._run_transaction(batch)
+        if committed is not None:
+            self._keep_wal_within_free_space()
         return committed
 
     def _disk_was_full(self) -> bool:
         code = getattr(self._batch_failure, "sqlite_errorcode", None)
         return code is not None and code & 0xFF == sqlite3.SQLITE_FULL
 
-    def _give_back_wal(self) -> bool:
-        """Checkpoint the whole WAL into the database and truncate it (Rule 8).
-        True when the log shrank, so the failed batch may fit now."""
+    def _give_back_wal(self, busy_ms: int) -> bool:
+        """Checkpoint the whole WAL into the database and truncate it (Rule 8),
+        waiting at most ``busy_ms`` for a read in progress. True when the log
+        shrank."""
         conn = self._write_conn
         before = wal_bytes(self._location.path)
         if not before or conn.in_transaction:
             return False
         try:
-            conn.execute(f"PRAGMA busy_timeout = {FULL_CHECKPOINT_BUSY_MS:d}")
+            conn.execute(f"PRAGMA busy_timeout = {busy_ms:d}")
             try:
                 busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
             finally:
                 conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS:d}")
         except sqlite3.Error as exc:
             # The checkpoint had to grow the database and found no room either.
-            log.warning("disk full: checkpointing the WAL failed too: %s", exc)
+            self._note_wal(f"checkpointing it failed: {exc}")
             return False
-        after = wal_bytes(self._location.path)
+        after = self._wal_size = wal_bytes(self._location.path)
         if after < before:
-            log.warning("disk full: the WAL gave back %d bytes; retrying the batch", before - after)
-        elif busy:
-            log.warning("disk full: a read in progress kept the WAL from being truncated")
-        return after < before
+            self._note_wal(None)
+            log.debug("the WAL gave back %d bytes", before - after)
+            return True
+        self._note_wal("a read in progress kept it from being truncated" if busy else "it stayed")
+        return False
+
+    def _note_wal(self, problem: str | None) -> None:
+        """Log why the WAL could not give its space back, once, and when it could
+        again."""
+        if problem == self._wal_problem:
+            return
+        if problem is None:
+            log.warning("the disk is nearly full: the WAL gave its space back again")
+        else:
+            log.warning("the disk is nearly full: the WAL cannot give its space back: %s", problem)
+        self._wal_problem = problem
+
+    def _keep_wal_within_free_space(self) -> None:
+        """After a commit that grew the WAL file: if it now takes as much space as
+        the filesystem has left, give that space back (Rule 8). A log that only
+        reuses its file takes no new space and costs one ``stat``."""
+        path = self._location.path
+        size = wal_bytes(path)
+        grew, self._wal_size = size > self._wal_size, size
+        if not grew:
+            return
+        try:
+            fs = os.statvfs(path.parent)
+        except OSError:
+            return
+        if size >= fs.f_bavail * fs.f_frsize:
+            # Nothing failed yet: no waiting for a read; the next commit that grows
+            # the log tries again.
+            self._give_back_wal(busy_ms=0)
 
     def _run_transaction(self, batch: list[Request[Any]]) -> int | None:
         """``_run_batch``'s one attempt; records why it failed in ``_batch_failure``."""
