@@ -239,6 +239,30 @@ class Reader(Worker):
                 self.outcomes.read_failures.append({"method": method, **reply["error"]})
 
 
+class WalGauge(threading.Thread):
+    """The largest size the daemon's WAL file was seen at, sampled until ``stop``
+    (a figure for the report: the log must not be what keeps the disk full)."""
+
+    def __init__(self, state: Path) -> None:
+        super().__init__(daemon=True)
+        self.path = state / (DATABASE_NAME + "-wal")
+        self.peak = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.002):
+            with contextlib.suppress(OSError):
+                self.peak = max(self.peak, self.path.stat().st_size)
+
+    def __enter__(self) -> WalGauge:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop.set()
+        self.join()
+
+
 # ---- checks -------------------------------------------------------------------------------
 
 
@@ -310,6 +334,7 @@ def test_a_full_disk_fails_mutations_loses_nothing_and_recovers_by_itself() -> N
         ballast_bytes = 0
         recovered_s = 0.0
         with (
+            WalGauge(state) as wal,
             start_daemon(state_dir=state, extra_args=["--config", str(config)]) as daemon,
             PingProbe(daemon.socket) as probe,
             daemon.connect() as client,
@@ -358,7 +383,8 @@ def test_a_full_disk_fails_mutations_loses_nothing_and_recovers_by_itself() -> N
                         files = {p.name: p.stat().st_size for p in state.iterdir() if p.is_file()}
                         raise AssertionError(
                             f"{exc}\nstalled: {stalled(workers, before)}\n"
-                            f"free {usage.free} of {usage.total} bytes; state files: {files}"
+                            f"free {usage.free} of {usage.total} bytes; state files: {files}; "
+                            f"the WAL at most {wal.peak} bytes"
                         ) from None
                     recovered_s = max(recovered_s, time.monotonic() - freed_at)
             finally:
@@ -407,5 +433,5 @@ def test_a_full_disk_fails_mutations_loses_nothing_and_recovers_by_itself() -> N
             f"mutation errors {dict(outcomes.errors)}; {outcomes.reads_ok} reads, none failed; "
             f"mutations succeeded again at most {recovered_s * 1000:.0f} ms after the "
             "ballast went; "
-            f"{probe.summary()}",
+            f"the WAL at most {wal.peak // 1024} KiB; {probe.summary()}",
         )
