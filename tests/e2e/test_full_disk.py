@@ -12,10 +12,7 @@ all the while; the test then fills the filesystem with a ballast file. It checks
 - once the ballast is deleted, new mutations succeed without a restart;
 - afterwards ``PRAGMA integrity_check`` is ``ok`` and every journal is contiguous.
 
-Mounting needs root (or CAP_SYS_ADMIN). Where the mount fails (a container that
-forbids it) the test is skipped with the mount's error as the reason; under ``CI``
-that skip is a failure (tests/conftest.py), and ``.ci/run`` runs as root. The mount
-is always undone, in ``finally``.
+Mounting needs root (``tests.small_filesystem``).
 """
 
 from __future__ import annotations
@@ -25,21 +22,19 @@ import errno
 import os
 import shutil
 import sqlite3
-import subprocess
 import threading
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.daemon_process import IO_TIMEOUT_S, DaemonProcess, WireClient, make_temp_dir
+from tests.daemon_process import IO_TIMEOUT_S, DaemonProcess, WireClient
 from tests.daemon_process import running_daemon as start_daemon
 from tests.e2e.reliability import PingProbe, report, sized, wait_until
+from tests.small_filesystem import small_filesystem
 
 TMPFS_SIZE = "16m"  # room for the database and mock agents; filled in milliseconds
 DATABASE_NAME = "agentsd.db"
@@ -59,41 +54,6 @@ STORAGE_UNAVAILABLE = "storage_unavailable"
 
 
 # ---- the filesystem --------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def small_filesystem() -> Iterator[Path]:
-    """A fresh tmpfs of ``TMPFS_SIZE``, unmounted (and its mount point removed) after."""
-    mount_point = make_temp_dir()
-    try:
-        proc = subprocess.run(
-            [
-                "mount",
-                "-t",
-                "tmpfs",
-                "-o",
-                f"size={TMPFS_SIZE},mode=0700",
-                "tmpfs",
-                str(mount_point),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=IO_TIMEOUT_S,
-            check=False,
-        )
-        failure = (proc.stderr.strip() or f"exit {proc.returncode}") if proc.returncode else None
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        failure = str(exc)
-    if failure is not None:
-        mount_point.rmdir()
-        pytest.skip(f"cannot mount a tmpfs for the full-disk test (needs root): {failure}")
-    try:
-        yield mount_point
-    finally:
-        unmounted = subprocess.run(["umount", str(mount_point)], check=False, timeout=IO_TIMEOUT_S)
-        if unmounted.returncode != 0:  # still busy (a straggler): detach it now, free it later
-            subprocess.run(["umount", "-l", str(mount_point)], check=True, timeout=IO_TIMEOUT_S)
-        mount_point.rmdir()
 
 
 def fill(path: Path, progress: Callable[[], int]) -> int:
@@ -279,6 +239,30 @@ class Reader(Worker):
                 self.outcomes.read_failures.append({"method": method, **reply["error"]})
 
 
+class WalGauge(threading.Thread):
+    """The largest size the daemon's WAL file was seen at, sampled until ``stop``
+    (a figure for the report: the log must not be what keeps the disk full)."""
+
+    def __init__(self, state: Path) -> None:
+        super().__init__(daemon=True)
+        self.path = state / (DATABASE_NAME + "-wal")
+        self.peak = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.002):
+            with contextlib.suppress(OSError):
+                self.peak = max(self.peak, self.path.stat().st_size)
+
+    def __enter__(self) -> WalGauge:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop.set()
+        self.join()
+
+
 # ---- checks -------------------------------------------------------------------------------
 
 
@@ -337,7 +321,7 @@ def read_only(db: Path) -> sqlite3.Connection:
 
 
 def test_a_full_disk_fails_mutations_loses_nothing_and_recovers_by_itself() -> None:
-    with small_filesystem() as mount_point:
+    with small_filesystem(TMPFS_SIZE) as mount_point:
         cwd = mount_point / "work"  # the agents' cwd, outside the state directory
         cwd.mkdir()
         config = mount_point / "agentsd.toml"
@@ -350,6 +334,7 @@ def test_a_full_disk_fails_mutations_loses_nothing_and_recovers_by_itself() -> N
         ballast_bytes = 0
         recovered_s = 0.0
         with (
+            WalGauge(state) as wal,
             start_daemon(state_dir=state, extra_args=["--config", str(config)]) as daemon,
             PingProbe(daemon.socket) as probe,
             daemon.connect() as client,
@@ -398,7 +383,8 @@ def test_a_full_disk_fails_mutations_loses_nothing_and_recovers_by_itself() -> N
                         files = {p.name: p.stat().st_size for p in state.iterdir() if p.is_file()}
                         raise AssertionError(
                             f"{exc}\nstalled: {stalled(workers, before)}\n"
-                            f"free {usage.free} of {usage.total} bytes; state files: {files}"
+                            f"free {usage.free} of {usage.total} bytes; state files: {files}; "
+                            f"the WAL at most {wal.peak} bytes"
                         ) from None
                     recovered_s = max(recovered_s, time.monotonic() - freed_at)
             finally:
@@ -447,5 +433,5 @@ def test_a_full_disk_fails_mutations_loses_nothing_and_recovers_by_itself() -> N
             f"mutation errors {dict(outcomes.errors)}; {outcomes.reads_ok} reads, none failed; "
             f"mutations succeeded again at most {recovered_s * 1000:.0f} ms after the "
             "ballast went; "
-            f"{probe.summary()}",
+            f"the WAL at most {wal.peak // 1024} KiB; {probe.summary()}",
         )

@@ -169,6 +169,10 @@ class MockAdapter(Adapter):
                     waiter.set()
             self._starting.clear()
             self._exited = True
+            # Not acked, and no ack can come now: their senders learn it at once
+            # (the agent may or may not have read them: ``_dispatch``).
+            for event in self._acks.values():
+                event.set()
             for event in self._model_set.values():
                 event.set()
 
@@ -273,11 +277,18 @@ class MockAdapter(Adapter):
             self._acks.pop(frame_id, None)
             return Dispatch(outcome="rejected", reason="the agent is not running")
         with trio.move_on_after(ACK_TIMEOUT_S):
-            await acked.wait()
-            turn_id = self._acked_turns.pop(frame_id, self._turn_id)
-            return Dispatch(outcome="accepted", turn_id=turn_id)
+            if not self._exited:
+                await acked.wait()
+            # Its ack takes it out of ``_acks``; still there, the reading stopped first.
+            if frame_id not in self._acks:
+                turn_id = self._acked_turns.pop(frame_id, self._turn_id)
+                return Dispatch(outcome="accepted", turn_id=turn_id)
         self._acks.pop(frame_id, None)
         self._acked_turns.pop(frame_id, None)
+        if self._exited:
+            return Dispatch(
+                outcome="unknown", reason="the agent stopped before it confirmed delivery"
+            )
         return Dispatch(outcome="unknown", reason="the agent did not confirm delivery")
 
     async def option_choices(self) -> Mapping[str, list[OptionChoice]]:

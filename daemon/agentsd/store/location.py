@@ -25,7 +25,7 @@ from pathlib import Path
 
 import attrs
 
-__all__ = ["FileId", "Location"]
+__all__ = ["FileId", "Location", "wal_bytes"]
 
 
 @attrs.frozen
@@ -105,6 +105,15 @@ def _file_id(path: str) -> tuple[int, int] | None:
     except FileNotFoundError:
         return None
     return st.st_dev, st.st_ino
+
+
+def wal_bytes(path: Path) -> int:
+    """The size of the write-ahead log of the database at ``path`` (0 if there is
+    none, or it cannot be read)."""
+    try:
+        return os.stat(_wal_path(path)).st_size
+    except OSError:
+        return 0
 
 
 def _wal_path(path: Path) -> Path:
