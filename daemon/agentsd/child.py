@@ -69,6 +69,7 @@ from agentsd.procfs import (
     current_scanner,
     read_start_time,
 )
+from agentsd.spawner import SpawnerFailed, spawn_into
 
 __all__ = [
     "SPAWN_TOKEN_ENV",
@@ -294,6 +295,15 @@ async def _spawn(spec: ChildSpec, cgroup: SessionCgroup | None) -> trio.Process:
         argv = spec.argv
         if cgroup is not None:
             _check_program(spec.argv[0], spec.cwd, env)
+            try:
+                cloned = await spawn_into(
+                    cgroup, argv, cwd=spec.cwd, env=env, stderr=spec.stderr_fd
+                )
+            except SpawnerFailed:
+                cgroup.kill()  # whatever it may have started there; then as any failure
+                raise
+            if cloned is not None:
+                return cloned
             argv = [SHELL, "-c", JOIN_SCRIPT, str(cgroup.path / "cgroup.procs"), *spec.argv]
         return await trio.lowlevel.open_process(
             argv,
