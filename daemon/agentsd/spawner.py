@@ -182,6 +182,7 @@ class ForkServer:
         self.sock = sock
         self.lock = threading.Lock()
         self.broken = False
+        self.served = 0  # children it cloned and that exec'd
 
     @classmethod
     def start(cls) -> ForkServer:
@@ -242,6 +243,7 @@ class ForkServer:
                 self._break()
                 raise SpawnerFailed(f"the fork server failed: {exc}") from exc
             pid, err, step = REPLY.unpack(reply)
+            self.served += not err
             return pid, err, step
 
     def _break(self) -> None:
