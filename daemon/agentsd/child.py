@@ -25,17 +25,18 @@ Rules this module keeps (DESIGN.md sections 2 and 6):
    its pidfd), never from its stdout closing: a process it started in the
    background may hold that open for ever. `Child.end_remains` then ends what it
    left running, so its output ends too.
-8. With a cgroup root (``agentsd.cgroup``), the child joins its own cgroup before
-   the agent's first instruction: it starts as ``/bin/sh`` running `JOIN_SCRIPT`,
-   which writes ``0`` (itself) to ``cgroup.procs`` and then execs the agent, so
-   nothing of the agent ever runs outside. (A ``preexec_fn`` would do the same
-   between fork and exec, but it makes subprocess fork instead of vfork and run
-   the interpreter's at-fork handlers: 2-20 ms a spawn, against under 1 ms for
-   the shell's extra exec. The join itself waits for the kernel, ``bench_spawn``
-   says how long.) If the write fails,
-   the shell exits and the agent never runs. The ladder's last rung is then
-   ``cgroup.kill``, and exit is proven by the reap plus the cgroup's ``populated
-   0``; the cgroup is removed after.
+8. With a cgroup root (``agentsd.cgroup``), the child is in its own cgroup before
+   the agent's first instruction: the fork server of ``agentsd.spawner`` clones it
+   there (``CLONE_INTO_CGROUP``, as the daemon's own child, pid and start time the
+   agent's), which waits for no RCU grace period. Without a fork server (it could
+   not start, or died) it starts as ``/bin/sh`` running `JOIN_SCRIPT`, which
+   writes ``0`` (itself) to ``cgroup.procs`` and then execs the agent; if the
+   write fails, the shell exits and the agent never runs (the write waits for the
+   kernel's grace period: ``bench_spawn`` compares both). A ``preexec_fn`` would
+   make subprocess fork instead of vfork and run the interpreter's at-fork
+   handlers: 2-20 ms a spawn. The ladder's last rung is then ``cgroup.kill``, and
+   exit is proven by the reap plus the cgroup's ``populated 0``; the cgroup is
+   removed after.
 """
 
 from __future__ import annotations

@@ -16,14 +16,16 @@ the run ends (a system task owns it). It holds nothing of its own: it sits in th
 daemon's cgroup, not in any session's.
 
 Rule 2: per request (argv, environment, cwd, executable candidates as NUL-separated
-bytes; the session cgroup's directory, the child's stdin, stdout and stderr as
-``SCM_RIGHTS`` fds) it clones with ``CLONE_INTO_CGROUP | CLONE_PARENT``: the child
-is born in the session's cgroup, so nothing of it ever runs outside, and is the
-daemon's own child (its parent is the server's parent), which the daemon reaps as
-any `subprocess.Popen` child; its pid and start time are the agent's. The child
-does what `subprocess.Popen` would (``setsid``, the three fds, other fds closed,
-SIGPIPE and SIGXFSZ to default, ``chdir``, exec along ``PATH``) and reports a
-failure through a close-on-exec pipe, which the server relays with the pid.
+bytes; the session cgroup's directory, the child's stdin, stdout and stderr and a
+report pipe as ``SCM_RIGHTS`` fds) it clones with ``CLONE_INTO_CGROUP |
+CLONE_PARENT | CLONE_VFORK``: the child is born in the session's cgroup, so nothing
+of it ever runs outside, and is the daemon's own child (its parent is the server's
+parent), which the daemon reaps as any `subprocess.Popen` child; its pid and start
+time are the agent's. The child does what `subprocess.Popen` would (``setsid``,
+the three fds, other fds closed, SIGPIPE and SIGXFSZ to default, ``chdir``, exec
+along ``PATH``) and reports a failure through the close-on-exec report pipe. The
+server resumes once the child exec'd or exited (``CLONE_VFORK``) and replies with
+its pid: one wake-up of the daemon's spawning thread, as for a vfork of its own.
 
 Rule 3: its request socket is one end of a socketpair: nothing but the daemon can
 send it a request (an agent cannot open a socket through ``/proc/PID/fd``), and it
@@ -55,16 +57,25 @@ import trio
 
 from agentsd.cgroup import SessionCgroup
 
-__all__ = ["SERVER", "ForkServer", "ServerGone", "SpawnerFailed", "fork_server", "spawn_into"]
+__all__ = [
+    "SERVER",
+    "ForkServer",
+    "ServerGone",
+    "SpawnerFailed",
+    "fork_server",
+    "spawn_into",
+    "use_fork_server",
+]
 
 log = logging.getLogger(__name__)
 
 READY = b"R"
-REPLY = struct.Struct("=iii")  # pid, errno, step (0 ok, 1 chdir, 2 exec, 3 clone)
+REPLY = struct.Struct("=ii")  # the clone's pid (or -1) and errno
+REPORT = struct.Struct("=ii")  # from a child that could not exec: step, errno
 HEADER = struct.Struct("=I")  # payload length
 REPLY_TIMEOUT_S = 10.0  # a clone and an exec; far longer only if the server is stopped
 START_TIMEOUT_S = 30.0  # an interpreter's start on a loaded machine
-STEP_CHDIR, STEP_EXEC, STEP_CLONE = 1, 2, 3
+STEP_CHDIR, STEP_EXEC = 1, 2
 
 # The fork server (Rule 1-3): argv[1] is its socket's fd. Kept small and without
 # imports beyond what clone3 needs; the child path runs only os calls, then execs.
@@ -75,10 +86,10 @@ os.set_inheritable(fd, False)
 sock = socket.socket(fileno=fd)
 libc = ctypes.PyDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
-SYS_clone3 = {"x86_64": 435, "aarch64": 435}.get(os.uname().machine, 435)
-FLAGS = 0x200000000 | 0x8000  # CLONE_INTO_CGROUP | CLONE_PARENT
+SYS_clone3 = 435  # the same number on every architecture (the generic table)
+FLAGS = 0x200000000 | 0x8000 | 0x4000  # CLONE_INTO_CGROUP | CLONE_PARENT | CLONE_VFORK
 MAXFD = os.sysconf("SC_OPEN_MAX")
-REPLY = struct.Struct("=iii")
+REPLY = struct.Struct("=ii")
 sock.sendall(b"R")
 
 def recv_exact(n, first=b""):
@@ -90,13 +101,16 @@ def recv_exact(n, first=b""):
         data += part
     return bytes(data)
 
-def child(fds, fields):
-    cwd = fields[0]
+def parse(fields):
     n_exec = int(fields[1])
     execs = fields[2 : 2 + n_exec]
     n_argv = int(fields[2 + n_exec])
     argv = fields[3 + n_exec : 3 + n_exec + n_argv]
-    env = fields[3 + n_exec + n_argv :]
+    env = dict(item.split(b"=", 1) for item in fields[3 + n_exec + n_argv :])
+    return fields[0], execs, argv, env
+
+def child(fds, job):  # between clone and exec: as little as can be
+    cwd, execs, argv, env = job
     report = fds[4]
     step = 1
     try:
@@ -109,11 +123,10 @@ def child(fds, fields):
             signal.signal(sig, signal.SIG_DFL)
         os.chdir(cwd)
         step = 2
-        env_map = dict(item.split(b"=", 1) for item in env)
         first, last = 0, 2
         for exe in execs:
             try:
-                os.execve(exe, argv, env_map)
+                os.execve(exe, argv, env)
             except OSError as exc:
                 if not first and exc.errno not in (2, 20):
                     first = exc.errno
@@ -129,7 +142,7 @@ def child(fds, fields):
         os._exit(127)
 
 while True:
-    head, ancillary, _flags, _addr = sock.recvmsg(4, socket.CMSG_SPACE(4 * 4), socket.MSG_CMSG_CLOEXEC)
+    head, ancillary, _flags, _addr = sock.recvmsg(4, socket.CMSG_SPACE(5 * 4), socket.MSG_CMSG_CLOEXEC)
     if not head:
         os._exit(0)
     fds = []
@@ -137,31 +150,18 @@ while True:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.extend(struct.unpack(f"={len(data) // 4}i", data[: len(data) - len(data) % 4]))
     (length,) = struct.unpack("=I", recv_exact(4, head))
-    fields = recv_exact(length).split(b"\0")[:-1]
-    read_end, write_end = os.pipe()
-    fds.append(write_end)
+    job = parse(recv_exact(length).split(b"\0")[:-1])
+    if len(fds) != 5:  # the daemon always sends five: cgroup, stdin, stdout, stderr, report
+        os._exit(1)
     args = struct.pack("=11Q", FLAGS, 0, 0, 0, 0, 0, 0, 0, 0, 0, fds[0])
     buf = ctypes.create_string_buffer(args, len(args))
     pid = libc.syscall(ctypes.c_long(SYS_clone3), buf, ctypes.c_size_t(len(args)))
     if pid == 0:
-        child(fds, fields)
-    errno_ = ctypes.get_errno() if pid < 0 else 0
+        child(fds, job)
+    err = ctypes.get_errno() if pid < 0 else 0
     for fd_ in fds:
         os.close(fd_)
-    step, err = 0, 0
-    if pid < 0:
-        step, err = 3, errno_
-    else:
-        got = b""
-        while True:
-            part = os.read(read_end, 8)
-            if not part:
-                break
-            got += part
-        if len(got) >= 8:
-            step, err = struct.unpack("=ii", got[:8])
-    os.close(read_end)
-    sock.sendall(REPLY.pack(pid, err, step))
+    sock.sendall(REPLY.pack(pid, err))
 """
 
 
@@ -218,33 +218,59 @@ class ForkServer:
         stdio: tuple[int, int, int],
         payload: bytes,
     ) -> tuple[int, int, int]:
-        """One request: (pid, errno, step). Raises `SpawnerFailed` if the server
-        broke after the request may have been read, plain OSError before."""
-        with self.lock:
-            if self.broken:
-                raise ServerGone("the fork server failed before")
+        """One request: (pid, errno, step), errno 0 once the child exec'd, else
+        the step that failed (it exited; the caller reaps it). Raises `ServerGone`
+        if the server could not have read the request (nothing cloned),
+        `SpawnerFailed` if it broke after it may have, OSError if clone3 failed.
+
+        The server replies once the child exec'd or exited (Rule 2); whether it
+        exec'd is learned here, from the close-on-exec report pipe, as
+        `subprocess.Popen` does."""
+        report_read, report_write = os.pipe()
+        try:
+            with self.lock:
+                pid, err = self._request(cgroup_fd, (*stdio, report_write), payload)
+            os.close(report_write)
+            report_write = -1
+            if pid < 0:
+                raise OSError(err, f"clone3: {os.strerror(err)}")
+            got = b""
+            while part := os.read(report_read, REPORT.size):
+                got += part
+        finally:
+            os.close(report_read)
+            if report_write >= 0:
+                os.close(report_write)
+        if len(got) < REPORT.size:
+            self.served += 1
+            return pid, 0, 0
+        step, err = REPORT.unpack(got[: REPORT.size])
+        return pid, err, step
+
+    def _request(self, cgroup_fd: int, fds: tuple[int, ...], payload: bytes) -> tuple[int, int]:
+        if self.broken:
+            raise ServerGone("the fork server failed before")
+        self.sock.settimeout(REPLY_TIMEOUT_S)
+        rights = struct.pack(f"={1 + len(fds)}i", cgroup_fd, *fds)
+        try:
             header = HEADER.pack(len(payload))
-            fds = struct.pack("=4i", cgroup_fd, *stdio)
-            self.sock.settimeout(REPLY_TIMEOUT_S)
-            try:
-                self.sock.sendmsg([header], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-            except OSError as exc:
-                self._break()
-                raise ServerGone(f"the fork server is gone: {exc}") from exc
-            try:
-                self.sock.sendall(payload)
-                reply = b""
-                while len(reply) < REPLY.size:
-                    part = self.sock.recv(REPLY.size - len(reply))
-                    if not part:
-                        raise SpawnerFailed("the fork server exited")
-                    reply += part
-            except OSError as exc:
-                self._break()
-                raise SpawnerFailed(f"the fork server failed: {exc}") from exc
-            pid, err, step = REPLY.unpack(reply)
-            self.served += not err
-            return pid, err, step
+            self.sock.sendmsg([header], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+        except OSError as exc:
+            self._break()
+            raise ServerGone(f"the fork server is gone: {exc}") from exc
+        try:
+            self.sock.sendall(payload)
+            reply = b""
+            while len(reply) < REPLY.size:
+                part = self.sock.recv(REPLY.size - len(reply))
+                if not part:
+                    raise SpawnerFailed("the fork server exited")
+                reply += part
+        except OSError as exc:
+            self._break()
+            raise SpawnerFailed(f"the fork server failed: {exc}") from exc
+        pid, err = REPLY.unpack(reply)
+        return pid, err
 
     def _break(self) -> None:
         self.broken = True
@@ -264,6 +290,15 @@ class ForkServer:
 
 
 _SERVER: trio.lowlevel.RunVar[ForkServer | None] = trio.lowlevel.RunVar("agentsd_fork_server")
+_ENABLED: trio.lowlevel.RunVar[bool] = trio.lowlevel.RunVar("agentsd_fork_server_on", default=True)
+
+
+def use_fork_server(enabled: bool) -> None:
+    """Whether this run's spawns into a cgroup go through the fork server (the
+    default) or the shell shim of `agentsd.child`: ``bench_spawn`` compares them."""
+    _ENABLED.set(enabled)
+
+
 _STARTING: trio.lowlevel.RunVar[trio.Lock] = trio.lowlevel.RunVar("agentsd_fork_server_lock")
 
 
@@ -345,8 +380,6 @@ class _ClonedPopen(subprocess.Popen[bytes]):
             pid, err, step = self._server.clone(cgroup_fd, (p2cread, c2pwrite, errwrite), payload)
         finally:
             os.close(cgroup_fd)
-        if step == STEP_CLONE:
-            raise OSError(err, f"clone3 into {self._cgroup.path}: {os.strerror(err)}")
         if err:
             os.waitpid(pid, 0)  # our child (CLONE_PARENT); it exited 127
             filename = cwd if step == STEP_CHDIR else program
@@ -397,6 +430,8 @@ async def spawn_into(
     would (nothing left running), `SpawnerFailed` if the server broke mid-request
     (``cgroup`` may then hold a child: the caller kills it). Its worker threads
     are trio's default ones: the caller may hold a spawn limiter's token."""
+    if not _ENABLED.get():
+        return None
     server = await fork_server()
     if server is None or server.broken:
         return None
