@@ -243,7 +243,7 @@ async def open_child(
             spec.cgroup_root.create, spec.token, limiter=spawn_limiter()
         )
     try:
-        if cgroup is not None:
+        if cgroup is not None and spec.limits.controllers():  # else a thread hop for nothing
             await trio.to_thread.run_sync(cgroup.apply, spec.limits, limiter=spawn_limiter())
         process = await _spawn(spec, cgroup)
     except BaseException:

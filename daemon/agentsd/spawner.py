@@ -63,6 +63,7 @@ __all__ = [
     "ServerGone",
     "SpawnerFailed",
     "fork_server",
+    "fork_servers",
     "spawn_into",
     "use_fork_server",
 ]
@@ -289,24 +290,24 @@ class ForkServer:
             self.process.wait()
 
 
-_SERVER: trio.lowlevel.RunVar[ForkServer | None] = trio.lowlevel.RunVar("agentsd_fork_server")
+SERVERS = 2  # fork servers per run: the spawns of a burst overlap (one per core here)
+
+_SERVERS: trio.lowlevel.RunVar[list[ForkServer]] = trio.lowlevel.RunVar("agentsd_fork_servers")
 _ENABLED: trio.lowlevel.RunVar[bool] = trio.lowlevel.RunVar("agentsd_fork_server_on", default=True)
+_STARTING: trio.lowlevel.RunVar[trio.Lock] = trio.lowlevel.RunVar("agentsd_fork_server_lock")
 
 
 def use_fork_server(enabled: bool) -> None:
-    """Whether this run's spawns into a cgroup go through the fork server (the
+    """Whether this run's spawns into a cgroup go through the fork servers (the
     default) or the shell shim of `agentsd.child`: ``bench_spawn`` compares them."""
     _ENABLED.set(enabled)
 
 
-_STARTING: trio.lowlevel.RunVar[trio.Lock] = trio.lowlevel.RunVar("agentsd_fork_server_lock")
-
-
-async def fork_server() -> ForkServer | None:
-    """This run's fork server, started on first use; None if it cannot run
-    (Rule 4)."""
+async def fork_servers() -> list[ForkServer]:
+    """This run's `SERVERS` fork servers, started on first use; those that could
+    start (none: the shim, Rule 4)."""
     try:
-        return _SERVER.get()
+        return _SERVERS.get()
     except LookupError:
         pass
     try:
@@ -316,19 +317,37 @@ async def fork_server() -> ForkServer | None:
         _STARTING.set(lock)
     async with lock:
         try:
-            return _SERVER.get()
+            return _SERVERS.get()
         except LookupError:
             pass
-        server: ForkServer | None
-        try:
-            server = await trio.to_thread.run_sync(ForkServer.start)
-        except OSError as exc:
-            log.warning("no fork server (spawns use the shell shim): %s", exc)
-            server = None
-        _SERVER.set(server)
-        if server is not None:
+        servers: list[ForkServer] = []
+        for _ in range(SERVERS):
+            try:
+                server = await trio.to_thread.run_sync(ForkServer.start)
+            except OSError as exc:
+                log.warning("a fork server could not start: %s", exc)
+                continue
+            servers.append(server)
             trio.lowlevel.spawn_system_task(_own, server, name="agentsd fork server")
-        return server
+        if not servers:
+            log.warning("no fork server: spawns into cgroups use the shell shim")
+        _SERVERS.set(servers)
+        return servers
+
+
+async def fork_server() -> ForkServer | None:
+    """The first of this run's fork servers (see `fork_servers`), or None."""
+    servers = await fork_servers()
+    return servers[0] if servers else None
+
+
+def _pick(servers: list[ForkServer]) -> ForkServer | None:
+    """An idle working server if there is one, else the first working one."""
+    working = [server for server in servers if not server.broken]
+    for server in working:
+        if not server.lock.locked():
+            return server
+    return working[0] if working else None
 
 
 async def _own(server: ForkServer) -> None:
@@ -432,8 +451,8 @@ async def spawn_into(
     are trio's default ones: the caller may hold a spawn limiter's token."""
     if not _ENABLED.get():
         return None
-    server = await fork_server()
-    if server is None or server.broken:
+    server = _pick(await fork_servers())
+    if server is None:
         return None
     stdin_read, stdin_write = os.pipe()
     stdout_read, stdout_write = os.pipe()

@@ -26,7 +26,7 @@ from agentsd.cgroup import CgroupRoot
 from agentsd.child import ChildExit, ChildSpec, ExitProof, new_spawn_token, open_child
 from agentsd.config import Ladder
 from agentsd.leftovers import ChildIdentity
-from agentsd.spawner import fork_server
+from agentsd.spawner import SERVERS, fork_server, fork_servers
 from tests.cgroup_root import cgroup_root, unavailable
 
 QUICK = Ladder(eof_grace_s=2.0, term_grace_s=0.2, kill_wait_s=5.0)
@@ -92,8 +92,8 @@ async def test_a_cloned_child_gets_exactly_what_popen_gives(root: Path, tmp_path
     identical to the spawn without a cgroup."""
     spec = _spec(root, tmp_path)
     cloned, identity, outcome = await _report(spec)
-    server = await fork_server()
-    assert server is not None and server.served == 1  # it went through the fork server
+    servers = await fork_servers()
+    assert sum(s.served for s in servers) == 1  # it went through a fork server
     plain, _, _ = await _report(_spec(None, tmp_path))
     assert cloned["cgroup"] == f"0::/{root.name}/agent-{spec.token}"
     assert cloned["pid"] == cloned["sid"] == cloned["pgid"] == identity.pid == identity.pgid
@@ -125,8 +125,7 @@ async def test_a_cloned_child_gets_exactly_what_popen_gives(root: Path, tmp_path
 async def test_a_failed_exec_fails_the_spawn_and_leaves_nothing(
     root: Path, argv: list[str], cwd: str, error: type[OSError], filename: str | None
 ) -> None:
-    server = await fork_server()
-    assert server is not None
+    servers = await fork_servers()
     spec = ChildSpec(
         argv=argv,
         cwd=cwd,
@@ -142,7 +141,7 @@ async def test_a_failed_exec_fails_the_spawn_and_leaves_nothing(
         assert caught.value.filename == filename
     assert outcomes == []
     assert CgroupRoot(root).existing() == []
-    assert not server.broken and server.served == 0
+    assert [(s.broken, s.served) for s in servers] == [(False, 0)] * SERVERS
     assert _zombies() == []  # the failed child was reaped
 
 
@@ -174,46 +173,57 @@ async def test_a_bad_request_is_refused_before_the_server(root: Path, tmp_path: 
 async def test_a_dead_fork_server_means_the_shim_still_joined_first(
     root: Path, tmp_path: Path
 ) -> None:
-    """An agent may kill the server (same uid): spawns go through the shell shim,
-    which still joins the cgroup before the agent's first instruction; the server
-    is not restarted in that run."""
-    server = await fork_server()
-    assert server is not None
-    server.process.kill()
-    server.process.wait()
-    spec = _spec(root, tmp_path)
-    first, _, _ = await _report(spec)  # the request finds the server gone
-    second, _, _ = await _report(_spec(root, tmp_path))
-    assert server.broken and (await fork_server()) is server
-    for report in (first, second):
+    """An agent may kill the servers (same uid): spawns go through the shell shim,
+    which still joins the cgroup before the agent's first instruction; a dead
+    server is not restarted in that run, and the pool stays `SERVERS` strong."""
+    servers = await fork_servers()
+    assert len(servers) == SERVERS
+    for server in servers:
+        server.process.kill()
+        server.process.wait()
+    reports = [(await _report(_spec(root, tmp_path)))[0] for _ in range(SERVERS + 1)]
+    assert all(server.broken for server in servers)
+    assert (await fork_servers()) == servers
+    for report in reports:
         assert str(report["cgroup"]).startswith(f"0::/{root.name}/agent-")
         assert report["ppid"] == os.getpid()
     assert CgroupRoot(root).existing() == []
+
+
+async def test_spawns_at_once_are_all_served_by_the_pool(root: Path, tmp_path: Path) -> None:
+    """Spawns at once overlap on the servers, each served by one of them."""
+    servers = await fork_servers()
+    async with trio.open_nursery() as nursery:
+        for _ in range(4 * SERVERS):
+            nursery.start_soon(_report, _spec(root, tmp_path))
+    assert sum(server.served for server in servers) == 4 * SERVERS
+    assert not any(server.broken for server in servers)
 
 
 def test_the_server_ends_with_the_run_and_its_socket_cannot_be_opened(root: Path) -> None:
     """The server's request socket is private: /proc/PID/fd of it cannot be opened
     (an agent cannot send it a request). When the run ends, it is ended and reaped."""
 
-    async def main() -> int:
-        server = await fork_server()
-        assert server is not None
-        fds = os.listdir(f"/proc/{server.process.pid}/fd")
-        sockets = [
-            fd
-            for fd in fds
-            if os.readlink(f"/proc/{server.process.pid}/fd/{fd}").startswith("socket:")
-        ]
-        assert len(sockets) == 1
-        with pytest.raises(OSError) as caught:
-            os.open(f"/proc/{server.process.pid}/fd/{sockets[0]}", os.O_WRONLY)
-        assert caught.value.errno == errno.ENXIO
-        return server.process.pid
+    async def main() -> list[int]:
+        servers = await fork_servers()
+        for server in servers:
+            pid = server.process.pid
+            fds = os.listdir(f"/proc/{pid}/fd")
+            sockets = [
+                fd for fd in fds if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+            ]
+            assert len(sockets) == 1
+            with pytest.raises(OSError) as caught:
+                os.open(f"/proc/{pid}/fd/{sockets[0]}", os.O_WRONLY)
+            assert caught.value.errno == errno.ENXIO
+        return [server.process.pid for server in servers]
 
-    pid = trio.run(main)
-    with pytest.raises(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)  # reaped already
-    assert not Path(f"/proc/{pid}").exists()
+    pids = trio.run(main)
+    assert len(pids) == SERVERS
+    for pid in pids:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reaped already
+        assert not Path(f"/proc/{pid}").exists()
 
 
 DAEMON = """
@@ -222,7 +232,7 @@ from pathlib import Path
 from agentsd.cgroup import CgroupRoot
 from agentsd.child import ChildSpec, new_spawn_token, open_child
 from agentsd.config import Ladder
-from agentsd.spawner import fork_server
+from agentsd.spawner import fork_servers
 
 async def main():
     spec = ChildSpec(argv=['/bin/cat'], cwd='/', env={}, token=new_spawn_token(),
@@ -230,8 +240,8 @@ async def main():
     async def spawned(identity):
         return None
     async with open_child(spec, Ladder(), spawned, lambda outcome: None) as child:
-        server = await fork_server()
-        print(server.process.pid, child.identity.pid, flush=True)
+        servers = await fork_servers()
+        print(*(server.process.pid for server in servers), flush=True)
         await trio.sleep_forever()
 
 trio.run(main)
@@ -244,14 +254,17 @@ def test_a_killed_daemon_leaves_no_fork_server(root: Path) -> None:
     daemon = subprocess.Popen([sys.executable, "-c", DAEMON, str(root)], stdout=subprocess.PIPE)
     assert daemon.stdout is not None
     with daemon.stdout:
-        server_pid, _agent_pid = map(int, daemon.stdout.readline().split())
-    server_fd = os.pidfd_open(server_pid)
+        server_pids = [int(word) for word in daemon.stdout.readline().split()]
+    assert len(server_pids) == SERVERS
+    server_fds = [os.pidfd_open(pid) for pid in server_pids]
     try:
         daemon.send_signal(signal.SIGKILL)
         daemon.wait()
-        # The server is the dead daemon's child, reaped by init: its pidfd turns
-        # readable when it exits. Bounded, not a timing assertion.
-        ready, _, _ = select.select([server_fd], [], [], 30.0)
-        assert ready, "the fork server outlived its daemon"
+        # The servers were the dead daemon's children, reaped by init: a pidfd
+        # turns readable when its process exits. Bounded, not a timing assertion.
+        for server_fd in server_fds:
+            ready, _, _ = select.select([server_fd], [], [], 30.0)
+            assert ready, "a fork server outlived its daemon"
     finally:
-        os.close(server_fd)
+        for server_fd in server_fds:
+            os.close(server_fd)
