@@ -6,14 +6,16 @@ Moving a process into a cgroup (a write to ``cgroup.procs``) takes the kernel's
 shell shim. A process *created* in its cgroup (clone3 with ``CLONE_INTO_CGROUP``,
 Linux 5.7) takes that lock only for reading and waits for nothing. Python has no
 clone3, and a raw clone from the daemon, a threaded process, would run interpreter
-code in a child whose other threads' locks may be held for ever. So one
-single-threaded helper process does the clones: the fork server.
+code in a child whose other threads' locks may be held for ever. So
+single-threaded helper processes do the clones: the fork servers.
 
 Rule 1: the fork server is a ``python -I -S`` of the daemon's own interpreter, a
 child of the daemon in its own session, that runs `SERVER` and nothing else: it
-never execs. One per trio run, started at the first spawn into a cgroup, ended when
-the run ends (a system task owns it). It holds nothing of its own: it sits in the
-daemon's cgroup, not in any session's.
+never execs. `SERVERS` of them per trio run (a spawn goes to an idle one, so a
+burst's spawns overlap), started at the first spawn into a cgroup, ended when the
+run ends (a system task owns each). A server holds nothing between requests and
+sits in the daemon's cgroup, not in any session's: there is nothing of it for
+recovery to end (it exits with the daemon, Rule 3).
 
 Rule 2: per request (argv, environment, cwd, executable candidates as NUL-separated
 bytes; the session cgroup's directory, the child's stdin, stdout and stderr and a
@@ -33,10 +35,13 @@ exits at end of file, so a dead daemon leaves no fork server behind. The clone i
 the server is a raw syscall in a single-threaded process, done holding the GIL, the
 child execs at once: no lock of another thread can be held in it.
 
-Rule 4: if the server cannot be started, dies, or does not answer within
-`REPLY_TIMEOUT_S` (an agent of the same uid can signal it), `spawn_into` says so
+Rule 4: if no server can be started, or every one died or failed to answer within
+`REPLY_TIMEOUT_S` (an agent of the same uid can signal them), `spawn_into` says so
 (None before anything was cloned) and `agentsd.child` falls back to its shim; a
-server that failed is not restarted in that run.
+server that failed is not restarted in that run. A server stopped mid-request
+(SIGSTOP) makes that one spawn fail after `REPLY_TIMEOUT_S`; its cgroup is
+killed (a child cloned then, whose pid the daemon never learned, is left a zombie
+of the daemon's until it exits).
 """
 
 from __future__ import annotations
