@@ -237,18 +237,12 @@ async def open_child(
     shared `current_scanner()`, so concurrent closes share /proc scans.
     """
     scanner = scanner if scanner is not None else current_scanner()
-    cgroup = None
-    if spec.cgroup_root is not None:
-        cgroup = await trio.to_thread.run_sync(
-            spec.cgroup_root.create, spec.token, limiter=spawn_limiter()
-        )
+    cgroup = None if spec.cgroup_root is None else spec.cgroup_root.for_token(spec.token)
     try:
-        if cgroup is not None and spec.limits.controllers():  # else a thread hop for nothing
-            await trio.to_thread.run_sync(cgroup.apply, spec.limits, limiter=spawn_limiter())
-        process = await _spawn(spec, cgroup)
+        process = await _spawn(spec, cgroup)  # makes the cgroup first
     except BaseException:
         if cgroup is not None:
-            cgroup.remove()  # nothing was started in it: it is empty
+            cgroup.remove()  # nothing was started in it: it is empty (or was never made)
         raise
     signalled: set[tuple[int, int]] = set()  # (pid, start time) signalled individually
     # From here on nothing may stand between the spawn and the try: the ladder
@@ -296,15 +290,27 @@ async def _spawn(spec: ChildSpec, cgroup: SessionCgroup | None) -> trio.Process:
         argv = spec.argv
         if cgroup is not None:
             _check_program(spec.argv[0], spec.cwd, env)
-            try:
+            made = False
+
+            def make() -> None:  # the cgroup, with its limits, before anything runs in it
+                nonlocal made
+                assert spec.cgroup_root is not None
+                spec.cgroup_root.create(spec.token)
+                made = True
+                if spec.limits.controllers():
+                    cgroup.apply(spec.limits)
+
+            try:  # in the thread that spawns: a thread hop less
                 cloned = await spawn_into(
-                    cgroup, argv, cwd=spec.cwd, env=env, stderr=spec.stderr_fd
+                    cgroup, argv, cwd=spec.cwd, env=env, stderr=spec.stderr_fd, prepare=make
                 )
             except SpawnerFailed:
                 cgroup.kill()  # whatever it may have started there; then as any failure
                 raise
             if cloned is not None:
                 return cloned
+            if not made:  # trio's default threads, as open_process: we hold a spawn token
+                await trio.to_thread.run_sync(make)
             argv = [SHELL, "-c", JOIN_SCRIPT, str(cgroup.path / "cgroup.procs"), *spec.argv]
         return await trio.lowlevel.open_process(
             argv,

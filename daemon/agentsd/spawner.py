@@ -55,7 +55,7 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -447,13 +447,15 @@ async def spawn_into(
     cwd: str,
     env: Mapping[str, str],
     stderr: int | None,
+    prepare: Callable[[], None],
 ) -> trio.Process | None:
     """Start ``argv`` born in ``cgroup``, in a session of its own, with piped stdin
     and stdout and ``stderr`` (None: /dev/null). None if there is no fork server
     (nothing was started: use the shim). Raises OSError as `subprocess.Popen`
     would (nothing left running), `SpawnerFailed` if the server broke mid-request
     (``cgroup`` may then hold a child: the caller kills it). Its worker threads
-    are trio's default ones: the caller may hold a spawn limiter's token."""
+    are trio's default ones: the caller may hold a spawn limiter's token.
+    ``prepare`` (making ``cgroup``) runs first, in the thread that spawns."""
     if not _ENABLED.get():
         return None
     server = _pick(await fork_servers())
@@ -465,8 +467,10 @@ async def spawn_into(
     stdout_stream = trio.lowlevel.FdStream(stdout_read)
     try:
         try:
-            popen = await trio.to_thread.run_sync(
-                lambda: _ClonedPopen(
+
+            def start() -> _ClonedPopen:
+                prepare()
+                return _ClonedPopen(
                     server,
                     cgroup,
                     argv,
@@ -477,8 +481,9 @@ async def spawn_into(
                     env=env,
                     start_new_session=True,
                     close_fds=True,
-                ),
-            )
+                )
+
+            popen = await trio.to_thread.run_sync(start)
         finally:
             os.close(stdin_read)
             os.close(stdout_write)
