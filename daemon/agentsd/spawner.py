@@ -35,7 +35,8 @@ exits at end of file, so a dead daemon leaves no fork server behind. The clone i
 the server is a raw syscall in a single-threaded process, done holding the GIL, the
 child execs at once: no lock of another thread can be held in it.
 
-Rule 4: if no server can be started, or every one died or failed to answer within
+Rule 4: if no server can be started, or every one died, failed to clone (a seccomp
+policy refusing clone3: ENOSYS) or failed to answer within
 `REPLY_TIMEOUT_S` (an agent of the same uid can signal them), `spawn_into` says so
 (None before anything was cloned) and `agentsd.child` falls back to its shim; a
 server that failed is not restarted in that run. A server stopped mid-request
@@ -227,7 +228,8 @@ class ForkServer:
         """One request: (pid, errno, step), errno 0 once the child exec'd, else
         the step that failed (it exited; the caller reaps it). Raises `ServerGone`
         if the server could not have read the request (nothing cloned),
-        `SpawnerFailed` if it broke after it may have, OSError if clone3 failed.
+        `SpawnerFailed` if it broke after it may have; `ServerGone` too if clone3
+        failed (and the server is broken from then on).
 
         The server replies once the child exec'd or exited (Rule 2); whether it
         exec'd is learned here, from the close-on-exec report pipe, as
@@ -239,7 +241,12 @@ class ForkServer:
             os.close(report_write)
             report_write = -1
             if pid < 0:
-                raise OSError(err, f"clone3: {os.strerror(err)}")
+                # Nothing was cloned. A container's seccomp policy may refuse clone3
+                # (ENOSYS), which no retry mends: this server is done, the shim
+                # serves (Rule 4).
+                with self.lock:
+                    self._break()
+                raise ServerGone(err, f"clone3: {os.strerror(err)}")
             got = b""
             while part := os.read(report_read, REPORT.size):
                 got += part

@@ -22,11 +22,11 @@ import attrs
 import pytest
 import trio
 
-from agentsd.cgroup import CgroupRoot
+from agentsd.cgroup import CgroupRoot, SessionCgroup
 from agentsd.child import ChildExit, ChildSpec, ExitProof, new_spawn_token, open_child
 from agentsd.config import Ladder
 from agentsd.leftovers import ChildIdentity
-from agentsd.spawner import SERVERS, fork_server, fork_servers
+from agentsd.spawner import SERVERS, fork_server, fork_servers, spawn_into
 from tests.cgroup_root import cgroup_root, unavailable
 
 QUICK = Ladder(eof_grace_s=2.0, term_grace_s=0.2, kill_wait_s=5.0)
@@ -198,6 +198,25 @@ async def test_spawns_at_once_are_all_served_by_the_pool(root: Path, tmp_path: P
             nursery.start_soon(_report, _spec(root, tmp_path))
     assert sum(server.served for server in servers) == 4 * SERVERS
     assert not any(server.broken for server in servers)
+
+
+async def test_a_refused_clone_breaks_the_server_and_leaves_the_spawn_to_the_shim(
+    tmp_path: Path,
+) -> None:
+    """clone3 refused (here: the fd is a plain directory, not a cgroup; in a
+    container, a seccomp policy's ENOSYS): nothing is cloned, `spawn_into` says
+    to use the shim, and that server is not asked again."""
+    if unavailable() is not None:
+        pytest.skip(str(unavailable()))
+    servers = await fork_servers()
+    not_a_cgroup = SessionCgroup(tmp_path)
+    for _ in range(SERVERS):
+        process = await spawn_into(
+            not_a_cgroup, ["/bin/true"], cwd="/", env={}, stderr=None, prepare=lambda: None
+        )
+        assert process is None
+    assert all(server.broken for server in servers)
+    assert sum(server.served for server in servers) == 0
 
 
 def test_the_server_ends_with_the_run_and_its_socket_cannot_be_opened(root: Path) -> None:
