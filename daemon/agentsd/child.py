@@ -25,17 +25,18 @@ Rules this module keeps (DESIGN.md sections 2 and 6):
    its pidfd), never from its stdout closing: a process it started in the
    background may hold that open for ever. `Child.end_remains` then ends what it
    left running, so its output ends too.
-8. With a cgroup root (``agentsd.cgroup``), the child joins its own cgroup before
-   the agent's first instruction: it starts as ``/bin/sh`` running `JOIN_SCRIPT`,
-   which writes ``0`` (itself) to ``cgroup.procs`` and then execs the agent, so
-   nothing of the agent ever runs outside. (A ``preexec_fn`` would do the same
-   between fork and exec, but it makes subprocess fork instead of vfork and run
-   the interpreter's at-fork handlers: 2-20 ms a spawn, against under 1 ms for
-   the shell's extra exec. The join itself waits for the kernel, ``bench_spawn``
-   says how long.) If the write fails,
-   the shell exits and the agent never runs. The ladder's last rung is then
-   ``cgroup.kill``, and exit is proven by the reap plus the cgroup's ``populated
-   0``; the cgroup is removed after.
+8. With a cgroup root (``agentsd.cgroup``), the child is in its own cgroup before
+   the agent's first instruction: the fork server of ``agentsd.spawner`` clones it
+   there (``CLONE_INTO_CGROUP``, as the daemon's own child, pid and start time the
+   agent's), which waits for no RCU grace period. Without a fork server (it could
+   not start, or died) it starts as ``/bin/sh`` running `JOIN_SCRIPT`, which
+   writes ``0`` (itself) to ``cgroup.procs`` and then execs the agent; if the
+   write fails, the shell exits and the agent never runs (the write waits for the
+   kernel's grace period: ``bench_spawn`` compares both). A ``preexec_fn`` would
+   make subprocess fork instead of vfork and run the interpreter's at-fork
+   handlers: 2-20 ms a spawn. The ladder's last rung is then ``cgroup.kill``, and
+   exit is proven by the reap plus the cgroup's ``populated 0``; the cgroup is
+   removed after.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ from agentsd.procfs import (
     current_scanner,
     read_start_time,
 )
+from agentsd.spawner import SpawnerFailed, spawn_into
 
 __all__ = [
     "SPAWN_TOKEN_ENV",
@@ -235,18 +237,12 @@ async def open_child(
     shared `current_scanner()`, so concurrent closes share /proc scans.
     """
     scanner = scanner if scanner is not None else current_scanner()
-    cgroup = None
-    if spec.cgroup_root is not None:
-        cgroup = await trio.to_thread.run_sync(
-            spec.cgroup_root.create, spec.token, limiter=spawn_limiter()
-        )
+    cgroup = None if spec.cgroup_root is None else spec.cgroup_root.for_token(spec.token)
     try:
-        if cgroup is not None:
-            await trio.to_thread.run_sync(cgroup.apply, spec.limits, limiter=spawn_limiter())
-        process = await _spawn(spec, cgroup)
+        process = await _spawn(spec, cgroup)  # makes the cgroup first
     except BaseException:
         if cgroup is not None:
-            cgroup.remove()  # nothing was started in it: it is empty
+            cgroup.remove()  # nothing was started in it: it is empty (or was never made)
         raise
     signalled: set[tuple[int, int]] = set()  # (pid, start time) signalled individually
     # From here on nothing may stand between the spawn and the try: the ladder
@@ -294,6 +290,27 @@ async def _spawn(spec: ChildSpec, cgroup: SessionCgroup | None) -> trio.Process:
         argv = spec.argv
         if cgroup is not None:
             _check_program(spec.argv[0], spec.cwd, env)
+            made = False
+
+            def make() -> None:  # the cgroup, with its limits, before anything runs in it
+                nonlocal made
+                assert spec.cgroup_root is not None
+                spec.cgroup_root.create(spec.token)
+                made = True
+                if spec.limits.controllers():
+                    cgroup.apply(spec.limits)
+
+            try:  # in the thread that spawns: a thread hop less
+                cloned = await spawn_into(
+                    cgroup, argv, cwd=spec.cwd, env=env, stderr=spec.stderr_fd, prepare=make
+                )
+            except SpawnerFailed:
+                cgroup.kill()  # whatever it may have started there; then as any failure
+                raise
+            if cloned is not None:
+                return cloned
+            if not made:  # trio's default threads, as open_process: we hold a spawn token
+                await trio.to_thread.run_sync(make)
             argv = [SHELL, "-c", JOIN_SCRIPT, str(cgroup.path / "cgroup.procs"), *spec.argv]
         return await trio.lowlevel.open_process(
             argv,
