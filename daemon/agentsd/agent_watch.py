@@ -95,6 +95,11 @@ class AgentWatch:
         """Stop watching ``fd`` and close it, in the watch's thread, soon (Rule 1)."""
         with self._lock:
             self._released.append(fd)
+            if len(self._released) > 1:
+                # A wake-up for the list is pending: the thread takes the whole
+                # list after it read that wake-up, so a close-all of hundreds
+                # wakes it a few times, not once per descriptor.
+                return
             # A full wake pipe already holds a wake-up the thread has yet to read.
             with contextlib.suppress(BlockingIOError):
                 os.write(self._wake_write, b"\0")
