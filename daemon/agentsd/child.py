@@ -276,13 +276,15 @@ async def open_child(
     finally:
         # Should the ladder itself fail (a bug), the caller still learns that a
         # process was spawned and may run: never that nothing was.
-        outcome: ChildExit = ExitUnproven(f"the close ladder of {_describe(process)} failed")
+        outcome: ChildExit | None = None
         try:
             if cgroup is None:
                 outcome = await _close(process, spec.token, ladder, scanner, signalled)
             else:
                 outcome = await _close_cgroup(process, cgroup, ladder)
         finally:
+            if outcome is None:  # put in words only then: a close-all does not pay for it
+                outcome = ExitUnproven(f"the close ladder of {_describe(process)} failed")
             on_exit(outcome)
 
 
