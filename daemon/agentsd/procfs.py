@@ -26,7 +26,8 @@ SPAWN_TOKEN_ENV = "AGENTSD_SPAWN_TOKEN"
 
 _PROC = "/proc"
 _TOKEN_PREFIX = SPAWN_TOKEN_ENV.encode() + b"="
-_READ_BYTES = 16 * 1024  # a stat line is a few hundred bytes; most environments fit
+_STAT_BYTES = 1024  # a stat line is a few hundred bytes
+_READ_BYTES = 16 * 1024  # most environments fit
 # Fields after the ")" that closes comm, counted from field 3 (state) of proc(5).
 _STATE, _PPID, _PGRP, _STARTTIME = 0, 1, 2, 19
 _UTIME, _STIME, _CUTIME, _CSTIME = 11, 12, 13, 14
@@ -66,14 +67,15 @@ def parse_stat(pid: int, raw: bytes) -> ProcInfo:
     )
 
 
-def _read_whole(path: str) -> bytes:
+def _read_whole(path: str, first: int) -> bytes:
     """The contents of a /proc file: open, read to the end, close. A scan reads two
     files of every process; a buffered ``open()`` would add an fstat, an ioctl and
-    an lseek to each, and a scan of a close-all of hundreds runs several times."""
+    an lseek to each, and a scan of a close-all of hundreds runs several times.
+    ``first``: the size of the first read, which most files fit in."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        chunk = os.read(fd, _READ_BYTES)
-        if len(chunk) < _READ_BYTES:
+        chunk = os.read(fd, first)
+        if len(chunk) < first:
             # procfs fills a read up to its size unless the end came first; one
             # more read would only confirm the end.
             return chunk
@@ -88,7 +90,7 @@ def _read_whole(path: str) -> bytes:
 def read_proc_info(pid: int) -> ProcInfo | None:
     """The stat line of ``pid``, or None if no such process exists (any more)."""
     try:
-        raw = _read_whole(f"{_PROC}/{pid}/stat")
+        raw = _read_whole(f"{_PROC}/{pid}/stat", _STAT_BYTES)
     except (FileNotFoundError, ProcessLookupError):
         return None
     if not raw:  # the process was reaped while we read
@@ -114,7 +116,7 @@ def is_same_process(pid: int, start_time: int) -> bool:
 def _read_token(pid: int, wanted: Collection[bytes]) -> str | None:
     """The spawn token in the environment of ``pid`` if it is one of ``wanted``."""
     try:
-        environ = _read_whole(f"{_PROC}/{pid}/environ")
+        environ = _read_whole(f"{_PROC}/{pid}/environ", _READ_BYTES)
     except OSError:  # gone, another user's, or a kernel thread: not ours either way
         return None
     start = 0
