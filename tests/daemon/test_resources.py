@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from agentsd import resources
 from agentsd.cgroup import CgroupRoot
 from agentsd.procfs import current_scanner, scan_processes
 from agentsd.resources import cached_resources, read_resources
@@ -81,8 +82,11 @@ async def test_fallback_figures_are_the_process_group_and_scans_are_shared(
 
 
 async def test_cached_figures_answer_only_from_a_fresh_index_that_shows_every_agent(
-    groups: list[subprocess.Popen[bytes]],
+    groups: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Fresh for the whole test, however slow the machine: what is asserted here is
+    # which sessions the index can answer for, not how long it lasts.
+    monkeypatch.setattr(resources, "SCAN_MAX_AGE_S", 3600.0)
     first = _group(groups, TWO)
     await _members(first.pid, 2)
     idle: Any = SimpleNamespace(child=None, lease=None)
