@@ -92,9 +92,27 @@ class AgentWatch:
         return fd
 
     def release(self, fd: int) -> None:
-        """Stop watching ``fd`` and close it, in the watch's thread, soon (Rule 1)."""
+        """Stop watching ``fd`` and close it, in the watch's thread, soon (Rule 1).
+
+        The thread is woken once for all the releases of one pass of trio's loop
+        (a close-all releases hundreds in a few passes): a wake-up per descriptor
+        would hand the thread the GIL, and the loop wait for it back, each time."""
         with self._lock:
             self._released.append(fd)
+            first = len(self._released) == 1
+        if first:
+            # Any other release before the thread takes the list joins this wake-up.
+            try:
+                self._token.run_sync_soon(self._wake)
+            except trio.RunFinishedError:  # no pass of the loop is left: wake it now
+                self._wake()
+
+    def _wake(self) -> None:
+        """Wake the thread to take the released descriptors (trio's thread)."""
+        with self._lock:
+            # Under the lock, as the thread marks the pipe gone before closing it.
+            if self._wake_write < 0:
+                return  # it took the list and ended: nothing left to wake
             # A full wake pipe already holds a wake-up the thread has yet to read.
             with contextlib.suppress(BlockingIOError):
                 os.write(self._wake_write, b"\0")

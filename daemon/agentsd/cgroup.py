@@ -104,7 +104,11 @@ class SessionCgroup:
 
     async def wait_empty(self) -> None:
         """Return once nothing lives in it. Waits on inotify, not by polling; the
-        caller bounds it. Raises OSError if ``cgroup.events`` cannot be watched."""
+        caller bounds it. Raises OSError if ``cgroup.events`` cannot be watched.
+        An empty one is not watched at all: an inotify watch costs more than the
+        read, and a close-all of hundreds asks after each one's reap."""
+        if not self.populated():
+            return
         await wait_until_changed(self.path / "cgroup.events", lambda: not self.populated())
 
     def apply(self, limits: Limits) -> None:

@@ -65,6 +65,7 @@ from agentsd.leftovers import (
 )
 from agentsd.procfs import (
     SPAWN_TOKEN_ENV,
+    ProcInfo,
     ProcScanFailed,
     ProcScanner,
     current_scanner,
@@ -271,13 +272,15 @@ async def open_child(
     finally:
         # Should the ladder itself fail (a bug), the caller still learns that a
         # process was spawned and may run: never that nothing was.
-        outcome: ChildExit = ExitUnproven(f"the close ladder of {_describe(process)} failed")
+        outcome: ChildExit | None = None
         try:
             if cgroup is None:
                 outcome = await _close(process, spec.token, ladder, scanner, signalled)
             else:
                 outcome = await _close_cgroup(process, cgroup, ladder)
         finally:
+            if outcome is None:  # put in words only then: a close-all does not pay for it
+                outcome = ExitUnproven(f"the close ladder of {_describe(process)} failed")
             on_exit(outcome)
 
 
@@ -375,6 +378,11 @@ async def _close(
             (signal.SIGTERM, ladder.term_grace_s),
             (signal.SIGKILL, ladder.kill_wait_s),
         )
+        # Token carriers outside the group, as the SIGTERM step's scan found them.
+        # SIGKILL goes to them again (each re-verified) without a scan of its own:
+        # the proof scans right after the reap and kills whatever carries the token
+        # then, so a second scan here would only delay the reap of a close-all.
+        carriers: list[ProcInfo] = []
         for sig, wait_s in steps:
             # `returncode` reaps an exited child. Until then its pid (and so its
             # group id) cannot be reused, which makes killpg safe here.
@@ -384,7 +392,9 @@ async def _close(
                 if sig is not None:
                     with suppress(ProcessLookupError, PermissionError):
                         os.killpg(pgid, sig)
-                    signalled |= await _signal_carriers(token, pgid, sig, scanner)
+                    if sig == signal.SIGTERM:
+                        carriers = await _find_carriers(token, pgid, scanner)
+                    signalled |= await signal_and_wait(carriers, sig, None)
                 await process.wait()
         outcome: ChildExit
         if process.returncode is None:
@@ -429,8 +439,12 @@ async def _close_cgroup(process: trio.Process, cgroup: SessionCgroup, ladder: La
                 _kill_cgroup, cgroup, process.pid, limiter=spawn_limiter()
             )
             with trio.move_on_after(ladder.kill_wait_s):
-                await cgroup.wait_empty()
+                # The reap first: its pidfd wakes this task alone. An agent that
+                # left nothing behind has normally emptied its cgroup by then (the
+                # kernel unlinks an exiting task from its cgroup before it tells
+                # the parent), so a close-all mostly watches no cgroup.events.
                 await process.wait()
+                await cgroup.wait_empty()
             if process.returncode is None or cgroup.populated():
                 outcome = ExitUnproven(
                     f"cgroup {cgroup.path} still held processes {ladder.kill_wait_s}s "
@@ -459,18 +473,15 @@ def _kill_cgroup(cgroup: SessionCgroup, pid: int) -> int:
     return stragglers
 
 
-async def _signal_carriers(
-    token: str, pgid: int, sig: int, scanner: ProcScanner
-) -> set[tuple[int, int]]:
-    """Signal the token carriers outside group ``pgid``: a descendant that called
-    setsid() left the group but still carries the token. If the scan fails or the
-    step's deadline cuts it short, the proof scans again and kills what it finds."""
+async def _find_carriers(token: str, pgid: int, scanner: ProcScanner) -> list[ProcInfo]:
+    """The token carriers outside group ``pgid``: a descendant that called setsid()
+    left the group but still carries the token. If the scan fails or the step's
+    deadline cuts it short, none; the proof scans again and kills what it finds."""
     try:
         table = await scanner.scan([token])
     except ProcScanFailed:
-        return set()
-    carriers = [p for p in table.carrying(token) if p.pgid != pgid]
-    return await signal_and_wait(carriers, sig, None)
+        return []
+    return [p for p in table.carrying(token) if p.pgid != pgid]
 
 
 def _describe(process: trio.Process) -> str:

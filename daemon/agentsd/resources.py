@@ -37,7 +37,13 @@ if TYPE_CHECKING:
     from agentsd.session import Session
     from agentsd.supervisor import Supervisor
 
-__all__ = ["SAMPLE_INTERVAL_S", "SCAN_MAX_AGE_S", "read_resources", "run_sampler"]
+__all__ = [
+    "SAMPLE_INTERVAL_S",
+    "SCAN_MAX_AGE_S",
+    "cached_resources",
+    "read_resources",
+    "run_sampler",
+]
 
 SAMPLE_INTERVAL_S = 5.0  # a status bar's CPU and memory figures: fresh enough, cheap
 SCAN_MAX_AGE_S = 1.0  # fallback figures a second old at most: one /proc scan a second
@@ -76,6 +82,30 @@ _INDEX: trio.lowlevel.RunVar[_GroupIndex | None] = trio.lowlevel.RunVar(
 )
 
 
+def cached_resources(
+    root: CgroupRoot | None, sessions: Sequence[Session]
+) -> list[Resources | None] | None:
+    """What `read_resources` would return, when it can be answered now from the
+    fallback's index (Rule 2) without a scan or a thread; None when it cannot. A
+    ``get`` polled by a client pays a lookup, not a coroutine and two passes."""
+    if root is not None:
+        return None
+    index = _INDEX.get()
+    if index is None or trio.current_time() - index.taken_at > SCAN_MAX_AGE_S:
+        return None
+    groups = index.groups
+    figures: list[Resources | None] = []
+    for session in sessions:
+        child = session.child
+        if child is None:
+            figures.append(None)
+        elif (found := groups.get(child.pgid)) is not None:
+            figures.append(found)
+        else:
+            return None  # an agent started since the scan: one it was made before cannot show it
+    return figures
+
+
 async def read_resources(
     root: CgroupRoot | None, sessions: Sequence[Session]
 ) -> list[Resources | None]:
@@ -93,6 +123,9 @@ async def read_resources(
     pgids = [None if s.child is None else s.child.pgid for s in sessions]
     if not any(pgids):
         return [None] * len(sessions)
+    figures = cached_resources(root, sessions)
+    if figures is not None:
+        return figures
     index = _INDEX.get()
     if index is None or trio.current_time() - index.taken_at > SCAN_MAX_AGE_S:
         index = await _scan()

@@ -223,7 +223,8 @@ class Session:
         self._phase = advance(self._phase, new)
         self.board.changed(self)
 
-    def info(self) -> SessionInfo:
+    def info(self, resources: Resources | None = None) -> SessionInfo:
+        """What the wire shows of it; ``resources``: its running agent's figures."""
         row = self.row
         return SessionInfo(
             session_id=row.id,
@@ -248,6 +249,7 @@ class Session:
             limits=self.own_limits_info(),
             created_by=row.created_by,
             tokens=self.summary.tokens,
+            resources=resources,
         )
 
     def own_limits_info(self) -> SessionLimits | None:

@@ -364,6 +364,31 @@ async def test_crashed_child_exit_is_observed_and_proven(make_token: MakeToken) 
     assert group_and_carriers(child.identity) == []
 
 
+async def test_carrier_deaf_to_sigterm_is_killed_with_its_stubborn_child(
+    make_token: MakeToken,
+) -> None:
+    """Child and setsid() grandchild both ignore SIGTERM: the SIGKILL rung ends the
+    group and the carrier its SIGTERM rung found, and the proof shows both gone,
+    the carrier counted once."""
+    token = make_token()
+    script = (
+        "trap '' TERM; setsid sleep 3600 </dev/null >/dev/null 2>&1 & read -r line; exec sleep 3600"
+    )
+    spec = ChildSpec(argv=["/bin/sh", "-c", script], cwd="/", env={}, token=token)
+    ladder = Ladder(eof_grace_s=0.2, term_grace_s=0.2, kill_wait_s=5.0)
+    exits: list[ChildExit] = []
+    with trio.fail_after(15):
+        async with open_child(spec, ladder, ignore_identity, exits.append) as child:
+            outside: list[ProcInfo] = []
+            while not outside:  # until the grandchild has left the group
+                await trio.sleep(0.01)
+                table = scan_processes([token])
+                outside = [p for p in table.carrying(token) if p.pgid != child.identity.pgid]
+    assert exits == [ExitProof(returncode=None, signal=signal.SIGKILL, stragglers_killed=1)]
+    assert not is_same_process(outside[0].pid, outside[0].start_time)
+    assert group_and_carriers(child.identity) == []
+
+
 class _CancelAtStep(trio.abc.Instrument):
     """Cancels ``scope`` after ``task`` has run ``step`` steps: the cancellation then
     lands on whatever await that task reaches next."""

@@ -9,13 +9,16 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from agentsd import resources
+from agentsd.cgroup import CgroupRoot
 from agentsd.procfs import current_scanner, scan_processes
-from agentsd.resources import read_resources
+from agentsd.resources import cached_resources, read_resources
 from agentsd_protocol.api.session import ChildInfo
 from tests.polling import eventually
 
@@ -76,3 +79,25 @@ async def test_fallback_figures_are_the_process_group_and_scans_are_shared(
     idle: Any = SimpleNamespace(child=None, lease=None)
     assert await read_resources(None, [idle]) == [None]
     assert scanner.scans_completed == before + 2
+
+
+async def test_cached_figures_answer_only_from_a_fresh_index_that_shows_every_agent(
+    groups: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Fresh for the whole test, however slow the machine: what is asserted here is
+    # which sessions the index can answer for, not how long it lasts.
+    monkeypatch.setattr(resources, "SCAN_MAX_AGE_S", 3600.0)
+    first = _group(groups, TWO)
+    await _members(first.pid, 2)
+    idle: Any = SimpleNamespace(child=None, lease=None)
+    scanner = current_scanner()
+    [scanned] = await read_resources(None, [_session(first)])
+    before = scanner.scans_completed
+    # The scan just made answers without another, and a session without an agent has none.
+    assert cached_resources(None, [_session(first), idle]) == [scanned, None]
+    # An agent the index cannot show: no answer from it, the caller scans.
+    second = _group(groups, ["sleep", "100"])
+    assert cached_resources(None, [_session(first), _session(second)]) is None
+    # Cgroup figures are files read in a thread: never answered from the index.
+    assert cached_resources(CgroupRoot(Path("/nonexistent")), [_session(first)]) is None
+    assert scanner.scans_completed == before

@@ -11,7 +11,7 @@ import msgspec
 
 from agentsd.config import Limits, check_config
 from agentsd.handlers.controls import check_title, handle_set_options
-from agentsd.resources import read_resources
+from agentsd.resources import cached_resources, read_resources
 from agentsd_protocol.api import conversation as capi
 from agentsd_protocol.api import session as api
 from agentsd_protocol.display import excerpt
@@ -153,14 +153,11 @@ async def handle_get(call: Call, params: api.GetParams) -> api.GetResult:
 
 async def _with_resources(supervisor: Supervisor, sessions: list[Session]) -> list[api.SessionInfo]:
     """The sessions' infos with their running agents' figures (``agentsd.resources``)."""
-    infos = [session.info() for session in sessions]
-    if not any(session.child is not None for session in sessions):
-        return infos
-    figures = await read_resources(supervisor.containment.root, sessions)
-    return [
-        info if found is None else msgspec.structs.replace(info, resources=found)
-        for info, found in zip(infos, figures, strict=True)
-    ]
+    root = supervisor.containment.root
+    figures = cached_resources(root, sessions)
+    if figures is None:
+        figures = await read_resources(root, sessions)
+    return [session.info(resources=found) for session, found in zip(sessions, figures, strict=True)]
 
 
 async def handle_list(call: Call, params: api.ListParams) -> api.ListResult:
