@@ -122,6 +122,20 @@ class Bridge {
         break;
       case "session_info_update":
         break;
+      case "available_commands_update":
+        for (const command of update.availableCommands) {
+          assert.equal(typeof command.name, "string");
+          assert.equal(typeof command.description, "string");
+        }
+        break;
+      case "current_mode_update":
+        assert.equal(typeof update.currentModeId, "string");
+        break;
+      case "config_option_update":
+        for (const option of update.configOptions) {
+          assert.ok(option.options.some((o) => o.value === option.currentValue), "the current value is a choice");
+        }
+        break;
       default:
         assert.fail(`unexpected session update ${update.sessionUpdate}`);
     }
