@@ -683,3 +683,34 @@ def test_the_python_acp_sdk_switches_modes_and_models_runs_commands_and_sends_im
     session_id = asyncio.run(bounded())
     check_controls(review, provider, before)
     check_journal_controls(review, session_id)
+
+
+@pytest.mark.parametrize("provider", ["codex", "claude"])
+def test_the_typescript_acp_sdk_switches_modes_and_models_runs_commands_and_sends_images(
+    review: Review, provider: str
+) -> None:
+    node = _require_node()
+    script_controls(review, provider)
+    before = len(model_requests(review, provider))
+    config = {
+        "scenario": "controls",
+        "provider": provider,
+        "mode": NEW_MODE[provider],
+        "model": NEW_MODEL[provider],
+        "png": PNG_B64,
+        "python": sys.executable,
+        "socket": str(review.daemon.socket),
+        "cwd": str(review.workdir(f"ts-controls-{provider}")),
+    }
+    done = subprocess.run(
+        [node, str(DRIVER), json.dumps(config)],
+        cwd=DRIVER.parent,
+        capture_output=True,
+        text=True,
+        timeout=SDK_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, f"{done.stderr}\n--- journals:\n{review.journals()}"
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    check_controls(review, provider, before)
+    check_journal_controls(review, report["session"])
