@@ -139,6 +139,29 @@ def test_a_superseded_conversation_and_an_agents_last_words_are_shown_as_notes()
     ]
 
 
+def test_a_continuation_is_a_note_and_imported_history_is_the_conversation() -> None:
+    """The daemon's request to carry on is not the user's text; a conversation the
+    session adopted replays as the user's and the agent's messages."""
+    translator = UpdateTranslator()
+    carry_on = ev(
+        "submission", clientMessageId="m9", text="Continue where you left off.", continuesSeq=41
+    )
+    imported = [
+        ev("message.imported", role="user", text="fix the bug"),
+        ev("message.imported", role="assistant", text="Fixed it.", turnId="t0"),
+    ]
+    [[note], [user], [agent]] = [wire(translator.event(e)) for e in (carry_on, *imported)]
+    assert note["sessionUpdate"] == "agent_thought_chunk"
+    assert "carry on" in note["content"]["text"] and "#41" in note["content"]["text"]
+    assert "Continue where you left off" not in note["content"]["text"]
+    assert (user["sessionUpdate"], user["content"]["text"]) == ("user_message_chunk", "fix the bug")
+    assert (agent["sessionUpdate"], agent["content"]["text"]) == (
+        "agent_message_chunk",
+        "Fixed it.",
+    )
+    assert user["messageId"] != agent["messageId"]
+
+
 @settings(max_examples=100, deadline=None)  # a shared machine; no per-example deadline
 @given(
     text=hs.text(min_size=1, max_size=60),
