@@ -224,3 +224,33 @@ async def test_models_commands_and_images_through_the_bridge(daemon: DaemonProce
     with Client(daemon.socket) as client:
         options = client.call("agentSession.get", {"sessionId": session_id})["session"]["options"]
     assert options["model"] == "mock-fast"
+
+
+async def test_cancelling_a_command_interrupts_its_turn(daemon: DaemonProcess) -> None:
+    """``session/cancel`` while a ``/command`` runs stops its turn, and the prompt
+    that ran it ends ``cancelled``."""
+    options = {"options": {"chunkDelayS": 0.05, "chunks": 20}}
+    name = " ".join(f"n{i}" for i in range(40))
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with bridge(daemon.socket, **options) as editor:
+            new = await editor.call("session/new", {"cwd": "/tmp", "mcpServers": []})
+            session_id = new["sessionId"]
+            hello = {"sessionId": session_id, "prompt": [{"type": "text", "text": "hello"}]}
+            assert await editor.call("session/prompt", hello) == {"stopReason": "end_turn"}
+            mark = len(editor.updates)
+            async with trio.open_nursery() as nursery:
+
+                async def cancel_on_first_chunk() -> None:
+                    await editor.until(lambda: bool(editor.texts("agent_message_chunk", mark)))
+                    assert editor.peer is not None
+                    await editor.peer.notify("session/cancel", {"sessionId": session_id})
+
+                nursery.start_soon(cancel_on_first_chunk)
+                greet = {
+                    "sessionId": session_id,
+                    "prompt": [{"type": "text", "text": f"/greet {name}"}],
+                }
+                assert await editor.call("session/prompt", greet) == {"stopReason": "cancelled"}
+    events = history(daemon.socket, session_id)
+    outcomes = [e["body"]["outcome"] for e in events if e["kind"] == "turn.completed"]
+    assert outcomes == ["completed", "interrupted"]

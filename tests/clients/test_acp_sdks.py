@@ -657,6 +657,10 @@ async def py_controls(review: Review, provider: str, cwd: Path) -> str:
             prompt=[text_block("What is this?"), image_block(PNG_B64, "image/png")],
         )
         assert prompted.stop_reason == "end_turn"
+        # The agent's usage, with its context window (Claude's too).
+        usage = [u for u in editor.updates if u["sessionUpdate"] == "usage_update"]
+        assert any(u["used"] > 0 for u in usage), usage
+        assert all(u["size"] > 0 for u in usage), usage
     return session_id
 
 
