@@ -19,6 +19,7 @@ from agentsctl.client import Client
 from agentsd_protocol import methods
 from agentsd_protocol.api import controls as ctl
 from agentsd_protocol.api.conversation import SetOptionsParams
+from agentsd_protocol.api.session import GetParams
 from tests.clients.test_acp import TEST_TIMEOUT_S, bridge
 from tests.daemon_process import DaemonProcess
 
@@ -125,6 +126,18 @@ async def test_models_commands_and_images_through_the_bridge(daemon: DaemonProce
                 "mock-fast",
             )
             assert [c["value"] for c in model["options"]] == ["mock-fast", "mock-deep"]
+            # The unstable model state and set_model (editors before config options).
+            assert new["models"] == {
+                "currentModelId": "mock-fast",
+                "availableModels": [
+                    {"modelId": "mock-fast", "name": "mock-fast"},
+                    {"modelId": "mock-deep", "name": "mock-deep"},
+                ],
+            }
+            set_model = {"sessionId": session_id, "modelId": "mock-deep"}
+            assert await editor.call("session/set_model", set_model) == {}
+            got = await other.call(methods.GET, GetParams(session_id=session_id))
+            assert got.session.options["model"] == "mock-deep"
 
             def commands() -> list[str]:
                 updates = [

@@ -50,8 +50,8 @@ the turn it started does (at once for one that starts none, as ``clear``).
 
 Rule 8: modes, config options and commands are the daemon's options and commands
 (``controls``): ``session/new``, ``load`` and ``resume`` answer the session's modes
-and config options; ``session/set_mode``, ``set_config_option`` and the unstable
-``set_model`` become ``agentSession.setOptions``. Whoever changes the options (this
+and config options (and the unstable ``models``); ``session/set_mode``,
+``set_config_option`` and the unstable ``set_model`` become ``agentSession.setOptions``. Whoever changes the options (this
 editor, another, the CLI), the ``session.updated`` that journals it makes the bridge
 send ``current_mode_update`` and ``config_option_update``; the commands go out as
 ``available_commands_update`` once the editor has the session, and again when the
@@ -734,7 +734,10 @@ class Bridge:
         binding = await self._bind(session_id, after_seq=None, cwd=cwd)
         state = await self.session_controls(session_id)
         result = acp.NewSessionResult(
-            session_id=session_id, modes=state.modes(), config_options=state.config_options()
+            session_id=session_id,
+            modes=state.modes(),
+            config_options=state.config_options(),
+            models=state.models(),
         )
         return Answer(result, binding.editor_ready)
 
@@ -754,7 +757,9 @@ class Bridge:
 
     async def _state(self, session_id: str) -> acp.SessionStateResult:
         state = await self.session_controls(session_id)
-        return acp.SessionStateResult(modes=state.modes(), config_options=state.config_options())
+        return acp.SessionStateResult(
+            modes=state.modes(), config_options=state.config_options(), models=state.models()
+        )
 
     async def _set(
         self, session_id: str, changes: Callable[[controls.Controls], dict[str, Any]]

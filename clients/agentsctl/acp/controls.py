@@ -178,6 +178,19 @@ class Controls:
             )
         return configs
 
+    def models(self) -> acp.SessionModelState | None:
+        """The model config option as the unstable ``models`` state."""
+        option = self.options.get("model")
+        if option is None:
+            return None
+        return acp.SessionModelState(
+            current_model_id=_current(option),
+            available_models=[
+                acp.ModelInfo(model_id=c.value, name=c.name, description=c.description)
+                for c in _choices(option)
+            ],
+        )
+
     def config_changes(self, config_id: str, value: str | bool) -> dict[str, Any]:
         """The ``setOptions`` changes that set config option ``config_id``."""
         if not isinstance(value, str):

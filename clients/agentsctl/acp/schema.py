@@ -198,18 +198,34 @@ class ConfigOption(Outbound, frozen=True, kw_only=True, tag_field="type", tag="s
     category: str | None = None  # mode, model, thought_level
 
 
+class ModelInfo(Outbound, frozen=True, kw_only=True):
+    model_id: str
+    name: str
+    description: str | None = None
+
+
+class SessionModelState(Outbound, frozen=True, kw_only=True):
+    """The unstable ``models`` of a session (the model picker of editors that predate
+    config options, with ``session/set_model``)."""
+
+    current_model_id: str
+    available_models: list[ModelInfo]
+
+
 class NewSessionResult(Outbound, frozen=True, kw_only=True):
     session_id: str
     modes: SessionModeState | None = None
     config_options: list[ConfigOption] | None = None
+    models: SessionModelState | None = None
 
 
 class SessionStateResult(Outbound, frozen=True, kw_only=True):
-    """The result of ``session/load`` and ``session/resume``: the session's modes
-    and config options."""
+    """The result of ``session/load`` and ``session/resume``: the session's modes,
+    config options and (unstable) models."""
 
     modes: SessionModeState | None = None
     config_options: list[ConfigOption] | None = None
+    models: SessionModelState | None = None
 
 
 class SetModeParams(Inbound, frozen=True, kw_only=True):
