@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -718,3 +719,58 @@ def test_the_typescript_acp_sdk_switches_modes_and_models_runs_commands_and_send
     report = json.loads(done.stdout.strip().splitlines()[-1])
     check_controls(review, provider, before)
     check_journal_controls(review, report["session"])
+
+
+def test_an_adopted_claude_conversation_replays_its_history_in_the_editor(
+    review: Review,
+) -> None:
+    """A conversation started with ``claude -p`` outside the daemon, adopted with
+    ``create {resumeFrom}``: ``session/load`` shows its messages as the user's and
+    the agent's, as they were."""
+    _require_python_sdk()
+    from acp.stdio import spawn_agent_process
+
+    assert CLAUDE_PROGRAM is not None
+    cwd = review.workdir("adopted")
+    review.anthropic.script(TextReply("Noted: KIWI."))
+    handle = str(uuid.uuid4())
+    subprocess.run(
+        [CLAUDE_PROGRAM, "-p", "Remember the word KIWI", "--session-id", handle],
+        cwd=cwd,
+        env={**os.environ, **review.anthropic.claude_env(review.base / "claude-home")},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=SDK_TIMEOUT_S,
+        check=True,
+    )
+    with Client(review.daemon.socket, timeout_s=SDK_TIMEOUT_S) as client:
+        created = client.call(
+            "agentSession.create",
+            {"provider": "claude", "cwd": str(cwd), "resumeFrom": {"handle": handle}},
+        )
+    session_id = created["sessionId"]
+
+    async def load() -> list[dict[str, Any]]:
+        editor = PyEditor()
+        async with (
+            asyncio.timeout(SDK_TIMEOUT_S),
+            spawn_agent_process(
+                lambda agent: editor,  # type: ignore[arg-type,return-value]
+                sys.executable,
+                *["-m", "agentsctl.cli", "--socket", str(review.daemon.socket), "--no-start"],
+                "acp",
+            ) as (conn, _process),
+        ):
+            await conn.initialize(protocol_version=1)
+            await conn.load_session(cwd=str(cwd), session_id=session_id)
+        return editor.updates
+
+    shown = [
+        (u["sessionUpdate"], u["content"]["text"])
+        for u in merged(asyncio.run(load()))
+        if u["sessionUpdate"].endswith("message_chunk")
+    ]
+    assert shown == [
+        ("user_message_chunk", "Remember the word KIWI"),
+        ("agent_message_chunk", "Noted: KIWI."),
+    ]
