@@ -774,3 +774,68 @@ def test_an_adopted_claude_conversation_replays_its_history_in_the_editor(
         ("user_message_chunk", "Remember the word KIWI"),
         ("agent_message_chunk", "Noted: KIWI."),
     ]
+
+
+def test_an_acp_agents_own_modes_reach_the_editor_and_back(review: Review) -> None:
+    """The tests' ACP agent offers modes ``ask`` and ``code``: the editor gets them
+    with the agent's current one, its choice reaches the agent (which says its mode),
+    and the agent's own switch reaches the editor."""
+    _require_python_sdk()
+    from acp import text_block
+    from acp.stdio import spawn_agent_process
+
+    cwd = review.workdir("acp-modes")
+
+    async def run() -> None:
+        editor = PyEditor()
+        async with (
+            asyncio.timeout(SDK_TIMEOUT_S),
+            spawn_agent_process(
+                lambda agent: editor,  # type: ignore[arg-type,return-value]
+                sys.executable,
+                *["-m", "agentsctl.cli", "--socket", str(review.daemon.socket), "--no-start"],
+                *["acp", "--provider", "testacp"],
+            ) as (conn, _process),
+        ):
+            await conn.initialize(protocol_version=1)
+            new = await conn.new_session(cwd=str(cwd))
+            session_id = new.session_id
+            assert new.modes is not None
+            assert new.modes.current_mode_id == "ask", "the mode the agent said it is in"
+            assert [(m.id, m.name) for m in new.modes.available_modes] == [
+                ("ask", "Ask"),
+                ("code", "Code"),
+            ]
+
+            async def said(text: str) -> str:
+                mark = editor.mark()
+                prompted = await conn.prompt(session_id=session_id, prompt=[text_block(text)])
+                assert prompted.stop_reason == "end_turn"
+                return "".join(
+                    u["content"]["text"]
+                    for u in editor.since(mark)
+                    if u["sessionUpdate"] == "agent_message_chunk"
+                )
+
+            assert await said("whatmode") == "mode: ask"
+            mark = editor.mark()
+            await conn.set_session_mode(session_id=session_id, mode_id="code")
+            assert await said("whatmode") == "mode: code"
+            # The agent's own switch (``switch``) reaches the editor as the current mode.
+            await editor.until(
+                lambda: (
+                    {"sessionUpdate": "current_mode_update", "currentModeId": "code"}
+                    in editor.since(mark)
+                )
+            )
+            await conn.set_session_mode(session_id=session_id, mode_id="ask")
+            mark = editor.mark()
+            await said("switch")
+            await editor.until(
+                lambda: (
+                    {"sessionUpdate": "current_mode_update", "currentModeId": "code"}
+                    in editor.since(mark)
+                )
+            )
+
+    asyncio.run(run())

@@ -53,7 +53,8 @@ Rule 8: modes, config options and commands are the daemon's options and commands
 and config options (and the unstable ``models``); ``session/set_mode``,
 ``set_config_option`` and the unstable ``set_model`` become ``agentSession.setOptions``. Whoever changes the options (this
 editor, another, the CLI), the ``session.updated`` that journals it makes the bridge
-send ``current_mode_update`` and ``config_option_update``; the commands go out as
+send ``current_mode_update`` and ``config_option_update``, and so does an agent
+start (the running agent lists its own models and modes); the commands go out as
 ``available_commands_update`` once the editor has the session, and again when the
 agent starts or says its commands changed.
 """
@@ -321,7 +322,11 @@ class Binding:
                 self._turn_ended(item.seq, "exited")
             case SessionUpdated(options=dict()) if self._editor_ready:
                 self._refresh("options")
-            case CommandsUpdated() | ChildReady() if self._editor_ready:
+            case CommandsUpdated() if self._editor_ready:
+                self._refresh("commands")
+            case ChildReady() if self._editor_ready:
+                # The running agent lists its own choices (models, modes) and commands.
+                self._refresh("options")
                 self._refresh("commands")
 
     def _turn_ended(self, seq: int, outcome: str) -> None:
