@@ -17,6 +17,7 @@ import asyncio
 import base64
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -588,12 +589,14 @@ def check_controls(review: Review, provider: str, before: int) -> None:
     switched = next(i for i, t in enumerate(texts) if "Use the new settings" in t)
     if provider == "codex":
         assert bodies[switched]["model"] == NEW_MODEL[provider]
-        # Codex tells the model its sandbox in the turn's permissions context.
-        assert "read-only" in texts[switched]
+        # Codex tells the model its sandbox in the turn's permissions instructions
+        # ("sandbox_mode":"read-only"; Auto would be workspace-write).
+        assert re.search(r"sandbox_mode[\\\"`:\s]+read-only", texts[switched])
         assert any("CONTEXT CHECKPOINT COMPACTION" in t for t in texts[switched + 1 :])
     else:
         assert "sonnet" in bodies[switched]["model"]
-        assert "plan mode" in texts[switched].lower(), "Claude Code is in plan mode"
+        # Claude Code's reminder in plan mode (the tools mention plan mode always).
+        assert "Plan mode is active" in texts[switched], "Claude Code is in plan mode"
         assert any("summary" in t.lower() and "/compact" not in t for t in texts[switched + 1 :])
     assert any(PNG_B64 in t for t in texts[switched + 1 :]), "the image reached the model"
 
