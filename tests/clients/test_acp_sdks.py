@@ -561,16 +561,23 @@ PNG_B64 = base64.b64encode(tiny_png(7, 5)).decode()  # a model server has it onl
 # What each provider's modes and models are, and what proves a switch reached the agent.
 NEW_MODE = {"codex": "read-only", "claude": "plan"}
 NEW_MODEL = {"codex": "other-model", "claude": "sonnet"}
+SANDBOX_READ_ONLY = r"sandbox_mode[\\\"`:\s]+read-only"  # in Codex's permissions text
 
 
 def script_controls(review: Review, provider: str) -> None:
     if provider == "codex":
         review.openai.script(
-            OpenAIText("Switched."), OpenAIText("A summary."), OpenAIText("Saw it.")
+            OpenAIText("Before."),
+            OpenAIText("Switched."),
+            OpenAIText("A summary."),
+            OpenAIText("Saw it."),
         )
     else:
         review.anthropic.script(
-            TextReply("Switched."), TextReply("A summary of it all."), TextReply("Saw it.")
+            TextReply("Before."),
+            TextReply("Switched."),
+            TextReply("A summary of it all."),
+            TextReply("Saw it."),
         )
 
 
@@ -586,14 +593,19 @@ def check_controls(review: Review, provider: str, before: int) -> None:
     the turn after the switch, a compaction request, the image's bytes."""
     bodies = model_requests(review, provider)[before:]
     texts = [json.dumps(body) for body in bodies]
+    before_switch = next(i for i, t in enumerate(texts) if "Before the switch" in t)
     switched = next(i for i, t in enumerate(texts) if "Use the new settings" in t)
     if provider == "codex":
+        assert bodies[before_switch]["model"] != NEW_MODEL[provider]
+        assert not re.search(SANDBOX_READ_ONLY, texts[before_switch])
         assert bodies[switched]["model"] == NEW_MODEL[provider]
         # Codex tells the model its sandbox in the turn's permissions instructions
         # ("sandbox_mode":"read-only"; Auto would be workspace-write).
-        assert re.search(r"sandbox_mode[\\\"`:\s]+read-only", texts[switched])
+        assert re.search(SANDBOX_READ_ONLY, texts[switched])
         assert any("CONTEXT CHECKPOINT COMPACTION" in t for t in texts[switched + 1 :])
     else:
+        assert "sonnet" not in bodies[before_switch]["model"]
+        assert "Plan mode is active" not in texts[before_switch]
         assert "sonnet" in bodies[switched]["model"]
         # Claude Code's reminder in plan mode (the tools mention plan mode always).
         assert "Plan mode is active" in texts[switched], "Claude Code is in plan mode"
@@ -633,6 +645,10 @@ async def py_controls(review: Review, provider: str, cwd: Path) -> str:
             return [c["name"] for c in updates[-1]["availableCommands"]] if updates else []
 
         await editor.until(lambda: "compact" in names())
+        prompted = await conn.prompt(
+            session_id=session_id, prompt=[text_block("Before the switch")]
+        )
+        assert prompted.stop_reason == "end_turn"
 
         # A mode switch and a model switch, reaching the agent's next turn.
         mark = editor.mark()
@@ -672,7 +688,11 @@ def check_journal_controls(review: Review, session_id: str) -> None:
     events = review.journal(session_id)
     assert [e["body"]["name"] for e in events if e["kind"] == "command.run"] == ["compact"]
     submissions = [e["body"] for e in events if e["kind"] == "submission"]
-    assert [b["text"] for b in submissions] == ["Use the new settings", "What is this?"]
+    assert [b["text"] for b in submissions] == [
+        "Before the switch",
+        "Use the new settings",
+        "What is this?",
+    ]
     assert [a["type"] for a in submissions[-1]["attachments"]] == ["image"]
 
 

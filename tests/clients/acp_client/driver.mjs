@@ -565,6 +565,8 @@ async function controls() {
     return lists.length ? lists.at(-1).availableCommands.map((c) => c.name) : [];
   };
   await a.until(() => commandNames().includes("compact"), "available commands");
+  const prompt = (blocks, what) => withTimeout(a.agent.request(methods.agent.session.prompt, { sessionId, prompt: blocks }), what);
+  assert.equal((await prompt([{ type: "text", text: "Before the switch" }], "prompt before")).stopReason, "end_turn");
   let mark = a.mark();
   await withTimeout(a.agent.request(methods.agent.session.setMode, { sessionId, modeId: config.mode }), "session/set_mode");
   await a.until(() => a.since(mark).some((u) => u.sessionUpdate === "current_mode_update" && u.currentModeId === config.mode), "current_mode_update");
@@ -572,7 +574,6 @@ async function controls() {
   const current = Object.fromEntries(answer.configOptions.map((o) => [o.id, o.currentValue]));
   assert.equal(current.mode, config.mode);
   assert.equal(current.model, config.model);
-  const prompt = (blocks, what) => withTimeout(a.agent.request(methods.agent.session.prompt, { sessionId, prompt: blocks }), what);
   assert.equal((await prompt([{ type: "text", text: "Use the new settings" }], "prompt")).stopReason, "end_turn");
   assert.equal((await prompt([{ type: "text", text: "/compact" }], "/compact")).stopReason, "end_turn");
   const image = { type: "image", data: config.png, mimeType: "image/png" };
