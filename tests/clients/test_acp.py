@@ -139,6 +139,29 @@ def test_a_superseded_conversation_and_an_agents_last_words_are_shown_as_notes()
     ]
 
 
+def test_a_continuation_is_a_note_and_imported_history_is_the_conversation() -> None:
+    """The daemon's request to carry on is not the user's text; a conversation the
+    session adopted replays as the user's and the agent's messages."""
+    translator = UpdateTranslator()
+    carry_on = ev(
+        "submission", clientMessageId="m9", text="Continue where you left off.", continuesSeq=41
+    )
+    imported = [
+        ev("message.imported", role="user", text="fix the bug"),
+        ev("message.imported", role="assistant", text="Fixed it.", turnId="t0"),
+    ]
+    [[note], [user], [agent]] = [wire(translator.event(e)) for e in (carry_on, *imported)]
+    assert note["sessionUpdate"] == "agent_thought_chunk"
+    assert "carry on" in note["content"]["text"] and "#41" in note["content"]["text"]
+    assert "Continue where you left off" not in note["content"]["text"]
+    assert (user["sessionUpdate"], user["content"]["text"]) == ("user_message_chunk", "fix the bug")
+    assert (agent["sessionUpdate"], agent["content"]["text"]) == (
+        "agent_message_chunk",
+        "Fixed it.",
+    )
+    assert user["messageId"] != agent["messageId"]
+
+
 @settings(max_examples=100, deadline=None)  # a shared machine; no per-example deadline
 @given(
     text=hs.text(min_size=1, max_size=60),
@@ -539,7 +562,7 @@ def test_other_clients_prompts_are_not_ours() -> None:
 # -- ACP types ---------------------------------------------------------------------
 
 
-def test_prompt_content_becomes_text() -> None:
+def test_prompt_content_becomes_text_and_images() -> None:
     blocks = msgspec.json.decode(
         json.dumps(
             [
@@ -547,17 +570,20 @@ def test_prompt_content_becomes_text() -> None:
                 {"type": "resource_link", "uri": "file:///a.py", "name": "a.py"},
                 {"type": "resource", "resource": {"uri": "file:///b.py", "text": "x = 1"}},
                 {"type": "resource", "resource": {"uri": "file:///c.png", "blob": "AA=="}},
+                {"type": "image", "data": "R0lG", "mimeType": "image/gif"},
             ]
         ),
         type=list[acp.ContentBlock],
     )
-    assert acp.prompt_text(blocks) == (
+    prompt = acp.daemon_prompt(blocks)
+    assert prompt.text == (
         'look at\n[a.py](file:///a.py)\n<context uri="file:///b.py">\nx = 1\n</context>\n'
         "<file:///c.png>"
     )
-    image = acp.ImageBlock(data="AA==", mime_type="image/png")
+    assert prompt.images == [("R0lG", "image/gif")]
+    audio = acp.AudioBlock(data="AA==", mime_type="audio/wav")
     with pytest.raises(acp.UnsupportedContent):
-        acp.prompt_text([image])
+        acp.daemon_prompt([audio])
 
 
 @pytest.mark.parametrize(
@@ -845,12 +871,14 @@ async def test_the_bridge_prompts_asks_cancels_and_replays(daemon: DaemonProcess
             live = [u for u in editor.updates if u["sessionUpdate"] == "agent_message_chunk"]
 
         async with bridge(daemon.socket) as second:
-            assert (
-                await second.call(
-                    "session/load", {"sessionId": session_id, "cwd": "/tmp", "mcpServers": []}
-                )
-                == {}
+            loaded = await second.call(
+                "session/load", {"sessionId": session_id, "cwd": "/tmp", "mcpServers": []}
             )
+            # The mock has a model and no modes (``controls``).
+            assert "modes" not in loaded
+            assert [(o["id"], o["currentValue"]) for o in loaded["configOptions"]] == [
+                ("model", "mock-fast")
+            ]
             assert second.texts("user_message_chunk") == [
                 "hello",
                 "approve it",
@@ -885,8 +913,11 @@ async def test_prompting_an_unknown_session_is_resource_not_found(daemon: Daemon
             with pytest.raises(AcpError) as missing:
                 await editor.call("session/prompt", params)
             assert missing.value.code == acp.RESOURCE_NOT_FOUND
-            with pytest.raises(AcpError) as unsupported:
+            with pytest.raises(AcpError) as missing:
                 await editor.call("session/set_mode", {"sessionId": "nope", "modeId": "x"})
+            assert missing.value.code == acp.RESOURCE_NOT_FOUND
+            with pytest.raises(AcpError) as unsupported:
+                await editor.call("session/fork", {"sessionId": "nope", "cwd": "/tmp"})
             assert unsupported.value.code == acp.METHOD_NOT_FOUND
 
 
@@ -1130,5 +1161,5 @@ async def test_what_the_editor_was_shown_is_seen(daemon: DaemonProcess) -> None:
             await until(watch, session_id, seen=False, after_turns=sent.seq)
             async with bridge(daemon.socket) as second:
                 load = {"sessionId": session_id, "cwd": "/tmp", "mcpServers": []}
-                assert await second.call("session/load", load) == {}
+                assert "configOptions" in await second.call("session/load", load)
                 await until(watch, session_id, seen=True, after_turns=sent.seq)

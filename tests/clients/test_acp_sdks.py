@@ -14,11 +14,14 @@ CI, where a missing piece fails."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,7 @@ from tests.peers.fake_anthropic import (
 )
 from tests.peers.fake_openai import API_KEY_ENV, FakeOpenAI, ShellCall, running_fake_openai
 from tests.peers.fake_openai import TextReply as OpenAIText
+from tests.peers.test_claude_prompts import tiny_png
 
 ACP_TEST_AGENT = Path(__file__).parents[1] / "peers" / "acp_test_agent.py"
 CODEX_NEWEST = next(r for r in CODEX_RELEASES if r.newest)
@@ -345,9 +349,17 @@ async def py_scenario(review: Review, provider: str, cwd: Path) -> dict[str, Any
     return report
 
 
+# The session's state as it is now, sent when it changes (not history a replay repeats).
+STATE_UPDATES = {"available_commands_update", "current_mode_update", "config_option_update"}
+
+
 def non_user(updates: list[dict[str, Any]]) -> list[dict[str, Any]]:
     # A replay shows the prompts this editor typed itself (the live editor had them).
-    return [u for u in updates if u["sessionUpdate"] != "user_message_chunk"]
+    return [
+        u
+        for u in updates
+        if u["sessionUpdate"] != "user_message_chunk" and u["sessionUpdate"] not in STATE_UPDATES
+    ]
 
 
 def merged(updates: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -541,3 +553,312 @@ def test_mcp_servers_from_the_editor_reach_the_agent_and_its_resumes(
             "env": [{"name": "PROBE", "value": provider}],
         }
     ]
+
+
+# Modes, models, slash commands and images, through both SDKs.
+
+PNG_B64 = base64.b64encode(tiny_png(7, 5)).decode()  # a model server has it only from the prompt
+# What each provider's modes and models are, and what proves a switch reached the agent.
+NEW_MODE = {"codex": "read-only", "claude": "plan"}
+NEW_MODEL = {"codex": "other-model", "claude": "sonnet"}
+SANDBOX_READ_ONLY = r"sandbox_mode[\\\"`:\s]+read-only"  # in Codex's permissions text
+
+
+def script_controls(review: Review, provider: str) -> None:
+    if provider == "codex":
+        review.openai.script(
+            OpenAIText("Before."),
+            OpenAIText("Switched."),
+            OpenAIText("A summary."),
+            OpenAIText("Saw it."),
+        )
+    else:
+        review.anthropic.script(
+            TextReply("Before."),
+            TextReply("Switched."),
+            TextReply("A summary of it all."),
+            TextReply("Saw it."),
+        )
+
+
+def model_requests(review: Review, provider: str) -> list[Any]:
+    """The bodies of the model server's conversation requests, in order."""
+    if provider == "codex":
+        return [r.body for r in review.openai.requests()]
+    return [r.body for r in review.anthropic.message_requests()]
+
+
+def check_controls(review: Review, provider: str, before: int) -> None:
+    """What the model server received from the scenario: the mode and the model in
+    the turn after the switch, a compaction request, the image's bytes."""
+    bodies = model_requests(review, provider)[before:]
+    texts = [json.dumps(body) for body in bodies]
+    before_switch = next(i for i, t in enumerate(texts) if "Before the switch" in t)
+    switched = next(i for i, t in enumerate(texts) if "Use the new settings" in t)
+    if provider == "codex":
+        assert bodies[before_switch]["model"] != NEW_MODEL[provider]
+        assert not re.search(SANDBOX_READ_ONLY, texts[before_switch])
+        assert bodies[switched]["model"] == NEW_MODEL[provider]
+        # Codex tells the model its sandbox in the turn's permissions instructions
+        # ("sandbox_mode":"read-only"; Auto would be workspace-write).
+        assert re.search(SANDBOX_READ_ONLY, texts[switched])
+        assert any("CONTEXT CHECKPOINT COMPACTION" in t for t in texts[switched + 1 :])
+    else:
+        assert "sonnet" not in bodies[before_switch]["model"]
+        assert "Plan mode is active" not in texts[before_switch]
+        assert "sonnet" in bodies[switched]["model"]
+        # Claude Code's reminder in plan mode (the tools mention plan mode always).
+        assert "Plan mode is active" in texts[switched], "Claude Code is in plan mode"
+        assert any("summary" in t.lower() and "/compact" not in t for t in texts[switched + 1 :])
+    assert any(PNG_B64 in t for t in texts[switched + 1 :]), "the image reached the model"
+
+
+async def py_controls(review: Review, provider: str, cwd: Path) -> str:
+    from acp import image_block, text_block
+    from acp.stdio import spawn_agent_process
+
+    editor = PyEditor()
+    args = ["-m", "agentsctl.cli", "--socket", str(review.daemon.socket), "--no-start", "acp"]
+    async with spawn_agent_process(
+        lambda agent: editor,  # type: ignore[arg-type,return-value]
+        sys.executable,
+        *args,
+        *["--provider", provider],
+    ) as (conn, _process):
+        initialized = await conn.initialize(protocol_version=1)
+        capabilities = initialized.agent_capabilities
+        assert capabilities is not None and capabilities.prompt_capabilities is not None
+        assert capabilities.prompt_capabilities.image is True
+        new = await conn.new_session(cwd=str(cwd))
+        session_id = new.session_id
+        assert new.modes is not None
+        modes = [m.id for m in new.modes.available_modes]
+        assert NEW_MODE[provider] in modes
+        configs = {c.id: c for c in new.config_options or []}
+        assert configs["mode"].current_value == new.modes.current_mode_id
+        assert configs["model"].category == "model"
+
+        def names() -> list[str]:
+            updates = [
+                u for u in editor.updates if u["sessionUpdate"] == "available_commands_update"
+            ]
+            return [c["name"] for c in updates[-1]["availableCommands"]] if updates else []
+
+        await editor.until(lambda: "compact" in names())
+        prompted = await conn.prompt(
+            session_id=session_id, prompt=[text_block("Before the switch")]
+        )
+        assert prompted.stop_reason == "end_turn"
+
+        # A mode switch and a model switch, reaching the agent's next turn.
+        mark = editor.mark()
+        await conn.set_session_mode(session_id=session_id, mode_id=NEW_MODE[provider])
+        await editor.until(
+            lambda: (
+                {"sessionUpdate": "current_mode_update", "currentModeId": NEW_MODE[provider]}
+                in editor.since(mark)
+            )
+        )
+        answer = await conn.set_config_option(
+            config_id="model", session_id=session_id, value=NEW_MODEL[provider]
+        )
+        current = {c.id: c.current_value for c in answer.config_options}
+        assert current == {**current, "mode": NEW_MODE[provider], "model": NEW_MODEL[provider]}
+        prompted = await conn.prompt(
+            session_id=session_id, prompt=[text_block("Use the new settings")]
+        )
+        assert prompted.stop_reason == "end_turn"
+        # A slash command typed in the editor runs the session's command.
+        prompted = await conn.prompt(session_id=session_id, prompt=[text_block("/compact")])
+        assert prompted.stop_reason == "end_turn"
+        # An image prompt.
+        prompted = await conn.prompt(
+            session_id=session_id,
+            prompt=[text_block("What is this?"), image_block(PNG_B64, "image/png")],
+        )
+        assert prompted.stop_reason == "end_turn"
+        # The agent's usage, with its context window (Claude's too).
+        usage = [u for u in editor.updates if u["sessionUpdate"] == "usage_update"]
+        assert any(u["used"] > 0 for u in usage), usage
+        assert all(u["size"] > 0 for u in usage), usage
+    return session_id
+
+
+def check_journal_controls(review: Review, session_id: str) -> None:
+    events = review.journal(session_id)
+    assert [e["body"]["name"] for e in events if e["kind"] == "command.run"] == ["compact"]
+    submissions = [e["body"] for e in events if e["kind"] == "submission"]
+    assert [b["text"] for b in submissions] == [
+        "Before the switch",
+        "Use the new settings",
+        "What is this?",
+    ]
+    assert [a["type"] for a in submissions[-1]["attachments"]] == ["image"]
+
+
+@pytest.mark.parametrize("provider", ["codex", "claude"])
+def test_the_python_acp_sdk_switches_modes_and_models_runs_commands_and_sends_images(
+    review: Review, provider: str
+) -> None:
+    _require_python_sdk()
+    script_controls(review, provider)
+    before = len(model_requests(review, provider))
+
+    async def bounded() -> str:
+        async with asyncio.timeout(SDK_TIMEOUT_S):
+            return await py_controls(review, provider, review.workdir(f"py-controls-{provider}"))
+
+    session_id = asyncio.run(bounded())
+    check_controls(review, provider, before)
+    check_journal_controls(review, session_id)
+
+
+@pytest.mark.parametrize("provider", ["codex", "claude"])
+def test_the_typescript_acp_sdk_switches_modes_and_models_runs_commands_and_sends_images(
+    review: Review, provider: str
+) -> None:
+    node = _require_node()
+    script_controls(review, provider)
+    before = len(model_requests(review, provider))
+    config = {
+        "scenario": "controls",
+        "provider": provider,
+        "mode": NEW_MODE[provider],
+        "model": NEW_MODEL[provider],
+        "png": PNG_B64,
+        "python": sys.executable,
+        "socket": str(review.daemon.socket),
+        "cwd": str(review.workdir(f"ts-controls-{provider}")),
+    }
+    done = subprocess.run(
+        [node, str(DRIVER), json.dumps(config)],
+        cwd=DRIVER.parent,
+        capture_output=True,
+        text=True,
+        timeout=SDK_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, f"{done.stderr}\n--- journals:\n{review.journals()}"
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    check_controls(review, provider, before)
+    check_journal_controls(review, report["session"])
+
+
+def test_an_adopted_claude_conversation_replays_its_history_in_the_editor(
+    review: Review,
+) -> None:
+    """A conversation started with ``claude -p`` outside the daemon, adopted with
+    ``create {resumeFrom}``: ``session/load`` shows its messages as the user's and
+    the agent's, as they were."""
+    _require_python_sdk()
+    from acp.stdio import spawn_agent_process
+
+    assert CLAUDE_PROGRAM is not None
+    cwd = review.workdir("adopted")
+    review.anthropic.script(TextReply("Noted: KIWI."))
+    handle = str(uuid.uuid4())
+    subprocess.run(
+        [CLAUDE_PROGRAM, "-p", "Remember the word KIWI", "--session-id", handle],
+        cwd=cwd,
+        env={**os.environ, **review.anthropic.claude_env(review.base / "claude-home")},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=SDK_TIMEOUT_S,
+        check=True,
+    )
+    with Client(review.daemon.socket, timeout_s=SDK_TIMEOUT_S) as client:
+        created = client.call(
+            "agentSession.create",
+            {"provider": "claude", "cwd": str(cwd), "resumeFrom": {"handle": handle}},
+        )
+    session_id = created["sessionId"]
+
+    async def load() -> list[dict[str, Any]]:
+        editor = PyEditor()
+        async with (
+            asyncio.timeout(SDK_TIMEOUT_S),
+            spawn_agent_process(
+                lambda agent: editor,  # type: ignore[arg-type,return-value]
+                sys.executable,
+                *["-m", "agentsctl.cli", "--socket", str(review.daemon.socket), "--no-start"],
+                "acp",
+            ) as (conn, _process),
+        ):
+            await conn.initialize(protocol_version=1)
+            await conn.load_session(cwd=str(cwd), session_id=session_id)
+        return editor.updates
+
+    shown = [
+        (u["sessionUpdate"], u["content"]["text"])
+        for u in merged(asyncio.run(load()))
+        if u["sessionUpdate"].endswith("message_chunk")
+    ]
+    assert shown == [
+        ("user_message_chunk", "Remember the word KIWI"),
+        ("agent_message_chunk", "Noted: KIWI."),
+    ]
+
+
+def test_an_acp_agents_own_modes_reach_the_editor_and_back(review: Review) -> None:
+    """The tests' ACP agent offers modes ``ask`` and ``code``: the editor gets them
+    with the agent's current one, its choice reaches the agent (which says its mode),
+    and the agent's own switch reaches the editor."""
+    _require_python_sdk()
+    from acp import text_block
+    from acp.stdio import spawn_agent_process
+
+    cwd = review.workdir("acp-modes")
+
+    async def run() -> None:
+        editor = PyEditor()
+        async with (
+            asyncio.timeout(SDK_TIMEOUT_S),
+            spawn_agent_process(
+                lambda agent: editor,  # type: ignore[arg-type,return-value]
+                sys.executable,
+                *["-m", "agentsctl.cli", "--socket", str(review.daemon.socket), "--no-start"],
+                *["acp", "--provider", "testacp"],
+            ) as (conn, _process),
+        ):
+            await conn.initialize(protocol_version=1)
+            new = await conn.new_session(cwd=str(cwd))
+            session_id = new.session_id
+            assert new.modes is not None
+            assert new.modes.current_mode_id == "ask", "the mode the agent said it is in"
+            assert [(m.id, m.name) for m in new.modes.available_modes] == [
+                ("ask", "Ask"),
+                ("code", "Code"),
+            ]
+
+            async def said(text: str) -> str:
+                mark = editor.mark()
+                prompted = await conn.prompt(session_id=session_id, prompt=[text_block(text)])
+                assert prompted.stop_reason == "end_turn"
+                return "".join(
+                    u["content"]["text"]
+                    for u in editor.since(mark)
+                    if u["sessionUpdate"] == "agent_message_chunk"
+                )
+
+            assert await said("whatmode") == "mode: ask"
+            mark = editor.mark()
+            await conn.set_session_mode(session_id=session_id, mode_id="code")
+            assert await said("whatmode") == "mode: code"
+            # The agent's own switch (``switch``) reaches the editor as the current mode.
+            await editor.until(
+                lambda: (
+                    {"sessionUpdate": "current_mode_update", "currentModeId": "code"}
+                    in editor.since(mark)
+                )
+            )
+            await conn.set_session_mode(session_id=session_id, mode_id="ask")
+            mark = editor.mark()
+            await said("switch")
+            await editor.until(
+                lambda: (
+                    {"sessionUpdate": "current_mode_update", "currentModeId": "code"}
+                    in editor.since(mark)
+                )
+            )
+
+    asyncio.run(run())

@@ -13,6 +13,7 @@ missing ``nvim`` is a failure: CI installs it (``apt-get install neovim``).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -32,6 +33,7 @@ from agentsd_protocol.errors import AlreadyResolved, SessionNotFound
 from tests.daemon_process import make_temp_dir, running_daemon
 from tests.peers.agents import CODEX_RELEASES
 from tests.peers.fake_openai import API_KEY_ENV, ShellCall, TextReply, running_fake_openai
+from tests.peers.test_claude_prompts import tiny_png
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN_DIR = REPO / "clients" / "nvim"
@@ -661,3 +663,114 @@ def test_nvim_marks_seen_what_a_window_shows(nvim: Nvim) -> None:
         nvim.h("wait_statusline", "^agents: idle$", WAIT_MS)
         states = {s["sessionId"]: s for s in other.call("agentSession.watch", {})["sessions"]}
         assert not states[hidden]["unseen"] and not states[shown]["unseen"]
+
+
+def test_nvim_picks_a_model_runs_commands_and_sends_an_image(nvim: Nvim, base: Path) -> None:
+    """``:AgentsModel`` and ``:AgentsCommand`` pick from what the daemon lists;
+    ``:AgentsCompact`` compacts; ``@shot.png`` goes as an image. The Python client
+    sees each reach the same session."""
+    shot = base / "shot.png"
+    shot.write_bytes(tiny_png(3, 3))
+    with running_daemon() as daemon, Client(daemon.socket) as watcher:
+        nvim.h("setup", str(daemon.socket))
+        session_id = nvim.h("new_session", "mock", {}, WAIT_MS)
+        watch(watcher, session_id, live_only=True)
+
+        nvim.h("stub_select", "mock-deep")
+        nvim.h("cmd", "AgentsModel")
+        assert nvim.h("wait_selected", WAIT_MS) == ["* mock-fast", "  mock-deep"]
+        nvim.h("wait_notification", "model mock-deep (model: ", WAIT_MS)
+        options = watcher.call("agentSession.get", {"sessionId": session_id})["session"]["options"]
+        assert options["model"] == "mock-deep"
+        nvim.h("cmd", "AgentsSend which model")
+        assert agent_texts(events_until(watcher, turn_completed)) == ["I am mock-deep."]
+
+        # The command picker lists agentsd's commands and the agent's; a hint asks for args.
+        nvim.h("stub_select", "/greet")
+        nvim.h("stub_input", "Ada")
+        nvim.h("cmd", "AgentsCommand")
+        shown = nvim.h("wait_selected", WAIT_MS)
+        assert [line.split()[0] for line in shown] == ["/compact", "/clear", "/greet"]
+        events = events_until(watcher, turn_completed)
+        assert [
+            (e["body"]["name"], e["body"].get("args")) for e in events if e["kind"] == "command.run"
+        ] == [("greet", "Ada")]
+        assert agent_texts(events) == ["Hello, Ada!"]
+        nvim.h("wait_line", session_id, "[/greet Ada]", WAIT_MS)
+
+        nvim.h("cmd", "AgentsCompact")
+        events = events_until(watcher, turn_completed)
+        assert [e["body"]["name"] for e in events if e["kind"] == "command.run"] == ["compact"]
+        assert not submissions(events), "a command is not a prompt"
+        nvim.h("cmd", "AgentsCommand /nosuch")
+        nvim.h("wait_notification", "[unknown_command]", WAIT_MS)
+
+        # An image by its path: the daemon reads the bytes, the mock records them.
+        nvim.lua("vim.cmd('cd ' .. vim.fn.fnameescape(...))", str(base))
+        nvim.h("cmd", "AgentsSend echo see @shot.png")
+        events = events_until(watcher, turn_completed)
+        [submission] = [e["body"] for e in events if e["kind"] == "submission"]
+        assert submission["text"] == "echo see shot.png"
+        assert [a["type"] for a in submission["attachments"]] == ["image"]
+        digest = hashlib.sha256(tiny_png(3, 3)).hexdigest()
+        assert f"[image image/png {digest}" in agent_texts(events)[0]
+
+
+def test_nvim_picks_a_codex_mode_preset(nvim: Nvim, base: Path) -> None:
+    """``:AgentsMode`` offers Codex's presets with the current one marked; the
+    choice sets approvalPolicy and sandbox, as another client sees."""
+    config = base / "config.toml"
+    codex = next(r for r in CODEX_RELEASES if r.newest).command()
+    config.write_text(f"[providers.codex]\ncommand = {json.dumps(codex)}\n")
+    with (
+        running_daemon(extra_args=["--config", str(config)]) as daemon,
+        Client(daemon.socket) as other,
+    ):
+        session_id = other.call("agentSession.create", {"provider": "codex", "cwd": str(base)})[
+            "sessionId"
+        ]
+        nvim.h("setup", str(daemon.socket))
+        nvim.h("cmd", f"AgentsAttach {session_id}")
+        nvim.h("wait_current_session", session_id, WAIT_MS)
+        nvim.h("stub_select", "full-access")
+        nvim.h("cmd", "AgentsMode")
+        shown = nvim.h("wait_selected", WAIT_MS)
+        assert shown == ["  read-only", "* auto", "  full-access"]
+        nvim.h("wait_notification", "mode full-access", WAIT_MS)
+        options = other.call("agentSession.get", {"sessionId": session_id})["session"]["options"]
+        assert (options["approvalPolicy"], options["sandbox"]) == ("never", "danger-full-access")
+        nvim.h("stub_select", "read-only")
+        nvim.h("cmd", "AgentsMode")
+        assert nvim.h("wait_selected", WAIT_MS)[2] == "* full-access"
+        nvim.h("cmd", "AgentsMode nosuch")
+        nvim.h("wait_notification", "no mode nosuch", WAIT_MS)
+
+
+def test_nvim_shows_imported_history_a_continuation_and_the_context(nvim: Nvim) -> None:
+    """Rendering (unit): imported messages as the conversation, the daemon's
+    continuation as a note rather than a prompt of the user's; the statusline's
+    context part from a session's token counts."""
+    lines = nvim.lua(
+        """
+        local T = require('agents.transcript').new('s1', {})
+        local n = 0
+        local function ev(kind, body)
+          n = n + 1
+          T:apply({ seq = n, kind = kind, body = body })
+        end
+        ev('message.imported', { role = 'user', text = 'fix the bug' })
+        ev('message.imported', { role = 'assistant', text = 'Fixed it.' })
+        ev('submission', { clientMessageId = 'm1', text = 'Continue.', continuesSeq = 7 })
+        return T:lines()
+        """
+    )
+    status = "require('agents.status').context(...)"
+    assert (
+        nvim.lua(f"return {status}", {"tokens": {"contextWindow": 1000, "contextTokens": 420}})
+        == "ctx 42%"
+    )
+    assert nvim.lua(f"return {status}", {"tokens": {"turnTokens": 77}}) == "77 tok"
+    assert nvim.lua(f"return {status}", {}) is None
+    text = "\n".join(lines)
+    assert "> fix the bug" in lines and "Fixed it." in lines, lines
+    assert "> Continue." not in lines and "cut off at #7" in text, lines

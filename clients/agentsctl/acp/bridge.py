@@ -40,9 +40,23 @@ it acknowledges the session up to there (``agentSession.acknowledge``), so statu
 bars stop flagging it unseen. One acknowledgement is in flight at a time; a
 failed one is only logged (the next one covers it).
 
-Rule 6: a prompt is text until the daemon takes content blocks: an embedded text
-resource is inlined as ``<context uri="...">`` with its contents, a resource link
-becomes a Markdown link the agent can open, a binary resource is named by its URI.
+Rule 6: a prompt's text goes as the send's text and its images as image blocks
+(``content``): an embedded text resource is inlined as ``<context uri="...">`` with
+its contents (a ``file://`` one too: the editor's contents include unsaved edits), a
+resource link becomes a Markdown link the agent can open, a binary resource is named
+by its URI. A prompt that is ``/name args`` with ``name`` among the session's
+commands runs ``agentSession.command`` instead (``controls`` Rule 3) and ends when
+the turn it started does (at once for one that starts none, as ``clear``).
+
+Rule 8: modes, config options and commands are the daemon's options and commands
+(``controls``): ``session/new``, ``load`` and ``resume`` answer the session's modes
+and config options (and the unstable ``models``); ``session/set_mode``,
+``set_config_option`` and the unstable ``set_model`` become ``agentSession.setOptions``. Whoever changes the options (this
+editor, another, the CLI), the ``session.updated`` that journals it makes the bridge
+send ``current_mode_update`` and ``config_option_update``, and so does an agent
+start (the running agent lists its own models and modes); the commands go out as
+``available_commands_update`` once the editor has the session, and again when the
+agent starts or says its commands changed.
 """
 
 from __future__ import annotations
@@ -57,6 +71,7 @@ import attrs
 import msgspec
 import trio
 
+from agentsctl.acp import controls
 from agentsctl.acp import schema as acp
 from agentsctl.acp.peer import (
     AcpError,
@@ -80,17 +95,29 @@ from agentsctl.async_client import AsyncClient, Subscription
 from agentsctl.daemon import DaemonUnreachable
 from agentsd_protocol import methods
 from agentsd_protocol.api import attention as at
+from agentsd_protocol.api import controls as ctl
 from agentsd_protocol.api import conversation as c
 from agentsd_protocol.api import session as s
+from agentsd_protocol.api.events import (
+    ChildExited,
+    ChildReady,
+    CommandsUpdated,
+    SessionUpdated,
+    TurnCompleted,
+)
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
 from agentsd_protocol.errors import (
     AlreadyResolved,
     ApprovalNotFound,
+    AttachmentRefused,
+    ContentUnsupported,
     CwdNotDirectory,
     CwdNotFound,
     InvalidParams,
     RpcError,
     SessionNotFound,
+    UnknownCommand,
+    UnknownOption,
     UnknownProvider,
 )
 
@@ -103,7 +130,18 @@ PERMISSION_CANCEL_GRACE_S = 5.0  # after $/cancel_request, how long the editor m
 # What makes a session "unseen" in status bars; the editor was shown it (Rule 7).
 _ATTENTION_KINDS = frozenset({"turn.completed", "approval.requested"})
 _NOT_FOUND = (SessionNotFound, ApprovalNotFound)
-_BAD_PARAMS = (InvalidParams, CwdNotFound, CwdNotDirectory, UnknownProvider)
+_BAD_PARAMS = (
+    InvalidParams,
+    CwdNotFound,
+    CwdNotDirectory,
+    UnknownProvider,
+    UnknownOption,
+    UnknownCommand,
+    ContentUnsupported,
+    AttachmentRefused,
+)
+_TURN_ENDS_KEPT = 16  # recent turn ends a command's reply may have to look back at
+_STOP_REASONS: dict[str, acp.StopReason] = {"completed": "end_turn", "interrupted": "cancelled"}
 
 
 @attrs.frozen
@@ -149,6 +187,33 @@ class _Permission:
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
 
 
+@attrs.define(eq=False)
+class _CommandWait:
+    """A command run from the editor, waiting for the end of the turn it started:
+    the first turn end journaled after its ``command.run`` (a command runs only in
+    an idle conversation)."""
+
+    done: trio.Event = attrs.field(factory=trio.Event)
+    seq: int | None = None  # its command.run's, once known
+    outcome: str | None = None
+    cancelled: bool = False
+    _early: list[tuple[int, str]] = attrs.field(factory=list)  # ends seen before the seq
+
+    def after(self, seq: int, recent: list[tuple[int, str]]) -> None:
+        self.seq = seq
+        for end_seq, outcome in [*recent, *self._early]:
+            self.saw(end_seq, outcome)
+
+    def saw(self, seq: int, outcome: str) -> None:
+        if self.outcome is not None:
+            return
+        if self.seq is None:
+            self._early.append((seq, outcome))
+        elif seq > self.seq:
+            self.outcome = outcome
+            self.done.set()
+
+
 class Binding:
     """One ACP session of this editor: see Rule 2. Its tasks run in the bridge's
     nursery; ``close`` ends them and fails its prompts."""
@@ -170,6 +235,11 @@ class Binding:
         self._shown_seq = 0  # the last attention event the editor was sent (Rule 7)
         self._acked_seq = 0
         self._acking = False
+        # Commands run from the editor (Rule 6): each waits for a turn end after its seq.
+        self._command_waits: list[_CommandWait] = []
+        self._turn_ends: list[tuple[int, str]] = []  # (seq, outcome), the last few
+        self._refreshing: set[str] = set()  # "options", "commands": a refresh in flight
+        self._stale: set[str] = set()  # changed again while one was in flight
 
     # -- the subscription ---------------------------------------------------------------
 
@@ -239,6 +309,117 @@ class Binding:
             self._shown(item.seq)
         for action in actions:
             self._act(action)
+        if isinstance(item, JournalEvent):
+            self._controls_event(item)
+
+    # -- modes, config options, commands (Rules 6 and 8) ------------------------------
+
+    def _controls_event(self, item: JournalEvent) -> None:
+        match item.event():
+            case TurnCompleted(outcome=outcome):
+                self._turn_ended(item.seq, outcome)
+            case ChildExited():
+                self._turn_ended(item.seq, "exited")
+            case SessionUpdated(options=dict()) if self._editor_ready:
+                self._refresh("options")
+            case CommandsUpdated() if self._editor_ready:
+                self._refresh("commands")
+            case ChildReady() if self._editor_ready:
+                # The running agent lists its own choices (models, modes) and commands.
+                self._refresh("options")
+                self._refresh("commands")
+
+    def _turn_ended(self, seq: int, outcome: str) -> None:
+        self._turn_ends = [*self._turn_ends[-_TURN_ENDS_KEPT + 1 :], (seq, outcome)]
+        for wait in self._command_waits:
+            wait.saw(seq, outcome)
+
+    def _refresh(self, what: str) -> None:
+        """Send the editor the session's options or commands as they are now; one
+        fetch of each at a time, another after it if they changed meanwhile."""
+        if what in self._refreshing:
+            self._stale.add(what)
+            return
+        self._refreshing.add(what)
+        self._bridge.nursery.start_soon(self._refresh_loop, what)
+
+    async def _refresh_loop(self, what: str) -> None:
+        try:
+            while True:
+                self._stale.discard(what)
+                try:
+                    updates = await (
+                        self._options_updates() if what == "options" else self._commands_updates()
+                    )
+                except (RpcError, DaemonUnreachable) as exc:
+                    log.warning("reading the %s of %s failed: %s", what, self.session_id, exc)
+                    return
+                for update in updates:
+                    notification = acp.SessionNotification(
+                        session_id=self.session_id, update=update
+                    )
+                    await self._peer.notify("session/update", notification)
+                if what not in self._stale:
+                    return
+        finally:
+            self._refreshing.discard(what)
+
+    async def _options_updates(self) -> list[acp.SessionUpdate]:
+        state = await self._bridge.session_controls(self.session_id)
+        updates: list[acp.SessionUpdate] = []
+        modes = state.modes()
+        if modes is not None:
+            updates.append(acp.CurrentModeUpdate(current_mode_id=modes.current_mode_id))
+        return [*updates, acp.ConfigOptionUpdate(config_options=state.config_options())]
+
+    async def _commands_updates(self) -> list[acp.SessionUpdate]:
+        result = await self.commands()
+        return [acp.AvailableCommandsUpdate(available_commands=controls.available_commands(result))]
+
+    async def commands(self) -> ctl.CommandsResult:
+        return await self._client.call(
+            methods.COMMANDS, ctl.CommandsParams(session_id=self.session_id)
+        )
+
+    async def command(self, name: str, args: str | None) -> acp.PromptResult:
+        """Run a command typed as ``/name args`` (Rule 6): the prompt ends when the
+        turn it started ends."""
+        if self.failure is not None:
+            raise self.failure
+        wait = _CommandWait()
+        self._command_waits.append(wait)
+        try:
+            params = ctl.CommandParams(
+                session_id=self.session_id,
+                name=name,
+                args=args,
+                client_operation_id=uuid.uuid4().hex,
+            )
+            try:
+                result = await self._client.retrying(
+                    lambda: self._client.call(methods.COMMAND, params)
+                )
+            except (RpcError, DaemonUnreachable) as exc:
+                raise rpc_failure(exc) from None
+            if result.dispatch == "rejected":
+                meta = {"agentsd": {"reason": result.reason}} if result.reason else None
+                return acp.PromptResult(stop_reason="refusal", meta=meta)
+            if result.handle is not None or result.dispatch == "unknown":
+                return acp.PromptResult(stop_reason="end_turn")  # it started no turn
+            wait.after(result.seq, self._turn_ends)
+            await wait.done.wait()
+        finally:
+            self._command_waits.remove(wait)
+        if self.failure is not None and wait.outcome is None:
+            raise self.failure
+        if wait.cancelled:
+            return acp.PromptResult(stop_reason="cancelled")
+        stop = _STOP_REASONS.get(wait.outcome or "")
+        if stop is None:
+            raise AcpError(
+                acp.INTERNAL_ERROR, f"/{name} ended {wait.outcome}", {"kind": "command_failed"}
+            )
+        return acp.PromptResult(stop_reason=stop)
 
     def _act(self, action: Finished | Interrupt | ApprovalOpened | ApprovalClosed) -> None:
         match action:
@@ -262,6 +443,7 @@ class Binding:
         go out now (Rule 3)."""
         self._editor_ready = True
         self._ask_pending()
+        self._refresh("commands")
 
     def close(self, failure: AcpError) -> None:
         """End the subscription and withdraw its permission requests from the editor;
@@ -275,23 +457,31 @@ class Binding:
                 self._bridge.nursery.start_soon(permission.request.cancel)
         for waiter in self._waiters.values():
             waiter.set()
+        for wait in self._command_waits:
+            wait.done.set()
 
     # -- prompts ----------------------------------------------------------------------
 
-    async def prompt(self, text: str, arrival: int) -> acp.PromptResult:
+    async def prompt(self, prompt: acp.DaemonPrompt, arrival: int) -> acp.PromptResult:
         """Send ``text`` and wait for its turn to end (``turns`` Rule 2). The send is
         retried across a daemon restart with the same ``clientOperationId``, so it is
         journaled once."""
         if self.failure is not None:
             raise self.failure
         operation_id = uuid.uuid4().hex
-        prompt = self.tracker.add(operation_id, arrival)
+        tracked = self.tracker.add(operation_id, arrival)
         self.translator.own_operations.add(operation_id)
         done = self._waiters[operation_id] = trio.Event()
         try:
             try:
                 params = c.SendParams(
-                    session_id=self.session_id, text=text, client_operation_id=operation_id
+                    session_id=self.session_id,
+                    text=prompt.text,
+                    content=[
+                        c.ImageBlock(data=data, media_type=media_type)
+                        for data, media_type in prompt.images
+                    ],
+                    client_operation_id=operation_id,
                 )
                 await self._client.retrying(lambda: self._client.call(methods.SEND, params))
             except (RpcError, DaemonUnreachable) as exc:
@@ -300,7 +490,7 @@ class Binding:
             await done.wait()
         finally:
             del self._waiters[operation_id]
-        return self._stop(prompt)
+        return self._stop(tracked)
 
     def _stop(self, prompt: Prompt) -> acp.PromptResult:
         if prompt.stop_reason is not None:
@@ -318,6 +508,10 @@ class Binding:
         before it stops ``cancelled``."""
         for action in self.tracker.cancel(before=arrival):
             self._act(action)
+        if self._command_waits:
+            for wait in self._command_waits:
+                wait.cancelled = True
+            self._bridge.nursery.start_soon(self._interrupt)
 
     async def _interrupt(self) -> None:
         try:
@@ -464,6 +658,22 @@ class Bridge:
                     return await self._list(decode(params, acp.ListSessionsParams))
                 case "session/prompt":
                     return await self._prompt(decode(params, acp.PromptParams), received.arrival)
+                case "session/set_mode":
+                    p = decode(params, acp.SetModeParams)
+                    await self._set(p.session_id, lambda state: state.mode_changes(p.mode_id))
+                    return acp.EmptyResult()
+                case "session/set_config_option":
+                    q = decode(params, acp.SetConfigOptionParams)
+                    state = await self._set(
+                        q.session_id, lambda state: state.config_changes(q.config_id, q.value)
+                    )
+                    return acp.SetConfigOptionResult(config_options=state.config_options())
+                case "session/set_model":
+                    m = decode(params, acp.SetModelParams)
+                    await self._set(
+                        m.session_id, lambda state: state.config_changes("model", m.model_id)
+                    )
+                    return acp.EmptyResult()
                 case _:
                     raise method_not_found(method)
         except (RpcError, DaemonUnreachable) as exc:
@@ -489,7 +699,7 @@ class Bridge:
             protocol_version=acp.PROTOCOL_VERSION,
             agent_capabilities=acp.AgentCapabilities(
                 load_session=True,
-                prompt_capabilities=acp.PromptCapabilities(embedded_context=True),
+                prompt_capabilities=acp.PromptCapabilities(image=True, embedded_context=True),
                 # What the providers pass on (``agentsd.providers.mcp_servers``):
                 # Codex speaks stdio and HTTP, Claude Code SSE too; ACP agents, stdio.
                 mcp_capabilities=acp.McpCapabilities(
@@ -527,16 +737,50 @@ class Bridge:
             created = await self.client.retrying(lambda: self.client.call(methods.CREATE, create))
             session_id = created.session_id
         binding = await self._bind(session_id, after_seq=None, cwd=cwd)
-        return Answer(acp.NewSessionResult(session_id=session_id), binding.editor_ready)
+        state = await self.session_controls(session_id)
+        result = acp.NewSessionResult(
+            session_id=session_id,
+            modes=state.modes(),
+            config_options=state.config_options(),
+            models=state.models(),
+        )
+        return Answer(result, binding.editor_ready)
 
     async def _load(self, params: acp.LoadSessionParams) -> Answer:
         binding = await self._bind(params.session_id, after_seq=0, cwd=params.cwd)
         await binding.caught_up.wait()  # ACP: reply once the whole history was sent
-        return Answer(acp.EmptyResult(), binding.editor_ready)
+        return Answer(await self._state(params.session_id), binding.editor_ready)
 
     async def _resume(self, params: acp.ResumeSessionParams) -> Answer:
         binding = await self._bind(params.session_id, after_seq=None, cwd=params.cwd)
-        return Answer(acp.EmptyResult(), binding.editor_ready)
+        return Answer(await self._state(params.session_id), binding.editor_ready)
+
+    async def session_controls(self, session_id: str) -> controls.Controls:
+        """The session's modes and config options as they are now (Rule 8)."""
+        options = await self.client.call(methods.OPTIONS, ctl.OptionsParams(session_id=session_id))
+        return controls.Controls.of(options)
+
+    async def _state(self, session_id: str) -> acp.SessionStateResult:
+        state = await self.session_controls(session_id)
+        return acp.SessionStateResult(
+            modes=state.modes(), config_options=state.config_options(), models=state.models()
+        )
+
+    async def _set(
+        self, session_id: str, changes: Callable[[controls.Controls], dict[str, Any]]
+    ) -> controls.Controls:
+        """Apply a mode or config option the editor chose (Rule 8); the session's
+        controls after it."""
+        try:
+            wanted = changes(await self.session_controls(session_id))
+        except controls.UnknownControl as exc:
+            raise AcpError(acp.INVALID_PARAMS, str(exc)) from None
+        if wanted:
+            params = c.SetOptionsParams(
+                session_id=session_id, changes=wanted, client_operation_id=uuid.uuid4().hex
+            )
+            await self.client.retrying(lambda: self.client.call(methods.SET_OPTIONS, params))
+        return await self.session_controls(session_id)
 
     async def _list(self, params: acp.ListSessionsParams) -> acp.ListSessionsResult:
         sessions: list[s.SessionInfo] = []
@@ -563,7 +807,7 @@ class Bridge:
 
     async def _prompt(self, params: acp.PromptParams, arrival: int) -> acp.PromptResult:
         try:
-            text = acp.prompt_text(params.prompt)
+            prompt = acp.daemon_prompt(params.prompt)
         except acp.UnsupportedContent as exc:
             raise AcpError(acp.INVALID_PARAMS, str(exc)) from None
         if self._cancelled_at.get(params.session_id, -1) > arrival:
@@ -573,7 +817,12 @@ class Bridge:
             # A client that skipped session/load (or whose binding failed): follow live.
             binding = await self._bind(params.session_id, after_seq=None)
             binding.editor_ready()
-        return await binding.prompt(text, arrival)
+        if not prompt.images and prompt.text.startswith("/"):
+            names = {command.name for command in (await binding.commands()).commands}
+            slash = controls.slash_command(prompt.text, names)
+            if slash is not None:
+                return await binding.command(*slash)
+        return await binding.prompt(prompt, arrival)
 
     async def _bind(
         self, session_id: str, *, after_seq: int | None, cwd: str | None = None

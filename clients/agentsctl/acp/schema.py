@@ -82,17 +82,27 @@ ContentBlock = TextBlock | ImageBlock | AudioBlock | ResourceLinkBlock | Resourc
 
 
 class UnsupportedContent(ValueError):
-    """A prompt holds content this bridge did not advertise (images, audio)."""
+    """A prompt holds content this bridge did not advertise (audio)."""
 
 
-def prompt_text(blocks: list[ContentBlock]) -> str:
-    """The prompt as the text a daemon session takes.
+class DaemonPrompt(msgspec.Struct, frozen=True, kw_only=True):
+    """A prompt as a daemon send takes it: its text, and its images as content blocks."""
+
+    text: str
+    images: list[tuple[str, str]]  # (base64 data, media type), in order
+
+
+def daemon_prompt(blocks: list[ContentBlock]) -> DaemonPrompt:
+    """The prompt as a daemon session takes it.
 
     Text is kept as is; a resource link becomes a Markdown link; an embedded text
-    resource is inlined with its URI; a binary one is referred to by URI. Raises
-    ``UnsupportedContent`` for images and audio (not advertised in ``initialize``).
+    resource is inlined with its URI (also a ``file://`` one: its contents are what
+    the editor holds, unsaved edits included, which a file reference would lose); a
+    binary one is referred to by URI. Images go as image blocks. Raises
+    ``UnsupportedContent`` for audio (not advertised in ``initialize``).
     """
     parts: list[str] = []
+    images: list[tuple[str, str]] = []
     for block in blocks:
         match block:
             case TextBlock(text=text):
@@ -103,11 +113,11 @@ def prompt_text(blocks: list[ContentBlock]) -> str:
                 parts.append(f'<context uri="{uri}">\n{text}\n</context>')
             case ResourceBlock(resource=EmbeddedResource(uri=uri)):
                 parts.append(f"<{uri}>")
-            case ImageBlock() | AudioBlock():
-                raise UnsupportedContent(
-                    f"{block.__struct_config__.tag} content is not supported by this agent"
-                )
-    return "\n".join(parts)
+            case ImageBlock(data=data, mime_type=mime_type):
+                images.append((data, mime_type))
+            case AudioBlock():
+                raise UnsupportedContent("audio content is not supported by this agent")
+    return DaemonPrompt(text="\n".join(parts), images=images)
 
 
 # -- methods the editor calls -----------------------------------------------------------
@@ -160,8 +170,84 @@ class NewSessionParams(Inbound, frozen=True, kw_only=True):
     mcp_servers: list[Any] = []
 
 
+class SessionMode(Outbound, frozen=True, kw_only=True):
+    id: str
+    name: str
+    description: str | None = None
+
+
+class SessionModeState(Outbound, frozen=True, kw_only=True):
+    current_mode_id: str
+    available_modes: list[SessionMode]
+
+
+class ConfigChoice(Outbound, frozen=True, kw_only=True):
+    value: str
+    name: str
+    description: str | None = None
+
+
+class ConfigOption(Outbound, frozen=True, kw_only=True, tag_field="type", tag="select"):
+    """A session config option of type ``select`` (ACP's ``SessionConfigOption``)."""
+
+    id: str
+    name: str
+    current_value: str
+    options: list[ConfigChoice]
+    description: str | None = None
+    category: str | None = None  # mode, model, thought_level
+
+
+class ModelInfo(Outbound, frozen=True, kw_only=True):
+    model_id: str
+    name: str
+    description: str | None = None
+
+
+class SessionModelState(Outbound, frozen=True, kw_only=True):
+    """The unstable ``models`` of a session (the model picker of editors that predate
+    config options, with ``session/set_model``)."""
+
+    current_model_id: str
+    available_models: list[ModelInfo]
+
+
 class NewSessionResult(Outbound, frozen=True, kw_only=True):
     session_id: str
+    modes: SessionModeState | None = None
+    config_options: list[ConfigOption] | None = None
+    models: SessionModelState | None = None
+
+
+class SessionStateResult(Outbound, frozen=True, kw_only=True):
+    """The result of ``session/load`` and ``session/resume``: the session's modes,
+    config options and (unstable) models."""
+
+    modes: SessionModeState | None = None
+    config_options: list[ConfigOption] | None = None
+    models: SessionModelState | None = None
+
+
+class SetModeParams(Inbound, frozen=True, kw_only=True):
+    session_id: str
+    mode_id: str
+
+
+class SetConfigOptionParams(Inbound, frozen=True, kw_only=True):
+    session_id: str
+    config_id: str
+    value: str | bool
+
+
+class SetConfigOptionResult(Outbound, frozen=True, kw_only=True):
+    config_options: list[ConfigOption]
+
+
+class SetModelParams(Inbound, frozen=True, kw_only=True):
+    """The unstable ``session/set_model`` (Zed's model picker before config options)."""
+
+    session_id: str
+    model_id: str
 
 
 class LoadSessionParams(Inbound, frozen=True, kw_only=True):
@@ -317,6 +403,28 @@ class SessionInfoUpdate(Update, frozen=True, kw_only=True, tag="session_info_upd
     updated_at: str | None = None
 
 
+class CurrentModeUpdate(Update, frozen=True, kw_only=True, tag="current_mode_update"):
+    current_mode_id: str
+
+
+class ConfigOptionUpdate(Update, frozen=True, kw_only=True, tag="config_option_update"):
+    config_options: list[ConfigOption]
+
+
+class CommandInput(Outbound, frozen=True, kw_only=True):
+    hint: str
+
+
+class AvailableCommand(Outbound, frozen=True, kw_only=True):
+    name: str
+    description: str
+    input: CommandInput | None = None
+
+
+class AvailableCommandsUpdate(Update, frozen=True, kw_only=True, tag="available_commands_update"):
+    available_commands: list[AvailableCommand]
+
+
 SessionUpdate = (
     UserMessageChunk
     | AgentMessageChunk
@@ -326,6 +434,9 @@ SessionUpdate = (
     | Plan
     | UsageUpdate
     | SessionInfoUpdate
+    | CurrentModeUpdate
+    | ConfigOptionUpdate
+    | AvailableCommandsUpdate
 )
 
 

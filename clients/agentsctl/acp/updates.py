@@ -28,6 +28,12 @@ its kind, locations, diffs and output. Claude Code's todo list (``TodoWrite``) a
 Codex plan (``turn.plan``) are ACP ``plan`` updates, never tool calls; a Codex
 ``plan`` item (the plan it proposes in plan mode) is message text.
 
+Rule 6: what the daemon said rather than the user is not user text: a
+continuation (a ``submission`` with ``continuesSeq``, the daemon asking the agent to
+carry on after a restart cut its turn off) is a note (a thought). A conversation's
+history imported when the session adopted it (``message.imported``) is shown as it
+was: the user's messages as user text, the agent's as its messages.
+
 Pure: no I/O, no trio.
 """
 
@@ -46,6 +52,7 @@ from agentsd_protocol.api.events import (
     ItemCompleted,
     ItemStarted,
     ItemUpdated,
+    MessageImported,
     SessionCreated,
     SessionUpdated,
     Submission,
@@ -101,8 +108,20 @@ class UpdateTranslator:
 
     def event(self, journal_event: JournalEvent) -> list[acp.SessionUpdate]:
         match event := journal_event.event():
+            case Submission(continues_seq=int() as cut):
+                return self._notice(
+                    journal_event.seq,
+                    f"agentsd asked the agent to carry on with the turn a daemon restart "
+                    f"cut off (at #{cut}).",
+                )
             case Submission():
                 return self._submission(event)
+            case MessageImported(role=role, text=text) if text:
+                message_id = f"imported-{journal_event.seq}"
+                content = acp.TextContent(text=text)
+                if role == "user":
+                    return [acp.UserMessageChunk(content=content, message_id=message_id)]
+                return [acp.AgentMessageChunk(content=content, message_id=message_id)]
             case ItemStarted():
                 return self._item_started(event)
             case ItemUpdated(item_id=item_id, text=text):

@@ -67,6 +67,27 @@ end, {
   desc = 'Delete a session and its history (! without asking)',
 })
 
+command('AgentsMode', function(o)
+  require('agents').mode(optional(o.args))
+end, { nargs = '?', desc = 'Pick the session mode (what the agent may do without asking)' })
+
+command('AgentsModel', function(o)
+  require('agents').model(optional(o.args))
+end, { nargs = '?', desc = "Pick the session's model" })
+
+command('AgentsEffort', function(o)
+  require('agents').model(optional(o.args), nil, 'effort')
+end, { nargs = '?', desc = "Pick the session's reasoning effort" })
+
+command('AgentsCommand', function(o)
+  local name, args = (o.args or ''):match('^/?(%S+)%s*(.*)$')
+  require('agents').command(name, args ~= '' and args or nil)
+end, { nargs = '*', desc = 'Run a command (compact, clear, the agent\'s own), or pick one' })
+
+command('AgentsCompact', function()
+  require('agents').command('compact')
+end, { nargs = 0, desc = 'Compact the conversation to free context' })
+
 command('AgentsInterrupt', function(o)
   require('agents').interrupt(optional(o.args))
 end, { nargs = '?', complete = complete_sessions, desc = "Interrupt the session's turn" })

@@ -243,6 +243,7 @@ class SessionOpener:
                 value=m["id"],
                 label=m.get("name") if isinstance(m.get("name"), str) else None,
                 description=m.get("description") if isinstance(m.get("description"), str) else None,
+                default=m["id"] == current,  # the mode the agent is in unless one is set
             )
             for m in (listed if isinstance(listed, list) else [])
             if isinstance(m, dict) and isinstance(m.get("id"), str)

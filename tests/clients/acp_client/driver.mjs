@@ -122,6 +122,20 @@ class Bridge {
         break;
       case "session_info_update":
         break;
+      case "available_commands_update":
+        for (const command of update.availableCommands) {
+          assert.equal(typeof command.name, "string");
+          assert.equal(typeof command.description, "string");
+        }
+        break;
+      case "current_mode_update":
+        assert.equal(typeof update.currentModeId, "string");
+        break;
+      case "config_option_update":
+        for (const option of update.configOptions) {
+          assert.ok(option.options.some((o) => o.value === option.currentValue), "the current value is a choice");
+        }
+        break;
       default:
         assert.fail(`unexpected session update ${update.sessionUpdate}`);
     }
@@ -165,6 +179,11 @@ class Bridge {
     assert.deepEqual(exit, { code: 0, signal: null }, `${this.name} exits 0 when the editor leaves:\n${this.stderr}`);
   }
 }
+
+// What a replay repeats: not the editor's own prompts (it had them), nor the
+// session's state (modes, config options, commands), sent as it is when it changes.
+const STATE_UPDATES = new Set(["available_commands_update", "current_mode_update", "config_option_update"]);
+const historical = (u) => u.sessionUpdate !== "user_message_chunk" && !STATE_UPDATES.has(u.sessionUpdate);
 
 const textOf = (updates, kind) => updates
   .filter((u) => u.sessionUpdate === kind)
@@ -517,19 +536,53 @@ async function review() {
     const plans = a.since(mark).filter((u) => u.sessionUpdate === "plan");
     assert.deepEqual(plans, [{ sessionUpdate: "plan", entries: [{ content: "echo", priority: "medium", status: "in_progress" }] }]);
   }
-  const live = merged(a.since(0).filter((u) => u.sessionUpdate !== "user_message_chunk"));
+  const live = merged(a.since(0).filter(historical));
   await a.close();
 
   // session/load replays what was shown live.
   const b = new Bridge("bridge-2");
   await b.initialize();
   await withTimeout(b.agent.request(methods.agent.session.load, { sessionId, cwd: config.cwd, mcpServers: [] }), "session/load");
-  assert.deepEqual(merged(b.since(0).filter((u) => u.sessionUpdate !== "user_message_chunk")), live, "the replay shows what was shown live");
+  assert.deepEqual(merged(b.since(0).filter(historical)), live, "the replay shows what was shown live");
   await b.close();
   return report;
 }
 
-const scenarios = { conversation, kill, permission, review };
+async function controls() {
+  // A mode switch, a model switch, a slash command and an image prompt; the test
+  // checks what reached the model server (test_acp_sdks.py).
+  const a = new Bridge("bridge-1", ["--provider", config.provider]);
+  const initialized = await a.initialize();
+  assert.equal(initialized.agentCapabilities.promptCapabilities.image, true, "image prompts are advertised");
+  const created = await withTimeout(a.agent.request(methods.agent.session.new, { cwd: config.cwd, mcpServers: [] }), "session/new");
+  const { sessionId } = created;
+  assert.ok(created.modes.availableModes.some((m) => m.id === config.mode), "the mode is offered");
+  const byId = Object.fromEntries(created.configOptions.map((o) => [o.id, o]));
+  assert.equal(byId.mode.currentValue, created.modes.currentModeId);
+  assert.equal(byId.model.category, "model");
+  const commandNames = () => {
+    const lists = a.since(0).filter((u) => u.sessionUpdate === "available_commands_update");
+    return lists.length ? lists.at(-1).availableCommands.map((c) => c.name) : [];
+  };
+  await a.until(() => commandNames().includes("compact"), "available commands");
+  const prompt = (blocks, what) => withTimeout(a.agent.request(methods.agent.session.prompt, { sessionId, prompt: blocks }), what);
+  assert.equal((await prompt([{ type: "text", text: "Before the switch" }], "prompt before")).stopReason, "end_turn");
+  let mark = a.mark();
+  await withTimeout(a.agent.request(methods.agent.session.setMode, { sessionId, modeId: config.mode }), "session/set_mode");
+  await a.until(() => a.since(mark).some((u) => u.sessionUpdate === "current_mode_update" && u.currentModeId === config.mode), "current_mode_update");
+  const answer = await withTimeout(a.agent.request(methods.agent.session.setConfigOption, { sessionId, configId: "model", value: config.model }), "session/set_config_option");
+  const current = Object.fromEntries(answer.configOptions.map((o) => [o.id, o.currentValue]));
+  assert.equal(current.mode, config.mode);
+  assert.equal(current.model, config.model);
+  assert.equal((await prompt([{ type: "text", text: "Use the new settings" }], "prompt")).stopReason, "end_turn");
+  assert.equal((await prompt([{ type: "text", text: "/compact" }], "/compact")).stopReason, "end_turn");
+  const image = { type: "image", data: config.png, mimeType: "image/png" };
+  assert.equal((await prompt([{ type: "text", text: "What is this?" }, image], "image prompt")).stopReason, "end_turn");
+  await a.close();
+  return { session: sessionId };
+}
+
+const scenarios = { conversation, kill, permission, review, controls };
 
 try {
   const report = await scenarios[config.scenario]();

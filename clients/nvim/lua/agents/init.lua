@@ -108,6 +108,8 @@ local function mutate(method, params, what, on_result, on_error)
   end, { retry = true })
 end
 
+M.mutate = mutate
+
 --- The session commands act on when none is named.
 ---@return string|nil
 function M.current_session()
@@ -233,10 +235,11 @@ end
 
 --- Send a prompt. Without text: ask for it with `vim.ui.input`. `opts.range`
 --- (`{ buf, first, last }`, 1-based lines) attaches those lines as context;
---- `#buffer` and `@file` mentions are expanded (see `agents.prompt`).
+--- `#buffer` and `@file` mentions are expanded (see `agents.prompt`); `opts.images`
+--- (`{ type = 'image', path = ... }` content blocks) go with the text.
 ---@param text string|nil
 ---@param session_id string|nil
----@param opts { range: table|nil, source: integer|nil }|nil
+---@param opts { range: table|nil, source: integer|nil, images: table[]|nil }|nil
 function M.send(text, session_id, opts)
   local id = resolve(session_id)
   if not id then
@@ -257,13 +260,19 @@ function M.send(text, session_id, opts)
     if source and vim.b[source].agents_session_id then
       source = vim.fn.bufnr('#') -- from a session buffer, #buffer is the one before
     end
-    text = prompt.expand(text, source)
+    local images
+    text, images = prompt.expand(text, source)
+    opts.images = vim.list_extend(vim.list_extend({}, opts.images or {}), images)
     if opts.range then
       local r = opts.range
       text = text .. '\n\n' .. prompt.selection(r.buf, r.first, r.last)
     end
   end
-  mutate('agentSession.send', { sessionId = id, text = text }, 'sending to ' .. id, function(result)
+  local params = { sessionId = id, text = text }
+  if opts.images and #opts.images > 0 then
+    params.content = opts.images
+  end
+  mutate('agentSession.send', params, 'sending to ' .. id, function(result)
     if result.dispatch == 'rejected' then
       vim.notify('agents: not delivered: ' .. tostring(result.reason), vim.log.levels.WARN)
     end
@@ -367,6 +376,38 @@ function M.providers()
   end
   table.sort(out)
   return out
+end
+
+--- Pick the session's mode (`agents.controls`), or set `choice`.
+---@param choice string|nil
+---@param session_id string|nil
+function M.mode(choice, session_id)
+  local id = resolve(session_id)
+  if id then
+    require('agents.controls').mode(id, choice)
+  end
+end
+
+--- Pick the session's model (or another option: `key`), or set `choice`.
+---@param choice string|nil
+---@param session_id string|nil
+---@param key string|nil default `model`
+function M.model(choice, session_id, key)
+  local id = resolve(session_id)
+  if id then
+    require('agents.controls').option(id, key or 'model', choice)
+  end
+end
+
+--- Run a command (`compact`, `clear`, the agent's own), or pick one.
+---@param name string|nil
+---@param args string|nil
+---@param session_id string|nil
+function M.command(name, args, session_id)
+  local id = resolve(session_id)
+  if id then
+    require('agents.controls').command(id, name, args)
+  end
 end
 
 --- A statusline component: the current session's state, and how many sessions

@@ -13,7 +13,9 @@
 --- prompt buffer opened, or when `:AgentsSend` ran); `@path` is a file (relative
 --- to Neovim's cwd, or absolute) that exists: the mention stays in the text as the
 --- path, its content is attached. A mention that names nothing stays as typed. Each
---- block is cut at `MAX_CONTEXT_BYTES`, saying so.
+--- block is cut at `MAX_CONTEXT_BYTES`, saying so. An `@path` of an image (`.png`,
+--- `.jpg`, `.gif`, `.webp`) is attached as an image instead: the daemon reads its
+--- bytes and the agent sees the picture.
 ---
 --- Rule 2 (the prompt buffer): `:AgentsPrompt` opens one per session
 --- (`agents-prompt://<id>`), multi-line, Markdown. `:w` or `<C-s>` sends it
@@ -75,9 +77,9 @@ end
 --- names.
 ---@param text string
 ---@param source integer|nil
----@return string
+---@return string, table[] the text, and the images `@path` named (content blocks)
 function M.expand(text, source)
-  local blocks = {}
+  local blocks, images = {}, {}
   local out = text:gsub('#buffer%f[^%w_]', function()
     local content, where = buffer_text(source)
     if not content then
@@ -94,14 +96,28 @@ function M.expand(text, source)
     if vim.fn.filereadable(full) ~= 1 then
       return nil
     end
+    if M.is_image(full) then
+      table.insert(images, { type = 'image', path = full }) -- the daemon reads the bytes
+      return path
+    end
     local lines = vim.fn.readfile(full, 'b')
     table.insert(blocks, M.block(uri(full), table.concat(lines, '\n')))
     return path
   end)
   if #blocks == 0 then
-    return out
+    return out, images
   end
-  return out .. '\n\n' .. table.concat(blocks, '\n\n')
+  return out .. '\n\n' .. table.concat(blocks, '\n\n'), images
+end
+
+local IMAGE_EXTENSIONS = { png = true, jpg = true, jpeg = true, gif = true, webp = true }
+
+--- Whether `path` names an image the agent gets as an image (by its extension; the
+--- daemon checks the bytes).
+---@param path string
+---@return boolean
+function M.is_image(path)
+  return IMAGE_EXTENSIONS[(path:match('%.(%w+)$') or ''):lower()] == true
 end
 
 -- The prompt buffer of each session, and the buffer `#buffer` means for it.
@@ -119,7 +135,8 @@ function M.submit(session_id)
   if not text:match('%S') then
     return
   end
-  require('agents').send(M.expand(text, entry.source), session_id)
+  local expanded, images = M.expand(text, entry.source)
+  require('agents').send(expanded, session_id, { images = images })
   vim.api.nvim_buf_set_lines(entry.buf, 0, -1, false, {})
   vim.bo[entry.buf].modified = false
 end

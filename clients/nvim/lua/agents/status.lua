@@ -136,11 +136,34 @@ end
 --- there is nothing to say (Rule 2).
 ---@param current string|nil the current session's id
 ---@return string
+--- How full the session's context is, as the agent last reported it: `ctx 42%`
+--- (of its window), or the last turn's tokens when the agent gives no window.
+---@param summary table
+---@return string|nil
+function M.context(summary)
+  local tokens = type(summary.tokens) == 'table' and summary.tokens or nil
+  if not tokens then
+    return nil
+  end
+  local window, used = tokens.contextWindow, tokens.contextTokens
+  if type(window) == 'number' and window > 0 and type(used) == 'number' then
+    return string.format('ctx %d%%', math.floor(used * 100 / window + 0.5))
+  end
+  if type(tokens.turnTokens) == 'number' then
+    return tokens.turnTokens .. ' tok'
+  end
+  return nil
+end
+
 function M.statusline(current)
   local parts = {}
   local mine = current and M.sessions[current]
   if mine then
     table.insert(parts, need(mine) or mine.state)
+    local context = M.context(mine)
+    if context then
+      table.insert(parts, context)
+    end
   end
   local attention, unseen = 0, 0
   for id, s in pairs(M.sessions) do

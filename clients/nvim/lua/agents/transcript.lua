@@ -213,11 +213,34 @@ end
 
 Transcript['on_submission'] = function(self, body)
   local streaming = self:streaming_messages()
+  if body.continuesSeq then
+    -- The daemon's request to carry on after a restart cut the turn off: not the
+    -- user's words.
+    self:notice(
+      '[agentsd asked the agent to carry on with the turn cut off at #' .. body.continuesSeq .. ']'
+    )
+    self:split(streaming)
+    return
+  end
   local entry = self:add({ kind = 'prompt', text = tostring(body.text or '') })
   if body.clientMessageId then
     self.prompts[body.clientMessageId] = entry
   end
   self:split(streaming)
+end
+
+--- History of a conversation the session adopted: shown as it was.
+Transcript['on_message_imported'] = function(self, body)
+  local text = tostring(body.text or '')
+  if body.role == 'user' then
+    self:add({ kind = 'prompt', text = text })
+  else
+    self:add({ kind = 'message', text = text, pending = {}, chars = chars(text), completed = true })
+  end
+end
+
+Transcript['on_command_run'] = function(self, body)
+  self:notice('[/' .. tostring(body.name) .. (body.args and (' ' .. body.args) or '') .. ']')
 end
 
 Transcript['on_submission_dispatched'] = function(self, body)

@@ -291,6 +291,15 @@ function M.stub_select(choose)
   end
 end
 
+--- The items the stubbed vim.ui.select showed, once a picker showed them (pickers
+--- that ask the daemon first show them later).
+function M.wait_selected(timeout_ms)
+  wait(timeout_ms, function()
+    return M.selected ~= nil
+  end, 'a picker')
+  return M.selected
+end
+
 --- Replace vim.ui.input: answer with `text`.
 function M.stub_input(text)
   vim.ui.input = function(_, on_confirm)
