@@ -44,7 +44,7 @@ lint: $(VENV)/.installed-test
 # The second pass: the e2e session tests again with every test daemon in cgroup
 # mode (tests/cgroup_root.py; needs a writable cgroup v2 directory, by default
 # /sys/fs/cgroup/unified, or AGENTSD_TEST_CGROUP_PARENT).
-CGROUP_SUBSET := tests/e2e/test_sessions.py tests/e2e/test_security.py tests/e2e/test_cgroup.py tests/e2e/test_agent_callers.py tests/daemon/test_cgroup.py
+CGROUP_SUBSET := tests/e2e/test_sessions.py tests/e2e/test_security.py tests/e2e/test_cgroup.py tests/e2e/test_agent_callers.py tests/e2e/test_resources.py tests/daemon/test_cgroup.py tests/daemon/test_limits.py
 test-cgroup: $(VENV)/.installed-test
 	AGENTSD_TEST_CGROUP=1 $(BIN)/pytest $(CGROUP_SUBSET)
 
@@ -88,8 +88,9 @@ install-user-service:
 	"$$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade "$(CURDIR)"; \
 	mkdir -p "$$bin" "$$units"; \
 	for exe in $(USER_SCRIPTS); do ln -sfn "$$venv/bin/$$exe" "$$bin/$$exe"; done; \
-	install -m 0644 systemd/agentsd.socket systemd/agentsd.service "$$units/"; \
-	echo "installed agentsd.socket and agentsd.service in $$units"; \
+	install -m 0644 systemd/agentsd.socket systemd/agentsd.service systemd/agentsd-notify.service "$$units/"; \
+	echo "installed agentsd.socket, agentsd.service and agentsd-notify.service in $$units"; \
+	echo "desktop notifications: systemctl --user enable --now agentsd-notify.service"; \
 	systemctl --user daemon-reload; \
 	systemctl --user enable --now agentsd.socket; \
 	if systemctl --user --quiet is-active agentsd.service; then \
@@ -105,13 +106,18 @@ install-user-service:
 uninstall-user-service:
 	@set -eu; : "$${HOME:?HOME is not set}"; \
 	venv="$(USER_VENV)"; bin="$(USER_BIN)"; units="$(USER_UNIT_DIR)"; \
+	if [ -e "$$units/agentsd-notify.service" ]; then \
+	  systemctl --user disable --now agentsd-notify.service; \
+	  rm -f "$$units/agentsd-notify.service"; \
+	  echo "removed agentsd-notify.service from $$units"; \
+	fi; \
 	if [ -e "$$units/agentsd.socket" ] || [ -e "$$units/agentsd.service" ]; then \
 	  systemctl --user disable --now agentsd.socket agentsd.service; \
 	  rm -f "$$units/agentsd.socket" "$$units/agentsd.service"; \
 	  echo "removed agentsd.socket and agentsd.service from $$units"; \
 	fi; \
 	systemctl --user daemon-reload; \
-	systemctl --user reset-failed agentsd.socket agentsd.service 2>/dev/null || true; \
+	systemctl --user reset-failed agentsd.socket agentsd.service agentsd-notify.service 2>/dev/null || true; \
 	for exe in $(USER_SCRIPTS); do \
 	  if [ "$$(readlink "$$bin/$$exe" 2>/dev/null)" = "$$venv/bin/$$exe" ]; then rm -f "$$bin/$$exe"; fi; \
 	done; \

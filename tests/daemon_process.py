@@ -140,7 +140,14 @@ class WireClient:
         return reply
 
     def ping(self) -> None:
-        reply = self.call("daemon.ping")
+        """``daemon.ping`` answers ``pong``; notifications before the reply (of a
+        subscription made on this connection, whose session is busy) are passed over."""
+        self._next_id += 1
+        self.send({"jsonrpc": "2.0", "id": self._next_id, "method": "daemon.ping"})
+        reply = self.recv()
+        while isinstance(reply, dict) and "method" in reply and "id" not in reply:
+            reply = self.recv()
+        assert isinstance(reply, dict) and reply.get("id") == self._next_id, reply
         assert reply.get("result") == {"pong": True}, reply
 
     def recv_until_closed(self) -> list[bytes]:

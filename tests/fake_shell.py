@@ -46,3 +46,8 @@ def profile_hanging(pid_file: Path) -> str:
     """Start-up files that leave a background job (its pid in ``pid_file``) and then
     hang, as an rc waiting on a lock or a network mount does."""
     return f"sleep 300 &\necho $! > {pid_file}\nsleep 300"
+
+
+def profile_waiting(release_file: Path) -> str:
+    """Start-up files that wait until ``release_file`` exists: a capture the test ends."""
+    return f"while [ ! -e {release_file} ]; do sleep 0.05; done"

@@ -23,7 +23,7 @@ connection.
 Rule 3: exit codes are the constants below and nothing else: 0 ok, 1 the daemon
 answered with an error (or did not do what was asked, or ``doctor`` found a problem),
 2 usage error (argparse's own), 3 daemon unreachable, 4 the followed session was
-deleted, 130 interrupted (except ``attach`` and ``log --follow``, for which Ctrl-C is
+deleted, 5 / 6 the turn ``ask`` waited for failed / was interrupted, 130 interrupted (except ``attach`` and ``log --follow``, for which Ctrl-C is
 the normal way out: 0), 141 stdout was closed by its reader (``| head``).
 """
 
@@ -47,6 +47,8 @@ EXIT_DAEMON_ERROR = 1  # the daemon answered with an error, or what was asked di
 EXIT_USAGE = 2  # argparse's own code for a bad command line
 EXIT_UNREACHABLE = 3  # no daemon answers and none was (or could be) started
 EXIT_SESSION_GONE = 4  # attach / log --follow: the session was deleted while followed
+EXIT_TURN_FAILED = 5  # ask: the turn failed, or its end is unknown (the agent died)
+EXIT_TURN_INTERRUPTED = 6  # ask: the turn was interrupted
 EXIT_INTERRUPTED = 128 + 2  # what a shell reports for SIGINT
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for SIGPIPE: the reader went away
 
@@ -152,7 +154,9 @@ def _resolve(ref: Any) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-GROUPS = {"daemon": "start, stop or ping the agentsd process, or reload the agents' environment"}
+GROUPS = {
+    "daemon": "start, stop, restart or ping the agentsd process, or reload the agents' environment"
+}
 
 # (section, heading) in the order --help shows them; a row without a known section
 # is listed under "more".
@@ -167,24 +171,36 @@ SECTIONS = (
 _S = "agentsctl.commands_session"
 _C = "agentsctl.commands_conversation"
 _D = "agentsctl.commands_daemon"
+_K = "agentsctl.commands_controls"
 COMMANDS = (
     Command("new", "create a session and start its agent (-m: and send a prompt); prints its id", f"{_S}:run_new", f"{_S}:configure_new", section="sessions"),
     Command("ls", "list sessions", f"{_S}:run_ls", f"{_S}:configure_ls", section="sessions"),
     Command("watch", "every session's state and what needs you, live (JSON lines when piped)", "agentsctl.watch:run_watch", "agentsctl.watch:configure_watch", section="sessions"),
+    Command("notify", "a desktop notification for each finished turn and each approval (notify-send or D-Bus)", "agentsctl.notify:run_notify", "agentsctl.notify:configure_notify", section="sessions"),
     Command("show", "one session's record, status and agent", f"{_S}:run_show", f"{_S}:configure_session_id", section="sessions"),
     Command("start", "start a session's agent if it is not running", f"{_S}:run_start", f"{_S}:configure_session_id", section="sessions"),
     Command("close", "end a session's agent; keep its record and journal", f"{_S}:run_close", f"{_S}:configure_session_id", section="sessions"),
     Command("rm", "close a session, then delete its record and journal", f"{_S}:run_rm", f"{_S}:configure_session_id", section="sessions"),
-    Command("send", "send a prompt; prints its seq and whether the agent took it", f"{_C}:run_send", f"{_C}:configure_send", section="conversation"),
+    Command("ask", "continue this directory's session for an agent (created on first use), stream the answer", "agentsctl.ask:run_ask", "agentsctl.ask:configure_ask", section="conversation"),
+    Command("send", "send a prompt (--image, --file attach); prints its seq and whether the agent took it", f"{_C}:run_send", f"{_C}:configure_send", section="conversation"),
     Command("queue", "the prompts held behind the running turn: list, --withdraw, --edit, --send-now, --resume", f"{_C}:run_queue", f"{_C}:configure_queue", section="conversation"),
+    Command("options", "a session's options, what each may be (models, modes) and where a change applies", f"{_K}:run_options", f"{_K}:configure_options", section="conversation"),
+    Command("set", "change options (KEY=VALUE ...): live where the agent allows", f"{_K}:run_set", f"{_K}:configure_set", section="conversation"),
+    Command("commands", "the commands a session offers: the agent's slash commands, compact and clear", f"{_K}:run_commands", f"{_K}:configure_commands", section="conversation"),
+    Command("command", "run one of the agent's commands (NAME [ARGS...])", f"{_K}:run_command", f"{_K}:configure_command", section="conversation"),
+    Command("compact", "compact the conversation to free context", f"{_K}:run_compact", f"{_K}:configure_compact", section="conversation"),
+    Command("clear", "start a fresh conversation in the session; its history stays readable", f"{_K}:run_clear", f"{_K}:configure_clear", section="conversation"),
     Command("attach", "follow a session live and answer its approvals; Ctrl-C detaches", "agentsctl.attach:run_attach", "agentsctl.attach:configure_attach", section="conversation"),
     Command("log", "a session's journal (--follow: then stream it)", f"{_C}:run_log", f"{_C}:configure_log", section="conversation"),
     Command("interrupt", "interrupt the running turn", f"{_C}:run_interrupt", f"{_C}:configure_interrupt", section="conversation"),
     Command("approve", "answer a pending approval (accept, or --decline / --decision)", f"{_C}:run_approve", f"{_C}:configure_approve", section="conversation"),
+    Command("continue", "carry on the turns a daemon restart cut off (SESSION, --all; none: list them)", "agentsctl.continuity:run_continue", "agentsctl.continuity:configure_continue", section="conversation"),
     Command("acp", "serve the Agent Client Protocol on stdio for an editor (a daemon session per ACP session)", "agentsctl.acp.command:run_acp", "agentsctl.acp.command:configure_acp", section="conversation"),
     Command("status", "the daemon's version, uptime, paths, connections and sessions", f"{_D}:run_status", f"{_D}:configure_status", section="daemon"),
+    Command("providers", "the providers `new` takes: the daemon's, with its config's ACP agents", f"{_D}:run_providers", section="daemon"),
     Command("daemon start", "start agentsd detached (or --foreground) and wait until it answers", f"{_D}:run_daemon_start", f"{_D}:configure_daemon_start", section="daemon"),
     Command("daemon stop", "ask agentsd to shut down and wait until it is gone", f"{_D}:run_daemon_stop", section="daemon"),
+    Command("daemon restart", "restart agentsd (--drain: after the running turns end)", "agentsctl.continuity:run_daemon_restart", "agentsctl.continuity:configure_daemon_restart", section="daemon"),
     Command("daemon ping", "time one round trip to a running agentsd", f"{_D}:run_daemon_ping", section="daemon"),
     Command("daemon reload-env", "capture the agents' environment again from your login shell", f"{_D}:run_daemon_reload_env", f"{_D}:configure_daemon_reload_env", section="daemon"),
     Command("doctor", "check the agents, directories, socket, database and service", "agentsctl.doctor:run_doctor", "agentsctl.doctor:configure_doctor", section="setup"),
@@ -218,6 +234,8 @@ Run `agentsctl COMMAND --help` for a command's options.
 
 examples:
   agentsctl new --provider mock -m "echo hello"   create a session, send a prompt
+  agentsctl ask --provider codex "fix the tests"  this directory's session: ask, stream
+  agentsctl send SESSION --image shot.png "why?"  a prompt with a screenshot
   agentsctl attach SESSION                          watch it live; answer approvals
   agentsctl log SESSION --jsonl --follow            the journal as JSON lines, live
   agentsctl doctor                                  is everything in place?
@@ -243,7 +261,9 @@ exit status:
      prompt was not delivered, or `doctor` found something wrong
   {EXIT_USAGE}  usage error
   {EXIT_UNREACHABLE}  the daemon is unreachable: not running (and --no-start), or not answering
-  {EXIT_SESSION_GONE}  `attach` or `log --follow`: the session was deleted
+  {EXIT_SESSION_GONE}  `attach`, `log --follow` or `ask`: the session was deleted
+  {EXIT_TURN_FAILED}  `ask`: the turn failed (or the agent died before it ended)
+  {EXIT_TURN_INTERRUPTED}  `ask`: the turn was interrupted
   {EXIT_INTERRUPTED}  interrupted by Ctrl-C (`attach` and `log --follow` detach with 0 instead)
   {EXIT_BROKEN_PIPE}  the reader of stdout went away (`agentsctl log ID | head`)
 """

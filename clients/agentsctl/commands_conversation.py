@@ -8,6 +8,7 @@ Each command is a ``configure_*`` and a ``run_*`` named by a row of
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +51,9 @@ def configure_send(parser: argparse.ArgumentParser) -> None:
         "unknown (journaled, delivery unconfirmed; never re-sent by itself), or queued.\n"
         "Exits 1 unless accepted or queued. The agent is started (resuming its\n"
         "conversation) if it is not running. While a turn runs, the prompt steers it\n"
-        "(the default), or waits behind it (--queue), or interrupts it (--interrupt)."
+        "(the default), or waits behind it (--queue), or interrupts it (--interrupt).\n"
+        "--image attaches an image the daemon reads (PNG, JPEG, GIF, WebP, at most\n"
+        "5 MiB) and keeps with the session; --file names a file the agent reads itself."
     )
     add_session_argument(parser)
     delivery = parser.add_mutually_exclusive_group()
@@ -76,20 +79,62 @@ def configure_send(parser: argparse.ArgumentParser) -> None:
         const="interrupt",
         help="interrupt the running turn, then send it as the next one",
     )
+    add_attachment_options(parser)
     parser.add_argument(
         "text",
-        nargs="+",
+        nargs="+",  # "*" would be taken empty before options that follow SESSION
         metavar="TEXT",
         help="the prompt; several words are joined with spaces; - reads it from stdin",
     )
     add_json_option(parser)
 
 
+def add_attachment_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="attach an image (PNG, JPEG, GIF or WebP, at most 5 MiB; repeatable)",
+    )
+    parser.add_argument(
+        "--file",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="refer the agent to a file, which it reads itself (repeatable)",
+    )
+
+
+def attachments(args: argparse.Namespace) -> list[c.Content]:
+    """The content blocks of ``--image`` and ``--file``, their paths made absolute
+    here (the daemon would take a relative one from the session's cwd)."""
+    blocks: list[c.Content] = [c.ImageBlock(path=os.path.abspath(p)) for p in args.image]
+    blocks += [c.FileBlock(path=os.path.abspath(p)) for p in args.file]
+    return blocks
+
+
+def prompt_text(args: argparse.Namespace) -> str:
+    """The prompt's words (``-``: stdin); a usage error when there is no prompt."""
+    text = " ".join(args.text)
+    if args.text == ["-"]:
+        text = sys.stdin.read()
+    if not text.strip():
+        raise UsageError("the prompt is empty")
+    return text
+
+
 def send_prompt(
-    target: Target, session_id: str, text: str, delivery: c.Delivery = "steer"
+    target: Target,
+    session_id: str,
+    text: str,
+    delivery: c.Delivery = "steer",
+    content: list[c.Content] | None = None,
 ) -> c.SendResult:
     """``agentSession.send`` as a mutation (a fresh operation id, one retry)."""
-    params = c.SendParams(session_id=session_id, text=text, delivery=delivery)
+    params = c.SendParams(
+        session_id=session_id, text=text, delivery=delivery, content=content or []
+    )
     return mutate(target, methods.SEND, params)
 
 
@@ -120,12 +165,8 @@ def report_send(result: c.SendResult, *, quiet: bool = False) -> int:
 
 def run_send(args: argparse.Namespace, target: Target) -> int:
     """Journal and deliver a prompt; prints ``seq N: OUTCOME`` (``--json``: the result)."""
-    text = " ".join(args.text)
-    if args.text == ["-"]:
-        text = sys.stdin.read()
-    if not text.strip():
-        raise UsageError("the prompt is empty")
-    result = send_prompt(target, args.session_id, text, args.delivery)
+    text = prompt_text(args)
+    result = send_prompt(target, args.session_id, text, args.delivery, attachments(args))
     if args.json:
         print_json(result)
     return report_send(result, quiet=args.json)
@@ -197,7 +238,8 @@ def run_queue(args: argparse.Namespace, target: Target) -> int:
     if result.paused is not None:
         print(f"paused ({result.paused}): `agentsctl queue {sid} --resume` sends them")
     for number, prompt in enumerate(result.prompts, 1):
-        print(f"{number}. {prompt.prompt_id} {excerpt(prompt.text, 70)}")
+        attached = f" (+{len(prompt.attachments)} attached)" if prompt.attachments else ""
+        print(f"{number}. {prompt.prompt_id} {excerpt(prompt.text, 70)}{attached}")
     if result.sent is not None:
         return report_send(result.sent)
     return EXIT_OK

@@ -1,9 +1,10 @@
-"""The commands about the daemon itself: ``status`` and ``daemon
+"""The commands about the daemon itself: ``status``, ``providers`` and ``daemon
 start|stop|ping|reload-env``.
 
 They talk to the daemon through ``Target.link()`` (stdlib JSON, no msgspec: the
 cold start of ``agentsctl status`` is budgeted, see ``agentsctl.cli`` Rule 1);
-``daemon ping``, ``daemon stop`` and ``daemon reload-env`` never start one.
+``providers``, ``daemon ping``, ``daemon stop`` and ``daemon reload-env`` never
+start one.
 """
 
 from __future__ import annotations
@@ -63,6 +64,30 @@ def run_status(args: argparse.Namespace, target: Target) -> int:
     return EXIT_OK
 
 
+def run_providers(args: argparse.Namespace, target: Target) -> int:
+    """The provider names ``new --provider`` takes, one a line (what shell completion
+    offers): the running daemon's, which include its config's ``[agents.NAME]``; with
+    no daemon answering, the built-in ones (said on stderr)."""
+    names: list[str] = []
+    try:
+        with target.link(start=False) as link:
+            names = list(link.call("daemon.status").get("providers") or [])
+    except DaemonUnreachable:
+        pass
+    if not names:
+        from agentsd_protocol.providers import builtin_provider_names
+
+        names = builtin_provider_names()
+        print(
+            "agentsctl: no daemon answers (or it does not list its providers): the built-in "
+            "providers; your config's [agents.NAME] are not among them",
+            file=sys.stderr,
+        )
+    for name in names:
+        print(name)
+    return EXIT_OK
+
+
 def run_status_format(template: str, target: Target) -> int:
     """One round trip (``agentSession.watch``'s snapshot) on the stdlib link: a prompt
     runs it at every redraw, so it stays inside the CLI's cold-start budget."""
@@ -113,6 +138,8 @@ def format_status(result: dict[str, Any]) -> str:
         ("sessions", f"{sessions.get('total', 0)} ({counts})"),
         ("recovery", recovered),
     ]
+    if result.get("draining"):
+        rows.append(("draining", "takes no new turn; restarts once the running turns end"))
     containment = result.get("containment")
     if containment:
         rows.append(("containment", f"{containment.get('mode')} ({containment.get('detail')})"))

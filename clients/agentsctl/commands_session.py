@@ -23,6 +23,7 @@ from agentsd_protocol import methods
 from agentsd_protocol.api import session as s
 from agentsd_protocol.display import printable
 from agentsd_protocol.errors import RpcError
+from agentsd_protocol.usage import usage_line
 
 if TYPE_CHECKING:
     from agentsctl.target import Target
@@ -38,13 +39,17 @@ def configure_session_id(parser: argparse.ArgumentParser) -> None:
 
 def configure_new(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "provider", nargs="?", metavar="PROVIDER", help="codex, claude or mock (or --provider)"
+        "provider",
+        nargs="?",
+        metavar="PROVIDER",
+        help="codex, claude, mock or an ACP agent such as gemini (or --provider); "
+        "`agentsctl providers` lists them",
     )
     parser.add_argument(
         "--provider",
         dest="provider_option",
         metavar="PROVIDER",
-        help="the agent provider: codex, claude or mock",
+        help="the agent provider: codex, claude, mock or an ACP agent such as gemini",
     )
     parser.add_argument(
         "-m",
@@ -84,7 +89,46 @@ def configure_new(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stopped", action="store_true", help="create the session without starting its agent"
     )
+    parser.add_argument(
+        "--memory-max",
+        type=byte_size,
+        metavar="SIZE",
+        help="memory for the agent and all it starts (bytes, or 512M, 2G); needs a cgroup "
+        "with the memory controller",
+    )
+    parser.add_argument(
+        "--pids-max",
+        type=int,
+        metavar="N",
+        help="processes the agent and all it starts may have at once; needs the pids controller",
+    )
+    parser.add_argument(
+        "--cpu-max",
+        type=float,
+        metavar="CPUS",
+        help="CPU time per second, in CPUs (0.5, 2); needs the cpu controller",
+    )
+    parser.add_argument(
+        "--resume-from",
+        metavar="HANDLE",
+        help="adopt a conversation started elsewhere (a Codex thread id, a Claude session "
+        "id) in this --cwd: its history is imported and the next prompt continues it",
+    )
     parser.add_argument("--json", action="store_true", help="print the whole JSON result")
+
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def byte_size(text: str) -> int:
+    """argparse ``type`` for a size: bytes, or a number with K, M, G or T (powers of
+    1024); a bad one is a usage error, exit 2. The daemon checks the range."""
+    number, unit = text[:-1], text[-1:].upper()
+    if unit.isdigit():
+        number, unit = text, ""
+    if unit not in _SIZE_UNITS or not number.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (bytes, or 512M, 2G)")
+    return int(number) * _SIZE_UNITS[unit]
 
 
 def key_value(text: str) -> tuple[str, str]:
@@ -111,6 +155,8 @@ def run_new(args: argparse.Namespace, target: Target) -> int:
     A prompt that was not delivered exits 1 after the id is printed.
     """
     provider = _provider(args)
+    if args.resume_from is not None and args.stopped:
+        raise UsageError("--resume-from starts the agent: it cannot be --stopped")
     options: dict[str, Any] = {}
     for key, text in args.option:
         try:
@@ -125,6 +171,10 @@ def run_new(args: argparse.Namespace, target: Target) -> int:
         env=dict(args.env),
         command=None if args.agent_command is None else shlex.split(args.agent_command),
         start=not args.stopped,
+        memory_max=args.memory_max,
+        pids_max=args.pids_max,
+        cpu_max=args.cpu_max,
+        resume_from=None if args.resume_from is None else s.ResumeFrom(handle=args.resume_from),
     )
     try:
         created = mutate(target, methods.CREATE, params)
@@ -154,7 +204,7 @@ def configure_ls(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--state", choices=PHASES, help="only sessions whose agent is in this phase"
     )
-    parser.add_argument("--provider", help="only sessions of this provider")
+    parser.add_argument("--provider", metavar="PROVIDER", help="only sessions of this provider")
     parser.add_argument("--json", action="store_true", help="print the whole JSON result")
 
 
@@ -222,10 +272,14 @@ def run_show(args: argparse.Namespace, target: Target) -> int:
         ("contained", _containment(info)),
         ("handle", info.provider_handle or "-"),
     ]
+    if info.tokens is not None and (words := usage_line(info.tokens)):
+        rows.append(("tokens", words))
     if info.last_exit is not None:
         rows.append(("last exit", f"{info.last_exit.cause} (code {info.last_exit.returncode})"))
     if info.error is not None:
         rows.append(("error", f"{info.error.message} [{info.error.kind}]"))
+    if info.limits is not None:
+        rows.append(("limits", _limits(info.limits)))
     for name, value in rows:
         # Titles, paths and agents' errors are anyone's text: never raw to a terminal.
         print(f"{name + ':':<11}{printable(str(value))}")
@@ -237,21 +291,37 @@ def run_show(args: argparse.Namespace, target: Target) -> int:
     return EXIT_OK
 
 
+def _limits(limits: s.SessionLimits) -> str:
+    """The session's own limits (the daemon's defaults apply to the rest)."""
+    words = []
+    if limits.memory_max is not None:
+        words.append(f"memory {limits.memory_max >> 20} MiB")
+    if limits.pids_max is not None:
+        words.append(f"{limits.pids_max} processes")
+    if limits.cpu_max is not None:
+        words.append(f"{limits.cpu_max:g} CPUs")
+    return ", ".join(words)
+
+
 def _containment(info: s.SessionInfo) -> str:
     """Where the running agent is held: its cgroup with what it uses, or the
     fallback (the process group and spawn token)."""
     if info.child is None:
         return "-"
     res = info.resources
-    if res is None:
-        return "process group and spawn token (no cgroup)"
+    if res is None or res.cgroup is None:
+        where = "process group and spawn token (no cgroup)"
+        if res is None:
+            return where
+    else:
+        where = f"cgroup {res.cgroup}"
     figures = [f"{res.processes} processes"]
     if res.cpu_us is not None:
         figures.append(f"cpu {res.cpu_us / 1e6:.2f} s")
     if res.memory_bytes is not None:
         peak = "" if res.memory_peak_bytes is None else f", peak {res.memory_peak_bytes >> 20} MiB"
         figures.append(f"memory {res.memory_bytes >> 20} MiB{peak}")
-    return f"cgroup {res.cgroup} ({', '.join(figures)})"
+    return f"{where} ({', '.join(figures)})"
 
 
 def run_start(args: argparse.Namespace, target: Target) -> int:

@@ -4,9 +4,15 @@ the parser that ``agentsctl.cli.COMMANDS`` builds, so they never drift from it.
 Rule 1: the scripts complete commands, group verbs, each command's options, option
 values (files, directories, choices, providers) and session ids.
 
-Rule 2: session ids come from ``agentsctl --no-start ls --json`` run quietly (stderr
-discarded, and never starting a daemon from a TAB press), with the ``--socket`` and
-``--state-dir`` already typed passed along; no daemon means no ids, never an error.
+Rule 2: session ids come from ``agentsctl --no-start ls --json``, and provider names
+from ``agentsctl providers`` (the daemon's, with its config's ``[agents.NAME]``; the
+built-in ones when no daemon answers), run quietly (stderr discarded, and never
+starting a daemon from a TAB press), with the ``--socket`` and ``--state-dir``
+already typed passed along; no daemon means no ids, never an error. Should
+``agentsctl`` itself not run, providers fall back to the built-in names written into
+the script. The same way, ``set``'s ``KEY=`` come from ``options SESSION --json``
+and ``command``'s names from ``commands SESSION --json``, SESSION being the first
+positional typed.
 
 zsh uses the bash script through its own ``bashcompinit`` (zsh's bash emulation
 runs it with bash's 0-based arrays); fish gets ``complete`` rules of its own.
@@ -21,12 +27,12 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from agentsctl.cli import COMMANDS, EXIT_OK, GROUPS, build_parser
+from agentsd_protocol.providers import builtin_provider_names
 
 if TYPE_CHECKING:
     from agentsctl.target import Target
 
 SHELLS = ("bash", "zsh", "fish")
-PROVIDERS = ("codex", "claude", "acp", "mock")  # what `new --provider` offers
 
 
 class Option(msgspec.Struct, frozen=True):
@@ -42,6 +48,7 @@ class CommandSpec(msgspec.Struct, frozen=True):
     summary: str
     options: list[Option]
     positionals: list[str]  # what completes each positional, in order
+    repeats: bool = False  # the last positional takes any number of words
 
 
 def configure_completion(parser: argparse.ArgumentParser) -> None:
@@ -59,8 +66,9 @@ def run_completion(args: argparse.Namespace, target: Target) -> int:
 
 
 def _kind(action: argparse.Action) -> str:
-    """What completes an argument: ``session``, ``file``, ``dir``, ``choices A B``,
-    or ``none`` (free text)."""
+    """What completes an argument: ``session``, ``provider``, ``file``, ``dir``,
+    ``choices A B``, ``option`` (a session's option keys), ``command`` (a session's
+    command names), or ``none`` (free text)."""
     if action.choices is not None and not isinstance(action, argparse._SubParsersAction):
         return "choices " + " ".join(str(c) for c in action.choices)
     if action.dest == "session_id":
@@ -71,13 +79,18 @@ def _kind(action: argparse.Action) -> str:
     if metavar in ("PATH", "FILE"):
         return "file"
     if metavar == "PROVIDER":
-        return "choices " + " ".join(PROVIDERS)
+        return "provider"
+    if metavar == "KEY=VALUE":
+        return "option"
+    if metavar == "COMMAND":
+        return "command"
     return "none"
 
 
 def _spec(path: str, summary: str, parser: argparse.ArgumentParser) -> CommandSpec:
     options: list[Option] = []
     positionals: list[str] = []
+    repeats = False
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             continue
@@ -86,7 +99,8 @@ def _spec(path: str, summary: str, parser: argparse.ArgumentParser) -> CommandSp
             options.append(Option(list(action.option_strings), value, action.help or ""))
         else:
             positionals.append(_kind(action))
-    return CommandSpec(path, summary, options, positionals)
+            repeats = action.nargs in ("+", "*")
+    return CommandSpec(path, summary, options, positionals, repeats)
 
 
 def command_specs() -> list[CommandSpec]:
@@ -129,6 +143,15 @@ def _verbs(group: str) -> list[tuple[str, str]]:
 # -- bash (and zsh) -----------------------------------------------------------------
 
 
+def _bash_repeats(rows: list[tuple[str, str]]) -> str:
+    """The fallback of ``_agentsctl_positional``: a nested case over the commands
+    whose last positional repeats (their patterns end in an unquoted ``*``)."""
+    if not rows:
+        return "return 1"
+    cases = " ".join(f'"{key}) echo "{value}" ;;' for key, value in rows)
+    return f'case "$1|$2" in {cases} *) return 1 ;; esac'
+
+
 def _bash_case(rows: list[tuple[str, str]], default: str = "return 1") -> str:
     lines = [f'        "{key}") echo "{value}" ;;' for key, value in rows]
     lines.append(f"        *) {default} ;;")
@@ -152,13 +175,33 @@ def bash_body() -> str:
         for index, kind in enumerate(spec.positionals)
         if kind != "none"
     ]
+    # A positional taking any number of words completes every later one the same way.
+    repeated = [
+        (f'{spec.path}|"*', spec.positionals[-1])
+        for spec in specs
+        if spec.repeats and spec.positionals and spec.positionals[-1] != "none"
+    ]
     verbs = [(group, " ".join(v for v, _ in _verbs(group))) for group in GROUPS]
     commands = " ".join(word for word, _ in _top_words())
+    builtin = " ".join(builtin_provider_names())
     return f"""\
 _agentsctl_sessions() {{
     # Session ids, quietly: no daemon (or no agentsctl) means none.
     command agentsctl "$@" --no-start ls --json 2>/dev/null |
         sed -n 's/^[[:space:]]*"sessionId":[[:space:]]*"\\([^"]*\\)".*/\\1/p'
+}}
+
+_agentsctl_providers() {{
+    # Provider names, quietly: the daemon's, or the built-in ones.
+    command agentsctl "$@" --no-start providers 2>/dev/null || echo "{builtin}"
+}}
+
+_agentsctl_listed() {{  # $1 what (options|commands), $2 field, $3 session, globals after
+    local what=$1 field=$2 session=$3
+    shift 3
+    [[ -n $session ]] || return 0
+    command agentsctl "$@" --no-start "$what" "$session" --json 2>/dev/null |
+        sed -n 's/^[[:space:]]*"'"$field"'":[[:space:]]*"\\([^"]*\\)".*/\\1/p'
 }}
 
 _agentsctl_value() {{  # $1 command path ("" for global options), $2 option: its value kind
@@ -175,7 +218,7 @@ _agentsctl_options() {{  # $1 command path: its options
 
 _agentsctl_positional() {{  # $1 command path, $2 index: what completes that positional
     case "$1|$2" in
-{_bash_case(positionals)}
+{_bash_case(positionals, _bash_repeats(repeated))}
     esac
 }}
 
@@ -188,15 +231,21 @@ _agentsctl_verbs() {{  # $1 group: its verbs
 _agentsctl_complete_kind() {{  # $1 kind, $2 the word being completed
     case "$1" in
         session) COMPREPLY=($(compgen -W "$(_agentsctl_sessions "${{_agentsctl_globals[@]}}")" -- "$2")) ;;
+        provider) COMPREPLY=($(compgen -W "$(_agentsctl_providers "${{_agentsctl_globals[@]}}")" -- "$2")) ;;
         file) local IFS=$'\\n'; COMPREPLY=($(compgen -f -- "$2")); compopt -o filenames 2>/dev/null ;;
         dir) local IFS=$'\\n'; COMPREPLY=($(compgen -d -- "$2")); compopt -o filenames 2>/dev/null ;;
         choices\\ *) COMPREPLY=($(compgen -W "${{1#choices }}" -- "$2")) ;;
+        option)
+            COMPREPLY=($(compgen -S = -W "$(_agentsctl_listed options key "$_agentsctl_pos0" "${{_agentsctl_globals[@]}}")" -- "$2"))
+            compopt -o nospace 2>/dev/null ;;
+        command) COMPREPLY=($(compgen -W "$(_agentsctl_listed commands name "$_agentsctl_pos0" "${{_agentsctl_globals[@]}}")" -- "$2")) ;;
     esac
 }}
 
 _agentsctl() {{
     local cur="${{COMP_WORDS[COMP_CWORD]}}" cmd="" word kind verbs i=1 npos=0
     local -a _agentsctl_globals=()
+    local _agentsctl_pos0=""
     COMPREPLY=()
     while (( i < COMP_CWORD )); do
         word="${{COMP_WORDS[i]}}"
@@ -215,6 +264,7 @@ _agentsctl() {{
         elif _agentsctl_verbs "$cmd" >/dev/null; then
             cmd="$cmd $word"
         else
+            (( npos == 0 )) && _agentsctl_pos0=$word
             (( npos += 1 ))
         fi
         (( i += 1 ))
@@ -267,6 +317,8 @@ def _fish_value_args(kind: str) -> str:
         return "-r -x -a '(__fish_complete_directories)'"
     if kind == "session":
         return "-r -x -a '(__agentsctl_sessions)'"
+    if kind == "provider":
+        return "-r -x -a '(__agentsctl_providers)'"
     if kind.startswith("choices "):
         return f"-r -x -a {_fish_quote(kind.removeprefix('choices '))}"
     return "-r -x"
@@ -299,6 +351,7 @@ def fish_script() -> str:
         "    set -l words (commandline -opc)",
         "    set -g __agentsctl_cmd ''",
         "    set -g __agentsctl_npos 0",
+        "    set -g __agentsctl_pos0 ''",
         "    set -g __agentsctl_globals",
         "    set -l i 2",
         "    while test $i -le (count $words)",
@@ -317,6 +370,7 @@ def fish_script() -> str:
         f"        else if contains -- $__agentsctl_cmd {groups}",
         '            set __agentsctl_cmd "$__agentsctl_cmd $word"',
         "        else",
+        "            test $__agentsctl_npos -eq 0; and set __agentsctl_pos0 $word",
         "            set __agentsctl_npos (math $__agentsctl_npos + 1)",
         "        end",
         "        set i (math $i + 1)",
@@ -333,10 +387,30 @@ def fish_script() -> str:
         '    test "$__agentsctl_cmd" = "$want"; and test $__agentsctl_npos -eq $index',
         "end",
         "",
+        "function __agentsctl_pos_from --argument-names want index",
+        "    __agentsctl_parse",
+        '    test "$__agentsctl_cmd" = "$want"; and test $__agentsctl_npos -ge $index',
+        "end",
+        "",
+        "# A field of `options` or `commands` of the session typed first (Rule 2).",
+        "function __agentsctl_listed --argument-names what field suffix",
+        "    __agentsctl_parse",
+        '    test -n "$__agentsctl_pos0"; or return 0',
+        "    command agentsctl $__agentsctl_globals --no-start $what $__agentsctl_pos0 --json \\",
+        '        2>/dev/null | string match -r -g "\\"$field\\":\\s*\\"([^\\"]*)\\"" |',
+        "        string replace -r '$' \"$suffix\"",
+        "end",
+        "",
         "function __agentsctl_sessions",
         "    __agentsctl_parse",
         "    command agentsctl $__agentsctl_globals --no-start ls --json 2>/dev/null |",
         '        string match -r -g \'"sessionId":\\s*"([^"]*)"\'',
+        "end",
+        "",
+        "function __agentsctl_providers",
+        "    __agentsctl_parse",
+        "    command agentsctl $__agentsctl_globals --no-start providers 2>/dev/null",
+        "    or string split ' ' -- " + _fish_quote(" ".join(builtin_provider_names())),
         "end",
         "",
         "complete -c agentsctl -f",
@@ -369,10 +443,18 @@ def fish_script() -> str:
         for index, kind in enumerate(spec.positionals):
             if kind == "session":
                 candidates = "'(__agentsctl_sessions)'"
+            elif kind == "provider":
+                candidates = "'(__agentsctl_providers)'"
             elif kind.startswith("choices "):
                 candidates = _fish_quote(kind.removeprefix("choices "))
+            elif kind == "option":
+                candidates = "'(__agentsctl_listed options key =)'"
+            elif kind == "command":
+                candidates = "'(__agentsctl_listed commands name)'"
             else:
                 continue
-            condition = _fish_quote(f'__agentsctl_pos "{spec.path}" {index}')
+            last = spec.repeats and index == len(spec.positionals) - 1
+            test = "__agentsctl_pos_from" if last else "__agentsctl_pos"
+            condition = _fish_quote(f'{test} "{spec.path}" {index}')
             lines.append(f"complete -c agentsctl -n {condition} -a {candidates}")
     return "\n".join(lines) + "\n"

@@ -31,6 +31,7 @@ from agentsctl.cli import EXIT_DAEMON_ERROR, EXIT_OK
 from agentsctl.daemon import DaemonNotRunning, DaemonUnreachable, quick_call
 from agentsctl.render import Style, print_json
 from agentsd_protocol.errors import RpcError
+from agentsd_protocol.providers import BUILTIN_PROVIDERS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -275,11 +276,14 @@ def _daemon_program_check(program: dict[str, Any]) -> Check:
     if program.get("path") is None:
         mine = shutil.which(command)
         elsewhere = f"; this shell finds it at {mine}" if mine else ""
+        # An ACP agent's command is its [agents.NAME] table's; a native provider's,
+        # its [providers.NAME] table's.
+        table = "providers" if provider in BUILTIN_PROVIDERS else "agents"
         return Check(
             name=name,
             status="warn",
             detail=f"the daemon's agents do not find {command}{elsewhere}",
-            hint=f"install it on the agents' PATH, or set [providers.{provider}] command "
+            hint=f"install it on the agents' PATH, or set [{table}.{provider}] command "
             "in the daemon's config; then `agentsctl daemon reload-env`",
             facts=facts,
         )

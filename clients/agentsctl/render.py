@@ -32,6 +32,8 @@ from agentsd_protocol.api.events import (
     ChildExited,
     ChildReady,
     ChildSpawned,
+    CommandRun,
+    ConversationCleared,
     ExitUnproven,
     InterruptRequested,
     ItemCompleted,
@@ -39,6 +41,7 @@ from agentsd_protocol.api.events import (
     ItemUpdated,
     LeaseAcquired,
     LeaseReleased,
+    MessageImported,
     SessionAcknowledged,
     SessionCreated,
     SessionUpdated,
@@ -47,9 +50,11 @@ from agentsd_protocol.api.events import (
     ThreadSuperseded,
     TurnCompleted,
     TurnStarted,
+    UsageUpdated,
 )
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
 from agentsd_protocol.display import printable
+from agentsd_protocol.usage import token_usage, usage_line
 
 MAX_REMEMBERED_ITEMS = 512  # finished items kept to drop their late deltas; older ones are gone
 MAX_SHOWN_CHARS = 400  # of a tool's input or a reasoning text in the human view
@@ -130,6 +135,9 @@ class Transcript:
         self._shown: OrderedDict[str, int] = OrderedDict()  # item id -> characters written
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._partial_item: str | None = None  # whose text the current line ends with
+        # The last usage the agent reported in the running turn: shown at its end
+        # (Codex reports after every model call; one line a turn is enough).
+        self._usage: UsageUpdated | None = None
 
     # -- agent text ------------------------------------------------------------------
 
@@ -200,8 +208,20 @@ class Transcript:
                 self._item_completed(item)
             case ItemStarted() | TurnStarted():
                 pass  # its text (or its completion), or the prompt line above, shows it
-            case Submission(text=text):
+            case Submission(continues_seq=int(cut_at)):
+                # The daemon's request to carry on, not words the user typed.
+                self.note(
+                    f"continued: the agent was asked to carry on the turn cut off at seq {cut_at}"
+                )
+            case Submission(text=text, attachments=attachments):
                 self.line("> " + text.replace("\n", "\n  "), self.style.bold)
+                for attached in attachments:
+                    size = f", {attached.byte_length} bytes" if attached.byte_length else ""
+                    kind = attached.media_type or attached.type
+                    self.line(f"  [{kind}{size}] {attached.path or '(inline)'}", self.style.dim)
+            case MessageImported(role=role, text=text):
+                prefix = "> " if role == "user" else ""
+                self.line(f"{prefix}{text}".replace("\n", "\n  "), self.style.dim)
             case SubmissionDispatched(outcome=outcome, reason=reason):
                 if outcome != "accepted":
                     why = f": {reason}" if reason else ""
@@ -209,9 +229,22 @@ class Transcript:
             case TurnCompleted(turn_id=turn_id, outcome=outcome, reason=reason):
                 if outcome == "completed":
                     self.end_line()
+                elif outcome == "interrupted" and reason in ("daemon-restart", "shutdown"):
+                    self.note(
+                        f"turn {turn_id} cut off by a daemon "
+                        f"{'stop' if reason == 'shutdown' else 'restart'}; "
+                        "`agentsctl continue` carries it on"
+                    )
                 else:
                     why = f" ({reason})" if reason else ""
                     self.note(f"turn {turn_id} {outcome}{why}")
+                self._turn_usage()
+            case UsageUpdated() as usage:
+                self._usage = usage
+            case CommandRun(name=name, args=args):
+                self.line(f"> /{name}" + (f" {args}" if args else ""), self.style.bold)
+            case ConversationCleared():
+                self.note("conversation cleared: the agent starts blank (the history above stays)")
             case InterruptRequested():
                 self.note("interrupt requested")
             case ApprovalRequested() as asked:
@@ -220,8 +253,9 @@ class Transcript:
                 self.note(f"approval {approval_id}: {decision} (by {by})")
             case AgentError(message=message):
                 self.line(f"! agent error: {message}", self.style.warn)
-            case SessionCreated(provider=provider, cwd=cwd):
-                self.note(f"session created ({provider} in {cwd})")
+            case SessionCreated(provider=provider, cwd=cwd, resume_from=adopted):
+                adopting = f", adopting {adopted}" if adopted else ""
+                self.note(f"session created ({provider} in {cwd}{adopting})")
             case ChildReady(agent_version=version):
                 self.note(f"agent ready ({version})" if version else "agent ready")
             case ChildExited() as exited:
@@ -230,6 +264,11 @@ class Transcript:
                     self._stderr_tail(exited.stderr_tail)
             case SessionUpdated(by="daemon"):
                 pass  # the title the daemon took from the prompt shown just above
+            case SessionUpdated(title=title, options=options):
+                if title is not None:
+                    self.note(f"title: {title}")
+                if options is not None:
+                    self.note(f"options: {_compact(options) if options else '(none)'}")
             case ThreadSuperseded(previous_handle=previous, handle=handle, reason=reason):
                 self.note(f"new conversation {handle} in place of {previous}: {reason}")
             case ExitUnproven():
@@ -240,6 +279,11 @@ class Transcript:
                 pass  # supervision detail, or the user's own reading; `log --jsonl` has it
             case _:
                 self.note(journal_event.kind)
+
+    def _turn_usage(self) -> None:
+        usage, self._usage = self._usage, None
+        if usage is not None and (words := usage_line(token_usage(usage))):
+            self.line(f"({words})", self.style.dim)
 
     def _stderr_tail(self, tail: str) -> None:
         lines = [line for line in tail.splitlines() if line.strip()]

@@ -7,6 +7,10 @@ update, a deleted session with ``"deleted": true``), for programs.
 
 Rule 2: watching is not looking: ``watch`` never acknowledges; only attaching or
 following a session does.
+
+Rule 3: a daemon restart does not end ``watch``: the table says ``reconnecting``
+(piped: a line on stderr) until a daemon answers again (``agentsctl.reconnect``),
+then shows its snapshot afresh (piped: every summary again, as at the start).
 """
 
 from __future__ import annotations
@@ -20,11 +24,15 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from agentsctl.cli import EXIT_OK
+from agentsctl.client import Client
 from agentsctl.commands_daemon import format_duration
+from agentsctl.daemon import DaemonUnreachable
+from agentsctl.reconnect import Backoff, reconnect
 from agentsctl.render import print_jsonl
 from agentsd_protocol import methods
 from agentsd_protocol.api import stream as st
 from agentsd_protocol.display import printable
+from agentsd_protocol.errors import ShuttingDown
 
 if TYPE_CHECKING:
     from agentsctl.target import Target
@@ -38,37 +46,55 @@ def configure_watch(parser: argparse.ArgumentParser) -> None:
 
 
 def run_watch(args: argparse.Namespace, target: Target) -> int:
-    """Until Ctrl-C (exit 0)."""
+    """Until Ctrl-C (exit 0). A daemon restart is a pause (Rule 3)."""
     table = sys.stdout.isatty() and not args.jsonl
-    with target.client() as client:
-        result = client.call(methods.WATCH, st.WatchParams())
-        sessions = {s.session_id: s for s in result.sessions}
-        if not table:
-            for status in result.sessions:
-                print_jsonl(status)
-        try:
-            while True:
+    backoff = Backoff()
+    try:
+        client = target.client()
+        while True:
+            try:
+                with client:
+                    follow(client, table)
+            except (DaemonUnreachable, ShuttingDown) as exc:
+                # ShuttingDown: it was connected to just as it began to stop.
                 if table:
-                    sys.stdout.write(
-                        HOME_AND_CLEAR
-                        + render_table(sessions, time.time(), shutil.get_terminal_size().columns)
-                    )
+                    sys.stdout.write(HOME_AND_CLEAR + f"agentsd: reconnecting ({exc.message})\n")
                     sys.stdout.flush()
-                note = client.next_notification(REDRAW_S if table else None)
-                if note is None or note.method != "agentSession.status":
-                    continue
-                update = note.decode(st.StatusNotification)
-                if update.deleted:
-                    sessions.pop(update.session.session_id, None)
                 else:
-                    sessions[update.session.session_id] = update.session
-                if not table:
-                    line = msgspec.to_builtins(update.session)
-                    if update.deleted:
-                        line["deleted"] = True
-                    print_jsonl(line)
-        except KeyboardInterrupt:
-            return EXIT_OK
+                    print(f"agentsctl watch: {exc.message}; reconnecting", file=sys.stderr)
+            client = reconnect(target, backoff)
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def follow(client: Client, table: bool) -> None:
+    """Show one connection's snapshot, then its updates; raises ``DaemonUnreachable``
+    when the connection ends."""
+    result = client.call(methods.WATCH, st.WatchParams())
+    sessions = {s.session_id: s for s in result.sessions}
+    if not table:
+        for status in result.sessions:
+            print_jsonl(status)
+    while True:
+        if table:
+            sys.stdout.write(
+                HOME_AND_CLEAR
+                + render_table(sessions, time.time(), shutil.get_terminal_size().columns)
+            )
+            sys.stdout.flush()
+        note = client.next_notification(REDRAW_S if table else None)
+        if note is None or note.method != "agentSession.status":
+            continue
+        update = note.decode(st.StatusNotification)
+        if update.deleted:
+            sessions.pop(update.session.session_id, None)
+        else:
+            sessions[update.session.session_id] = update.session
+        if not table:
+            line = msgspec.to_builtins(update.session)
+            if update.deleted:
+                line["deleted"] = True
+            print_jsonl(line)
 
 
 def needs(status: st.SessionStatus) -> str:
@@ -82,8 +108,16 @@ def needs(status: st.SessionStatus) -> str:
     return ""
 
 
+def context_left(status: st.SessionStatus) -> str:
+    """How much of the context window is left (``82% left``), where the agent says."""
+    tokens = status.tokens
+    if tokens is None or tokens.context_left is None or not tokens.context_window:
+        return "-"
+    return f"{round(100 * tokens.context_left / tokens.context_window)}% left"
+
+
 def render_table(sessions: dict[str, st.SessionStatus], now: float, columns: int) -> str:
-    rows = [("", "STATE", "SESSION", "TITLE", "AGE", "NEEDS YOU")]
+    rows = [("", "STATE", "SESSION", "TITLE", "AGE", "CONTEXT", "NEEDS YOU")]
     for status in sorted(sessions.values(), key=lambda s: -s.updated_at):
         rows.append(
             (
@@ -92,6 +126,7 @@ def render_table(sessions: dict[str, st.SessionStatus], now: float, columns: int
                 status.session_id,
                 printable(status.title or "-"),
                 format_duration(max(0.0, now - status.updated_at)),
+                context_left(status),
                 printable(needs(status)),
             )
         )

@@ -48,6 +48,10 @@ class App:
         self.connections: set[Connection] = set()
         self.recovery = RecoveryReport()
         self.serving_scope = trio.CancelScope()
+        # Set by serve_daemon: a service manager (systemd) restarts the daemon when it
+        # exits with EXIT_RESTART; without one the daemon executes itself again.
+        self.under_service_manager = False
+        self.restart_requested = False
         self._supervisor: Supervisor | None = None
         self._ledger: Ledger | None = None
 
@@ -73,6 +77,19 @@ class App:
 
     def request_shutdown(self) -> None:
         self.serving_scope.cancel()
+
+    def request_restart(self) -> None:
+        """Shut down, then start again (``agentsd.main``), as ``restart_mode`` says."""
+        self.restart_requested = True
+        self.request_shutdown()
+
+    @property
+    def restart_mode(self) -> str:
+        return "service-manager" if self.under_service_manager else "re-exec"
+
+    @property
+    def draining(self) -> bool:
+        return self._supervisor is not None and self._supervisor.gate.draining
 
     def storage_unavailable(self) -> str | None:
         """Why writes are refused now (``Store.unavailable``), or None."""

@@ -13,10 +13,21 @@ without a cgroup).
 Rule 2: a request from a session is journaled in that session as ``agent.request``
 (what, on which session, allowed or not), and `refusal` names what an agent must not
 do to its user unless the config's ``agent_allowance`` lifts it: answer any approval
-(its own included: ``approvals``), change another session in any way (send,
-interrupt, queue, close, delete, options, title, acknowledge: every mutation that
-names another session; ``other-sessions``), control the daemon (shutdown, reload of
-the agents' environment: ``daemon``). Reading is never refused.
+(its own included: ``approvals``), change any session's options (its own
+included, since a permission mode or sandbox is among them: ``approvals``), create
+a session (``sessions``), change another session in any way (send, interrupt,
+queue, close, delete, options, title, acknowledge: every mutation that names another
+session, continuing its cut-off turn included; ``other-sessions``, or ``sessions``
+for the sessions it created itself), control the daemon (shutdown, restart, reload
+of the agents' environment: ``daemon``). Reading (get, list, history, subscribe:
+following) is never refused.
+
+Rule 3: a session an agent creates is recorded as created by it (``created_by``,
+``session.created {by}``), runs in a container of its own like any other, and its
+approvals are the user's. It may not be given its own ``command`` or ``env``: that
+would let the agent run any program, with any environment, outside its own
+container; the provider's configured agent is what runs. Nor limits above the
+daemon's defaults: an agent may lower a sub-session's budget, never lift it.
 """
 
 from __future__ import annotations
@@ -26,13 +37,14 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Literal
 
 from agentsd.cgroup import CGROUP_PREFIX
+from agentsd.config import Limits
 from agentsd.procfs import SPAWN_TOKEN_ENV, read_proc_info
 from agentsd.session import Session
 from agentsd_protocol.methods import ACKNOWLEDGE, METHODS
 
 __all__ = ["Allowance", "identify_caller", "refusal"]
 
-Allowance = Literal["approvals", "other-sessions", "daemon"]
+Allowance = Literal["approvals", "sessions", "other-sessions", "daemon"]
 MAX_ANCESTORS = 64  # deeper process trees than this are not a shell's tools
 
 _TOKEN_PREFIX = f"{SPAWN_TOKEN_ENV}=".encode()
@@ -40,6 +52,7 @@ _OTHER_SESSION_METHODS = {
     "agentSession.close": "closing another session",
     "agentSession.delete": "deleting another session",
     "agentSession.setOptions": "changing the options of another session",
+    "agentSession.command": "running a command in another session",
 }
 
 
@@ -74,6 +87,18 @@ def identify_caller(pid: int, sessions: Iterable[Session]) -> str | None:
     return None
 
 
+def _raises(params: Any, defaults: Limits) -> bool:
+    """Whether ``params`` give a limit above a default (no default: no ceiling)."""
+    given = (
+        (getattr(params, "memory_max", None), defaults.memory_max_bytes),
+        (getattr(params, "pids_max", None), defaults.pids_max),
+        (getattr(params, "cpu_max", None), defaults.cpu_max),
+    )
+    return any(
+        value is not None and ceiling is not None and value > ceiling for value, ceiling in given
+    )
+
+
 def _by_cgroup(pid: int, by_token: Mapping[str, str]) -> str | None:
     try:
         with open(f"/proc/{pid}/cgroup") as f:
@@ -100,15 +125,46 @@ def _by_environ(pid: int, by_token: Mapping[str, str]) -> str | None:
     return None
 
 
-def refusal(method: str, params: Any, caller: str, allowance: Collection[Allowance]) -> str | None:
+def refusal(
+    method: str,
+    params: Any,
+    caller: str,
+    allowance: Collection[Allowance],
+    target_created_by: str | None = None,
+    defaults: Limits | None = None,
+) -> str | None:
     """What an agent of session ``caller`` must not do with this request, in words,
-    or None (Rule 2)."""
+    or None (Rules 2 and 3). ``target_created_by`` is the creator of the session the
+    request names, if any; ``defaults`` the daemon's limits, which an agent may lower
+    for a session it creates, never raise."""
     if method == "agentSession.respond" and "approvals" not in allowance:
         return "answering an approval"
+    if method == "agentSession.create":
+        if "sessions" not in allowance:
+            return "creating a session"
+        if getattr(params, "command", None) is not None or getattr(params, "env", None):
+            return "creating a session with its own command or environment"
+        if defaults is not None and _raises(params, defaults):
+            return "creating a session with limits above the daemon's defaults"
     changes = method in METHODS and (METHODS[method].mutation or method == ACKNOWLEDGE.name)
     target = getattr(params, "session_id", None)
-    if changes and target is not None and target != caller and "other-sessions" not in allowance:
+    own_child = "sessions" in allowance and target_created_by == caller
+    if (
+        changes
+        and target is not None
+        and target != caller
+        and "other-sessions" not in allowance
+        and not own_child
+    ):
         return _OTHER_SESSION_METHODS.get(method, f"acting on another session ({method})")
+    if (
+        method == "agentSession.setOptions"
+        and (getattr(params, "options", None) is not None or getattr(params, "changes", None))
+        and "approvals" not in allowance
+    ):
+        # Its own session's too: a permission mode, sandbox or approval policy lifted
+        # by the agent itself (live, for Claude Code) is an approval it gave itself.
+        return "changing a session's options (its model, permissions or sandbox)"
     if method == "daemon.shutdown" and "daemon" not in allowance:
         return "shutting the daemon down"
     if changes and method.startswith("daemon.") and "daemon" not in allowance:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -36,6 +36,7 @@ from agentsd.config import Limits
 __all__ = [
     "CGROUP_PREFIX",
     "FALLBACK",
+    "LIMIT_CONTROLLERS",
     "CgroupRoot",
     "Containment",
     "ContainmentError",
@@ -49,6 +50,9 @@ CPU_PERIOD_US = 100_000  # cpu.max's default period: the quota is per 100 ms
 DAEMON_LEAF = "daemon"  # under systemd, the leaf the daemon moves itself into
 CGROUP2_MOUNTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")  # pure v2, hybrid
 CGROUP2_SUPER_MAGIC = 0x63677270  # statfs f_type of a cgroup v2 mount
+# The controllers of limits and figures, enabled for session cgroups where the root
+# has them (``select_containment``): memory.max/current/peak, pids.max, cpu.max.
+LIMIT_CONTROLLERS = ("memory", "pids", "cpu")
 
 
 ContainmentMode = Literal["cgroup-root", "systemd-delegated", "process-group"]
@@ -100,7 +104,11 @@ class SessionCgroup:
 
     async def wait_empty(self) -> None:
         """Return once nothing lives in it. Waits on inotify, not by polling; the
-        caller bounds it. Raises OSError if ``cgroup.events`` cannot be watched."""
+        caller bounds it. Raises OSError if ``cgroup.events`` cannot be watched.
+        An empty one is not watched at all: an inotify watch costs more than the
+        read, and a close-all of hundreds asks after each one's reap."""
+        if not self.populated():
+            return
         await wait_until_changed(self.path / "cgroup.events", lambda: not self.populated())
 
     def apply(self, limits: Limits) -> None:
@@ -113,6 +121,14 @@ class SessionCgroup:
         if limits.cpu_max is not None:
             quota = max(1000, round(limits.cpu_max * CPU_PERIOD_US))
             (self.path / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+
+    def oom_kills(self) -> int | None:
+        """How many of its processes the OOM killer killed (``memory.events``
+        ``oom_kill``); None without the memory controller or once it is gone."""
+        try:
+            return _keyed(self.path / "memory.events").get("oom_kill")
+        except FileNotFoundError:
+            return None
 
     def figures(self) -> CgroupFigures | None:
         """What it uses now, from its own files; None if it is gone."""
@@ -158,6 +174,20 @@ class CgroupRoot:
     """The writable cgroup v2 directory under which session cgroups are made."""
 
     path: Path
+
+    def enable_controllers(self, names: Sequence[str]) -> list[str]:
+        """Enable for its session cgroups those of ``names`` it has (its
+        ``cgroup.controllers``: what its parent gave it, or what systemd delegated)
+        and that are not enabled yet; the ones enabled in the end. Raises OSError if
+        the kernel refuses (the root holds processes of its own: cgroup v2 allows
+        controllers only over cgroups without)."""
+        available = (self.path / "cgroup.controllers").read_text().split()
+        control = self.path / "cgroup.subtree_control"
+        enabled = control.read_text().split()
+        wanted = [name for name in names if name in available and name not in enabled]
+        if wanted:
+            control.write_text(" ".join(f"+{name}" for name in wanted))
+        return [name for name in control.read_text().split() if name in names]
 
     def missing_controllers(self, limits: Limits) -> list[str]:
         """The controllers ``limits`` need that its session cgroups do not have."""
@@ -226,7 +256,9 @@ def select_containment(
         problem = _unusable(root)
         if problem is not None:
             raise ContainmentError(f"cgroup_root = {configured_root!r}: {problem}")
-        return Containment(mode="cgroup-root", root=CgroupRoot(root), detail=f"configured {root}")
+        return _with_controllers(
+            Containment(mode="cgroup-root", root=CgroupRoot(root), detail=f"configured {root}")
+        )
     if "INVOCATION_ID" not in environ:
         return FALLBACK
     own = _own_cgroup(self_cgroup)
@@ -242,9 +274,25 @@ def select_containment(
     leaf = own / DAEMON_LEAF
     leaf.mkdir(mode=0o755, exist_ok=True)
     (leaf / "cgroup.procs").write_text("0")
-    return Containment(
-        mode="systemd-delegated", root=CgroupRoot(own), detail=f"delegated subtree {own}"
+    return _with_controllers(
+        Containment(
+            mode="systemd-delegated", root=CgroupRoot(own), detail=f"delegated subtree {own}"
+        )
     )
+
+
+def _with_controllers(containment: Containment) -> Containment:
+    """``containment`` with the `LIMIT_CONTROLLERS` its root has enabled for session
+    cgroups (so limits can be applied and memory reported), named in its detail; a
+    refusal is noted there too, never fatal: limits then fail at create."""
+    assert containment.root is not None
+    try:
+        enabled = containment.root.enable_controllers(LIMIT_CONTROLLERS)
+    except OSError as exc:
+        note = f"limit controllers not enabled: {exc.strerror or exc}"
+    else:
+        note = f"limit controllers: {' '.join(enabled) if enabled else 'none available'}"
+    return attrs.evolve(containment, detail=f"{containment.detail}; {note}")
 
 
 def _own_cgroup(self_cgroup: Path) -> Path | None:

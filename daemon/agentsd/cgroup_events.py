@@ -48,9 +48,11 @@ class _EventsWatch:
 
     Rule: whoever waits reads. One waiter at a time holds the reader role: it waits
     for the descriptor, reads every pending event and wakes the waiters of the
-    watches that changed; leaving the role, it wakes everyone, so that one of them
-    takes it over. The instance is closed when its last waiter leaves, so it lives
-    no longer than the waits it serves."""
+    watches that changed, and keeps the role while it waits on. A reader that
+    leaves (its wait is over, or cancelled) hands the role to one other waiter. An
+    event thus costs a look at the cgroups it concerns, never at all of them: a
+    close-all of N sessions costs N looks, not N squared. The instance is closed
+    when its last waiter leaves, so it lives no longer than the waits it serves."""
 
     _CURRENT: trio.lowlevel.RunVar[_EventsWatch | None] = trio.lowlevel.RunVar(
         "agentsd_cgroup_events_watch", default=None
@@ -91,7 +93,6 @@ class _EventsWatch:
                     self._dispatch()
                 finally:
                     self.reading = False
-                    self._wake({*self.wakers})
         finally:
             self._leave(wd)
 
@@ -124,6 +125,9 @@ class _EventsWatch:
                 self._wake({wd})
                 # Removed with its cgroup already (EINVAL then): nothing to undo.
                 _libc.inotify_rm_watch(self.fd, wd)
+        if not self.reading and self.wakers:
+            # Someone still waits and nobody reads: one of them takes the role over.
+            self._wake({next(iter(self.wakers))})
         if not self.users:
             self._CURRENT.set(None)
             trio.lowlevel.notify_closing(self.fd)

@@ -25,17 +25,18 @@ Rules this module keeps (DESIGN.md sections 2 and 6):
    its pidfd), never from its stdout closing: a process it started in the
    background may hold that open for ever. `Child.end_remains` then ends what it
    left running, so its output ends too.
-8. With a cgroup root (``agentsd.cgroup``), the child joins its own cgroup before
-   the agent's first instruction: it starts as ``/bin/sh`` running `JOIN_SCRIPT`,
-   which writes ``0`` (itself) to ``cgroup.procs`` and then execs the agent, so
-   nothing of the agent ever runs outside. (A ``preexec_fn`` would do the same
-   between fork and exec, but it makes subprocess fork instead of vfork and run
-   the interpreter's at-fork handlers: 2-20 ms a spawn, against under 1 ms for
-   the shell's extra exec. The join itself waits for the kernel, ``bench_spawn``
-   says how long.) If the write fails,
-   the shell exits and the agent never runs. The ladder's last rung is then
-   ``cgroup.kill``, and exit is proven by the reap plus the cgroup's ``populated
-   0``; the cgroup is removed after.
+8. With a cgroup root (``agentsd.cgroup``), the child is in its own cgroup before
+   the agent's first instruction: the fork server of ``agentsd.spawner`` clones it
+   there (``CLONE_INTO_CGROUP``, as the daemon's own child, pid and start time the
+   agent's), which waits for no RCU grace period. Without a fork server (it could
+   not start, or died) it starts as ``/bin/sh`` running `JOIN_SCRIPT`, which
+   writes ``0`` (itself) to ``cgroup.procs`` and then execs the agent; if the
+   write fails, the shell exits and the agent never runs (the write waits for the
+   kernel's grace period: ``bench_spawn`` compares both). A ``preexec_fn`` would
+   make subprocess fork instead of vfork and run the interpreter's at-fork
+   handlers: 2-20 ms a spawn. The ladder's last rung is then ``cgroup.kill``, and
+   exit is proven by the reap plus the cgroup's ``populated 0``; the cgroup is
+   removed after.
 """
 
 from __future__ import annotations
@@ -64,11 +65,13 @@ from agentsd.leftovers import (
 )
 from agentsd.procfs import (
     SPAWN_TOKEN_ENV,
+    ProcInfo,
     ProcScanFailed,
     ProcScanner,
     current_scanner,
     read_start_time,
 )
+from agentsd.spawner import SpawnerFailed, spawn_into
 
 __all__ = [
     "SPAWN_TOKEN_ENV",
@@ -77,8 +80,12 @@ __all__ = [
     "ChildSpec",
     "ExitProof",
     "ExitUnproven",
+    "find_carriers",
+    "kill_cgroup",
+    "launch",
     "new_spawn_token",
     "open_child",
+    "spawn_limiter",
 ]
 
 
@@ -88,7 +95,7 @@ SHELL = "/bin/sh"  # POSIX; dash or bash: either starts in well under a millisec
 # $0 is the cgroup.procs path, "$@" the agent's argv; `&&`: no join, no agent.
 JOIN_SCRIPT = 'echo 0 >"$0" && exec "$@"'
 
-SPAWN_THREADS = 4  # worker threads that spawn at once; see `_spawn_limiter`
+SPAWN_THREADS = 4  # worker threads that spawn at once; see `spawn_limiter`
 
 
 def new_spawn_token() -> str:
@@ -126,23 +133,25 @@ class ExitProof:
     signal: int | None
     stragglers_killed: int  # processes other than the child that had to be signalled
     cgroup_empty: bool = False  # proven by the cgroup's ``populated 0`` (Rule 7)
+    # Its cgroup's OOM kills (``memory.events``), read before the cgroup was removed;
+    # None without a cgroup or its memory controller.
+    oom_kills: int | None = None
 
     @classmethod
     def from_returncode(
-        cls, returncode: int, stragglers_killed: int, *, cgroup_empty: bool = False
+        cls,
+        returncode: int,
+        stragglers_killed: int,
+        *,
+        cgroup_empty: bool = False,
+        oom_kills: int | None = None,
     ) -> ExitProof:
-        if returncode < 0:
-            return cls(
-                returncode=None,
-                signal=-returncode,
-                stragglers_killed=stragglers_killed,
-                cgroup_empty=cgroup_empty,
-            )
         return cls(
-            returncode=returncode,
-            signal=None,
+            returncode=None if returncode < 0 else returncode,
+            signal=-returncode if returncode < 0 else None,
             stragglers_killed=stragglers_killed,
             cgroup_empty=cgroup_empty,
+            oom_kills=oom_kills,
         )
 
 
@@ -232,18 +241,12 @@ async def open_child(
     shared `current_scanner()`, so concurrent closes share /proc scans.
     """
     scanner = scanner if scanner is not None else current_scanner()
-    cgroup = None
-    if spec.cgroup_root is not None:
-        cgroup = await trio.to_thread.run_sync(
-            spec.cgroup_root.create, spec.token, limiter=spawn_limiter()
-        )
+    cgroup = None if spec.cgroup_root is None else spec.cgroup_root.for_token(spec.token)
     try:
-        if cgroup is not None:
-            await trio.to_thread.run_sync(cgroup.apply, spec.limits, limiter=spawn_limiter())
-        process = await _spawn(spec, cgroup)
+        process = await _spawn(spec, cgroup)  # makes the cgroup first
     except BaseException:
         if cgroup is not None:
-            cgroup.remove()  # nothing was started in it: it is empty
+            cgroup.remove()  # nothing was started in it: it is empty (or was never made)
         raise
     signalled: set[tuple[int, int]] = set()  # (pid, start time) signalled individually
     # From here on nothing may stand between the spawn and the try: the ladder
@@ -272,25 +275,16 @@ async def open_child(
     finally:
         # Should the ladder itself fail (a bug), the caller still learns that a
         # process was spawned and may run: never that nothing was.
-        outcome: ChildExit = ExitUnproven(f"the close ladder of {_describe(process)} failed")
+        outcome: ChildExit | None = None
         try:
             if cgroup is None:
                 outcome = await _close(process, spec.token, ladder, scanner, signalled)
             else:
                 outcome = await _close_cgroup(process, cgroup, ladder)
         finally:
+            if outcome is None:  # put in words only then: a close-all does not pay for it
+                outcome = ExitUnproven(f"the close ladder of {_describe(process)} failed")
             on_exit(outcome)
-
-
-def launch(spec: ChildSpec, cgroup: SessionCgroup | None) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment that start ``spec`` (in ``cgroup``, Rule 7). Raises
-    what Popen would for a missing or non-executable program."""
-    env = {**spec.base_env, **spec.env, SPAWN_TOKEN_ENV: spec.token}
-    argv = spec.argv
-    if cgroup is not None:
-        _check_program(spec.argv[0], spec.cwd, env)
-        argv = [SHELL, "-c", JOIN_SCRIPT, str(cgroup.path / "cgroup.procs"), *spec.argv]
-    return argv, env
 
 
 async def _spawn(spec: ChildSpec, cgroup: SessionCgroup | None) -> trio.Process:
@@ -298,7 +292,32 @@ async def _spawn(spec: ChildSpec, cgroup: SessionCgroup | None) -> trio.Process:
     this call."""
     async with spawn_limiter():  # open_process runs Popen in a thread of its own
         # Built here, not before the wait: a burst queued above holds no copies.
-        argv, env = launch(spec, cgroup)
+        env = {**spec.base_env, **spec.env, SPAWN_TOKEN_ENV: spec.token}
+        argv = spec.argv
+        if cgroup is not None:
+            _check_program(spec.argv[0], spec.cwd, env)
+            made = False
+
+            def make() -> None:  # the cgroup, with its limits, before anything runs in it
+                nonlocal made
+                assert spec.cgroup_root is not None
+                spec.cgroup_root.create(spec.token)
+                made = True
+                if spec.limits.controllers():
+                    cgroup.apply(spec.limits)
+
+            try:  # in the thread that spawns: a thread hop less
+                cloned = await spawn_into(
+                    cgroup, argv, cwd=spec.cwd, env=env, stderr=spec.stderr_fd, prepare=make
+                )
+            except SpawnerFailed:
+                cgroup.kill()  # whatever it may have started there; then as any failure
+                raise
+            if cloned is not None:
+                return cloned
+            if not made:  # trio's default threads, as open_process: we hold a spawn token
+                await trio.to_thread.run_sync(make)
+            argv = shim_argv(spec, cgroup)
         return await trio.lowlevel.open_process(
             argv,
             stdin=subprocess.PIPE,
@@ -309,6 +328,24 @@ async def _spawn(spec: ChildSpec, cgroup: SessionCgroup | None) -> trio.Process:
             start_new_session=True,  # own session and group: pgid == pid
             close_fds=True,  # never hand the daemon's socket or database to an agent
         )
+
+
+def shim_argv(spec: ChildSpec, cgroup: SessionCgroup) -> list[str]:
+    """The argv that joins ``cgroup`` and then execs ``spec``'s program (Rule 8's
+    fallback: `JOIN_SCRIPT`)."""
+    return [SHELL, "-c", JOIN_SCRIPT, str(cgroup.path / "cgroup.procs"), *spec.argv]
+
+
+def launch(spec: ChildSpec, cgroup: SessionCgroup | None) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that start ``spec`` from another process (the
+    holder, ``agentsd.held_child``), joining ``cgroup`` through the shim of Rule 8:
+    the fork servers are this daemon's children and clone only as its own. Raises
+    what Popen would for a missing or non-executable program."""
+    env = {**spec.base_env, **spec.env, SPAWN_TOKEN_ENV: spec.token}
+    if cgroup is None:
+        return list(spec.argv), env
+    _check_program(spec.argv[0], spec.cwd, env)
+    return shim_argv(spec, cgroup), env
 
 
 def _check_program(program: str, cwd: str, env: Mapping[str, str]) -> None:
@@ -331,10 +368,11 @@ _SPAWN_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVa
 
 
 def spawn_limiter() -> trio.CapacityLimiter:
-    """The worker threads of spawning: a burst of starts queues here, rather than
-    raising trio's thread pool to its limit, each thread's stack and state staying
-    resident after the burst. A spawn is a CPU-bound fork and exec: more threads
-    than cores would not make a burst finish sooner."""
+    """The worker threads of spawning (and of what a start must do on disk before
+    it, such as creating the agent's stderr log): a burst of starts queues here,
+    rather than raising trio's thread pool to its limit, each thread's stack and
+    state staying resident after the burst. A spawn is a CPU-bound fork and exec:
+    more threads than cores would not make a burst finish sooner."""
     try:
         return _SPAWN_LIMITER.get()
     except LookupError:
@@ -361,6 +399,11 @@ async def _close(
             (signal.SIGTERM, ladder.term_grace_s),
             (signal.SIGKILL, ladder.kill_wait_s),
         )
+        # Token carriers outside the group, as the SIGTERM step's scan found them.
+        # SIGKILL goes to them again (each re-verified) without a scan of its own:
+        # the proof scans right after the reap and kills whatever carries the token
+        # then, so a second scan here would only delay the reap of a close-all.
+        carriers: list[ProcInfo] = []
         for sig, wait_s in steps:
             # `returncode` reaps an exited child. Until then its pid (and so its
             # group id) cannot be reused, which makes killpg safe here.
@@ -370,7 +413,9 @@ async def _close(
                 if sig is not None:
                     with suppress(ProcessLookupError, PermissionError):
                         os.killpg(pgid, sig)
-                    signalled |= await signal_carriers(token, pgid, sig, scanner)
+                    if sig == signal.SIGTERM:
+                        carriers = await find_carriers(token, pgid, scanner)
+                    signalled |= await signal_and_wait(carriers, sig, None)
                 await process.wait()
         outcome: ChildExit
         if process.returncode is None:
@@ -408,24 +453,32 @@ async def _close_cgroup(process: trio.Process, cgroup: SessionCgroup, ladder: La
                 await process.wait()
         outcome: ChildExit
         try:
-            stragglers = len([pid for pid in cgroup.members() if pid != process.pid])
-            if cgroup.populated():
-                cgroup.kill()  # the last rung: every member, atomically
+            # The last rung: every member, atomically. In a worker thread: a write
+            # to cgroup.kill waits for the cgroup lock, which a close-all of
+            # hundreds holds in turn (about a millisecond each, measured).
+            stragglers = await trio.to_thread.run_sync(
+                kill_cgroup, cgroup, process.pid, limiter=spawn_limiter()
+            )
             with trio.move_on_after(ladder.kill_wait_s):
-                await cgroup.wait_empty()
+                # The reap first: its pidfd wakes this task alone. An agent that
+                # left nothing behind has normally emptied its cgroup by then (the
+                # kernel unlinks an exiting task from its cgroup before it tells
+                # the parent), so a close-all mostly watches no cgroup.events.
                 await process.wait()
+                await cgroup.wait_empty()
             if process.returncode is None or cgroup.populated():
                 outcome = ExitUnproven(
                     f"cgroup {cgroup.path} still held processes {ladder.kill_wait_s}s "
                     "after cgroup.kill"
                 )
             else:
+                oom_kills = cgroup.oom_kills()  # the file goes with the cgroup
                 try:
                     cgroup.remove()
                 except OSError as exc:  # proven all the same; recovery removes it later
                     log.warning("could not remove the empty cgroup %s: %s", cgroup.path, exc)
                 outcome = ExitProof.from_returncode(
-                    process.returncode, stragglers, cgroup_empty=True
+                    process.returncode, stragglers, cgroup_empty=True, oom_kills=oom_kills
                 )
         except OSError as exc:
             outcome = ExitUnproven(f"cgroup {cgroup.path} could not be ended: {exc}")
@@ -433,18 +486,23 @@ async def _close_cgroup(process: trio.Process, cgroup: SessionCgroup, ladder: La
     return outcome
 
 
-async def signal_carriers(
-    token: str, pgid: int, sig: int, scanner: ProcScanner
-) -> set[tuple[int, int]]:
-    """Signal the token carriers outside group ``pgid``: a descendant that called
-    setsid() left the group but still carries the token. If the scan fails or the
-    step's deadline cuts it short, the proof scans again and kills what it finds."""
+def kill_cgroup(cgroup: SessionCgroup, pid: int) -> int:
+    """``cgroup.kill`` if anything runs in ``cgroup``; how many besides ``pid`` did."""
+    stragglers = len([member for member in cgroup.members() if member != pid])
+    if cgroup.populated():
+        cgroup.kill()
+    return stragglers
+
+
+async def find_carriers(token: str, pgid: int, scanner: ProcScanner) -> list[ProcInfo]:
+    """The token carriers outside group ``pgid``: a descendant that called setsid()
+    left the group but still carries the token. If the scan fails or the step's
+    deadline cuts it short, none; the proof scans again and kills what it finds."""
     try:
         table = await scanner.scan([token])
     except ProcScanFailed:
-        return set()
-    carriers = [p for p in table.carrying(token) if p.pgid != pgid]
-    return await signal_and_wait(carriers, sig, None)
+        return []
+    return [p for p in table.carrying(token) if p.pgid != pgid]
 
 
 def _describe(process: trio.Process) -> str:

@@ -145,6 +145,15 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     pids_max: Annotated[int | None, Range(1, MAX_PIDS)] = None
     cpu_max: Annotated[float | None, Range(MIN_CPU_MAX, MAX_CPUS, unit="CPUs")] = None
 
+    def under(self, own: Limits) -> Limits:
+        """These defaults with a session's ``own`` limits over them: each one the
+        session set wins."""
+        return Limits(
+            memory_max_bytes=_first(own.memory_max_bytes, self.memory_max_bytes),
+            pids_max=_first(own.pids_max, self.pids_max),
+            cpu_max=_first(own.cpu_max, self.cpu_max),
+        )
+
     def controllers(self) -> list[str]:
         """The cgroup controllers these limits need."""
         wanted = (
@@ -153,6 +162,10 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             ("cpu", self.cpu_max),
         )
         return [name for name, value in wanted if value is not None]
+
+
+def _first(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 class ProviderConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -206,9 +219,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     # the process group and spawn token.
     cgroup_root: Annotated[str | None, AbsolutePath()] = None
     # What a request from inside a session (an agent calling the daemon) may do
-    # beyond the default (agentsd.caller): "approvals" (answer them),
-    # "other-sessions" (close, delete, set options of others), "daemon" (shut it down).
-    agent_allowance: list[Literal["approvals", "other-sessions", "daemon"]] = []
+    # beyond the default (agentsd.caller): "approvals" (answer them), "sessions"
+    # (create sessions and act on those it created: an orchestrating agent),
+    # "other-sessions" (act on any other session), "daemon" (shut it down).
+    agent_allowance: list[Literal["approvals", "sessions", "other-sessions", "daemon"]] = []
     # Per agent, with everything it starts (needs a cgroup with the controllers on).
     limits: Limits = Limits()
     # Start agents through the holder (agentsd.holder), a process that outlives the

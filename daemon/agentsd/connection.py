@@ -378,13 +378,18 @@ class Connection:
             self._in_flight.release()
 
     async def _send_then(self, body: bytes, after: list[Callable[[], None]]) -> None:
-        """Send a reply that must reach the client before ``after`` runs (a shutdown)."""
+        """Send a reply that must reach the client before ``after`` runs (a shutdown,
+        a restart). ``after`` runs even when the connection breaks meanwhile: what was
+        asked and answered happens whether or not the client is still there (a drained
+        restart must not leave the daemon refusing turns)."""
         flushed = trio.Event()
         self.send_message(body, flushed)
-        with trio.move_on_after(FLUSH_TIMEOUT_S):
-            await flushed.wait()
-        for action in after:
-            action()
+        try:
+            with trio.move_on_after(FLUSH_TIMEOUT_S):
+                await flushed.wait()
+        finally:
+            for action in after:
+                action()
 
     def _send_reply(self, body: bytes) -> None:
         """Write a reply straight to the transport when nothing is queued or being

@@ -13,11 +13,15 @@ sent once whoever sends it: the session task when the running turn ended
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import trio
+
 from agentsd.prompt_queue import QueuedPrompt
-from agentsd.providers.base import Dispatch, Submission
+from agentsd.providers.base import Dispatch, FileInput, ImageInput, Submission
 from agentsd_protocol.api import conversation as api
+from agentsd_protocol.api.conversation import Attachment
 from agentsd_protocol.api.events import Submission as SubmissionEvent
 from agentsd_protocol.api.events import SubmissionDispatched
 from agentsd_protocol.errors import PromptNotQueued, RpcError, StorageUnavailable
@@ -29,17 +33,28 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-async def deliver(supervisor: Supervisor, session: Session, cmid: str, text: str) -> Dispatch:
+async def deliver(
+    supervisor: Supervisor,
+    session: Session,
+    cmid: str,
+    text: str,
+    attachments: Sequence[Attachment] = (),
+) -> Dispatch:
     """Start the agent if needed (resuming natively), hand it the journaled
-    submission ``cmid``, and journal the outcome."""
+    submission ``cmid`` (with its images read back from the session's copies:
+    ``agentsd.attachments`` Rule 2), and journal the outcome."""
     try:
+        inputs: tuple[ImageInput | FileInput, ...] = ()
+        if attachments:
+            inputs = await trio.to_thread.run_sync(supervisor.blobs.inputs, session.id, attachments)
         await supervisor.start(session)
         task = session.task
         adapter = None if task is None else task.adapter
         if adapter is None:
             dispatch = Dispatch(outcome="rejected", reason="the agent stopped before delivery")
         else:
-            dispatch = await adapter.send(Submission(client_message_id=cmid, text=text))
+            submission = Submission(client_message_id=cmid, text=text, inputs=inputs)
+            dispatch = await adapter.send(submission)
     except RpcError as exc:
         dispatch = Dispatch(outcome="rejected", reason=f"{exc.kind}: {exc.message}")
     dispatched = SubmissionDispatched(
@@ -76,27 +91,35 @@ def send_result(cmid: str, seq: int, dispatch: Dispatch) -> api.SendResult:
 
 async def send_queued(supervisor: Supervisor, session: Session, prompt_id: str) -> api.SendResult:
     """Send the queued prompt ``prompt_id`` now (Rule 2). Raises ``PromptNotQueued``
-    when it is gone or claimed, and what the journal raises (then it stays queued)."""
-    prompt = session.queue.claim(prompt_id)
-    if prompt is None:
-        raise PromptNotQueued(f"prompt {prompt_id} is not queued", promptId=prompt_id)
-    try:
-        stored = await session.journal.append([_submission(prompt)])
-    finally:
-        session.queue.release(prompt_id)
-    dispatch = await deliver(supervisor, session, prompt.prompt_id, prompt.text)
+    when it is gone or claimed, ``Draining`` while the daemon drains (it stays
+    queued), and what the journal raises (then it stays queued)."""
+    with supervisor.gate.admit():
+        prompt = session.queue.claim(prompt_id)
+        if prompt is None:
+            raise PromptNotQueued(f"prompt {prompt_id} is not queued", promptId=prompt_id)
+        try:
+            stored = await session.journal.append([_submission(prompt)])
+        finally:
+            session.queue.release(prompt_id)
+        dispatch = await deliver(
+            supervisor, session, prompt.prompt_id, prompt.text, prompt.attachments
+        )
     return send_result(prompt.prompt_id, stored[0].seq, dispatch)
 
 
 def _submission(prompt: QueuedPrompt) -> SubmissionEvent:
     return SubmissionEvent(
-        client_message_id=prompt.prompt_id, text=prompt.text, operation_id=prompt.operation_id
+        client_message_id=prompt.prompt_id,
+        text=prompt.text,
+        operation_id=prompt.operation_id,
+        attachments=prompt.attachments,
     )
 
 
 async def send_due(supervisor: Supervisor, session: Session) -> api.SendResult | None:
-    """Send the queue's head if it is due (``Session.queue_due``); None if not."""
-    if not session.queue_due():
+    """Send the queue's head if it is due (``Session.queue_due``); None if not, or
+    while the daemon drains (``agentsd.drain`` Rule 1)."""
+    if supervisor.gate.draining or not session.queue_due():
         return None
     head = session.queue.head()
     if head is None:

@@ -12,6 +12,8 @@ from typing import Any
 from agentsd.caller import refusal
 from agentsd.connection import Call
 from agentsd.handlers import attention as attention_handlers
+from agentsd.handlers import continuity as continuity_handlers
+from agentsd.handlers import controls as controls_handlers
 from agentsd.handlers import conversation as conversation_handlers
 from agentsd.handlers import daemon as daemon_handlers
 from agentsd.handlers import queue as queue_handlers
@@ -29,9 +31,11 @@ HANDLERS: dict[str, Handler] = {
     **daemon_handlers.HANDLERS,
     **session_handlers.HANDLERS,
     **conversation_handlers.HANDLERS,
+    **controls_handlers.HANDLERS,
     **queue_handlers.HANDLERS,
     **stream_handlers.HANDLERS,
     **attention_handlers.HANDLERS,
+    **continuity_handlers.HANDLERS,
 }
 
 # Both tables in one lookup per request; a method is served when it is in both.
@@ -74,9 +78,13 @@ async def _police(call: Call, method: str, params: Any, caller: str) -> None:
     """A request from inside session ``caller`` (``agentsd.caller`` Rule 2): journal
     it in that session, then raise ``ForbiddenForAgents`` if an agent may not make it.
     A caller session deleted meanwhile has no journal: the refusal stands alone."""
-    reason = refusal(method, params, caller, call.app.config.agent_allowance)
     target = getattr(params, "session_id", None)
-    session = call.app.supervisor.sessions.get(caller)
+    sessions = call.app.supervisor.sessions
+    target_session = sessions.get(target) if isinstance(target, str) else None
+    created_by = None if target_session is None else target_session.row.created_by
+    config = call.app.config
+    reason = refusal(method, params, caller, config.agent_allowance, created_by, config.limits)
+    session = sessions.get(caller)
     if session is not None:
         event = AgentRequest(
             method=method, target_session_id=target, allowed=reason is None, reason=reason

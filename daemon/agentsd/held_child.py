@@ -1,9 +1,18 @@
 """An agent spawned through the holder (``agentsd.holder``): `open_child`'s rules,
 with the holder as the agent's parent.
 
-The agent is started exactly as ``agentsd.child`` starts one (its own session and
-group, the spawn token, the cgroup join of Rule 7 there), but by the holder, so it
-survives this daemon. What changes, rule by rule of ``agentsd.child``:
+The agent is started as ``agentsd.child`` starts one (its own session and group,
+the spawn token, its own cgroup made with its limits before it runs), but by the
+holder, so it survives this daemon. What changes, rule by rule of ``agentsd.child``:
+
+- Rule 8 (born in its cgroup): the fork servers of ``agentsd.spawner`` are this
+  daemon's children and clone agents as this daemon's, which a held agent must
+  not be; the holder starts the shim (``JOIN_SCRIPT``) instead, which joins the
+  cgroup before it execs the agent (slower: the join waits for an RCU grace period).
+- Rule 7 (exit from the process): the holder reports the exit (`HeldChild.wait`,
+  `HeldChild.watch_exit`), not ``agentsd.agent_watch``'s pidfd: the agent is not
+  our child, and the holder may have reaped it (its pid free for reuse) before a
+  pidfd could be opened here.
 
 - Rule 4 (exit is proven): the reap is the holder's; it reports the status
   (`HeldChild.wait`). The group, token and cgroup proofs are this daemon's, as for
@@ -31,7 +40,16 @@ import attrs
 import trio
 
 from agentsd.cgroup import SessionCgroup
-from agentsd.child import ChildExit, ChildSpec, ExitProof, ExitUnproven, launch, signal_carriers
+from agentsd.child import (
+    ChildExit,
+    ChildSpec,
+    ExitProof,
+    ExitUnproven,
+    find_carriers,
+    kill_cgroup,
+    launch,
+    spawn_limiter,
+)
 from agentsd.config import Ladder
 from agentsd.holder_link import AgentStdin, AgentStdout, HeldAgent, HolderLink, HolderLost
 from agentsd.leftovers import (
@@ -41,9 +59,10 @@ from agentsd.leftovers import (
     end_contained,
     end_remains,
     prove_gone,
+    signal_and_wait,
     unproven_reason,
 )
-from agentsd.procfs import ProcScanner, current_scanner
+from agentsd.procfs import ProcInfo, ProcScanner, current_scanner
 
 __all__ = ["HeldChild", "open_held_child"]
 
@@ -71,6 +90,19 @@ class HeldChild:
         """Wait for the agent's own exit, as the holder reaped it; never returns once
         the holder is lost first (its output ends then: the reader stops the task)."""
         return await self.agent.wait()
+
+    def watch_exit(self, on_exit: Callable[[], None]) -> Callable[[], None]:
+        """Call ``on_exit`` once the holder reported the agent's exit (at once if it
+        has): what ``agentsd.agent_watch`` does for our own child's pidfd. Returns
+        what stops it. Never called once the holder is lost first."""
+        self.agent.on_exit = on_exit
+        if self.agent.exited.is_set():
+            on_exit()
+
+        def release() -> None:
+            self.agent.on_exit = None
+
+        return release
 
     async def end_remains(self) -> None:
         """``agentsd.child.Child.end_remains``: after `wait`, end what the agent
@@ -103,12 +135,10 @@ async def open_held_child(
     Raises OSError if the agent cannot be started, `HolderLost` if the holder is
     gone before it started it (nothing runs then)."""
     scanner = scanner if scanner is not None else current_scanner()
-    cgroup = None
-    if spec.cgroup_root is not None:
-        cgroup = await trio.to_thread.run_sync(spec.cgroup_root.create, spec.token)
+    cgroup = None if spec.cgroup_root is None else spec.cgroup_root.for_token(spec.token)
     try:
         if cgroup is not None:
-            await trio.to_thread.run_sync(cgroup.apply, spec.limits)
+            await trio.to_thread.run_sync(_make_cgroup, spec, limiter=spawn_limiter())
         argv, env = launch(spec, cgroup)
         # Once asked, the holder spawns whatever becomes of this task: its answer
         # must be heard (each request is bounded), or the agent would run unladdered.
@@ -124,7 +154,7 @@ async def open_held_child(
         del env
     except BaseException:
         if cgroup is not None:
-            cgroup.remove()  # nothing was started in it
+            cgroup.remove()  # nothing was started in it (or it was never made)
         raise
     outcome: HeldExit = ExitUnproven(f"the close ladder of held agent {agent.pid} failed")
     signalled: set[tuple[int, int]] = set()  # (pid, start time) signalled individually
@@ -157,6 +187,16 @@ async def open_held_child(
             if proven:
                 with trio.CancelScope(shield=True), trio.move_on_after(ladder.kill_wait_s):
                     await link.release(agent)
+
+
+def _make_cgroup(spec: ChildSpec) -> None:
+    """The agent's cgroup, with its limits, before the holder starts anything in it
+    (``agentsd.child`` Rule 8). The holder spawns, not this daemon, so the agent
+    joins it through the shim (`launch`), never a fork server of this daemon's."""
+    assert spec.cgroup_root is not None
+    cgroup = spec.cgroup_root.create(spec.token)
+    if spec.limits.controllers():
+        cgroup.apply(spec.limits)
 
 
 async def _wait_exit(agent: HeldAgent, seconds: float) -> None:
@@ -247,6 +287,8 @@ async def _ladder(
     scanner: ProcScanner,
     signalled: set[tuple[int, int]],
 ) -> ChildExit:
+    """``agentsd.child``'s ladders (``_close`` and ``_close_cgroup``), each signal
+    sent through the holder; raises `HolderLost` when it is lost on the way."""
     link = agent.link
     pgid = agent.pid
     if link.lost.is_set():
@@ -254,39 +296,29 @@ async def _ladder(
     if agent.returncode is None:
         await agent.close_stdin()
         await _wait_exit(agent, ladder.eof_grace_s)
+    # Token carriers outside the group, as the SIGTERM step's scan found them; the
+    # SIGKILL step signals them again (each re-verified) without a scan of its own.
+    carriers: list[ProcInfo] = []
     for sig, wait_s in (
         (signal.SIGTERM, ladder.term_grace_s),
         (signal.SIGKILL, ladder.kill_wait_s),
     ):
         if agent.returncode is not None or link.lost.is_set():
             break
-        if sig == signal.SIGKILL and cgroup is not None:
-            if cgroup.populated():
-                cgroup.kill()  # the last rung: every member, atomically
-        else:
-            await agent.signal_group(sig)
-            if cgroup is None:
-                signalled |= await signal_carriers(spec.token, pgid, sig, scanner)
+        if cgroup is not None and sig == signal.SIGKILL:
+            break  # the last rung is cgroup.kill, below
+        await agent.signal_group(sig)
+        if cgroup is None:
+            if sig == signal.SIGTERM:
+                carriers = await find_carriers(spec.token, pgid, scanner)
+            signalled |= await signal_and_wait(carriers, sig, None)
         await _wait_exit(agent, wait_s)
+    if cgroup is not None:
+        return await _end_cgroup(agent, cgroup, ladder)
     if agent.returncode is None:
         if link.lost.is_set():
             raise HolderLost(link.lost_reason)
         return ExitUnproven(f"held agent {agent.pid} still ran {ladder.kill_wait_s}s after SIGKILL")
-    if cgroup is not None:
-        stragglers = len(cgroup.members())
-        if cgroup.populated():
-            cgroup.kill()
-        with trio.move_on_after(ladder.kill_wait_s):
-            await cgroup.wait_empty()
-        if cgroup.populated():
-            return ExitUnproven(
-                f"cgroup {cgroup.path} still held processes {ladder.kill_wait_s}s after cgroup.kill"
-            )
-        try:
-            cgroup.remove()
-        except OSError as exc:
-            log.warning("could not remove the empty cgroup %s: %s", cgroup.path, exc)
-        return ExitProof.from_returncode(agent.returncode, stragglers, cgroup_empty=True)
     live, killed = await prove_gone(
         [Remains(pgid=pgid, token=spec.token, leader=None)], ladder, scanner
     )
@@ -295,3 +327,36 @@ async def _ladder(
     if reason is not None:
         return ExitUnproven(reason)
     return ExitProof.from_returncode(agent.returncode, len(signalled))
+
+
+async def _end_cgroup(agent: HeldAgent, cgroup: SessionCgroup, ladder: Ladder) -> ChildExit:
+    """The last rung in cgroup mode (``agentsd.child._close_cgroup``): ``cgroup.kill``
+    (in a worker thread: it waits for the cgroup lock), the holder's reap first,
+    then ``populated 0``."""
+    try:
+        stragglers = await trio.to_thread.run_sync(
+            kill_cgroup, cgroup, agent.pid, limiter=spawn_limiter()
+        )
+        await _wait_exit(agent, ladder.kill_wait_s)
+        if agent.returncode is None:
+            if agent.link.lost.is_set():
+                raise HolderLost(agent.link.lost_reason)
+            return ExitUnproven(
+                f"held agent {agent.pid} still ran {ladder.kill_wait_s}s after cgroup.kill"
+            )
+        with trio.move_on_after(ladder.kill_wait_s):
+            await cgroup.wait_empty()
+        if cgroup.populated():
+            return ExitUnproven(
+                f"cgroup {cgroup.path} still held processes {ladder.kill_wait_s}s after cgroup.kill"
+            )
+        oom_kills = cgroup.oom_kills()  # the file goes with the cgroup
+        try:
+            cgroup.remove()
+        except OSError as exc:  # proven all the same; recovery removes it later
+            log.warning("could not remove the empty cgroup %s: %s", cgroup.path, exc)
+        return ExitProof.from_returncode(
+            agent.returncode, stragglers, cgroup_empty=True, oom_kills=oom_kills
+        )
+    except OSError as exc:
+        return ExitUnproven(f"cgroup {cgroup.path} could not be ended: {exc}")

@@ -223,7 +223,7 @@ async def settle(
     if evidence.proven:
         events: list[Event] = [
             *settle_events(session, cause),
-            exited_event(cause, evidence, failure, stderr_tail),
+            exited_event(cause, evidence, failure, stderr_tail, oom_kills(proof)),
         ]
         last_exit = ExitInfo(
             cause=cause,
@@ -307,6 +307,7 @@ def exited_event(
     evidence: ExitEvidence,
     failure: RpcError | None,
     stderr_tail: str | None = None,
+    oom_kills: int | None = None,
 ) -> ChildExited:
     """The one ``child.exited``, whoever settles: how the child ended (``returncode``
     or ``signal`` when it was our own and reaped), the evidence in words, the
@@ -318,7 +319,24 @@ def exited_event(
         detail=evidence.detail,
         error=None if failure is None else ErrorInfo(kind=failure.kind, message=failure.message),
         stderr_tail=stderr_tail,
+        oom_kills=oom_kills,
     )
+
+
+def oom_kills(proof: Proof) -> int | None:
+    """The OOM kills counted in the proven-empty cgroup of the child, if known."""
+    return proof.oom_kills if isinstance(proof, ExitProof) else None
+
+
+def exit_cause(stopped: ExitCause | None, failure: RpcError | None, proof: Proof) -> ExitCause:
+    """Why a child ended: what stopped it (a close, the idle timer, a shutdown), else
+    ``failed`` (a start or protocol failure), ``oom`` (it ended by itself after the
+    OOM killer had killed in its cgroup: its memory limit was reached), or
+    ``unexpected``."""
+    cause = stopped or ("failed" if failure is not None else "unexpected")
+    if cause == "unexpected" and (oom_kills(proof) or 0) > 0:
+        return "oom"
+    return cause
 
 
 def _evidence(proof: Proof, cause: ExitCause) -> ExitEvidence:

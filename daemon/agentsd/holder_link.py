@@ -37,7 +37,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -91,6 +91,9 @@ class HeldAgent:
     _err_offset: int = 0
     _err_lock: trio.Lock = attrs.field(factory=trio.Lock)
     err_done: trio.Event = attrs.field(factory=trio.Event)  # its stderr ended or was lost
+    # Called (trio's thread) once the holder reported its exit: the session task's
+    # exit watch, as ``agentsd.agent_watch`` watches our own children's pidfds.
+    on_exit: Callable[[], object] | None = None
 
     @property
     def stdout(self) -> AgentStdout:
@@ -411,6 +414,8 @@ class HolderLink:
         elif op == "exited":
             agent.returncode = header["returncode"]
             agent.exited.set()
+            if agent.on_exit is not None:
+                agent.on_exit()
 
     async def _write(self) -> None:
         while True:

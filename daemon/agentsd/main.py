@@ -33,6 +33,9 @@ log = logging.getLogger("agentsd")
 EXIT_OK = 0
 EXIT_FAILURE = 1  # could not start: another daemon, unsafe directory, damaged store
 EXIT_USAGE = 2  # bad options or configuration: nothing was started
+# daemon.restart under a service manager: exit with this for it to start the daemon
+# again (EX_TEMPFAIL; systemd/agentsd.service: RestartForceExitStatus=, SuccessExitStatus=).
+EXIT_RESTART = 75
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -120,8 +123,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_USAGE)
     raise_nofile_limit()
     refusals: list[BaseException] = []
+    restart = False
     try:
-        trio.run(_run, config, socket_path, state_dir, service)
+        restart = trio.run(_run, config, socket_path, state_dir, service)
     except* (
         AlreadyRunning,
         UnsafeDirectory,
@@ -138,7 +142,22 @@ def main(argv: list[str] | None = None) -> None:
         for refusal in refusals:
             print(f"agentsd: {refusal}", file=sys.stderr)
         sys.exit(EXIT_FAILURE)
+    if restart:
+        _restart(service, sys.argv[1:] if argv is None else argv)
     sys.exit(EXIT_OK)
+
+
+def _restart(service: ServiceManager, argv: list[str]) -> None:
+    """Start again after ``daemon.restart``: a service manager does it when we exit
+    with ``EXIT_RESTART`` (and keeps the socket bound meanwhile); otherwise this
+    process becomes a new daemon with the same arguments (same pid, log and
+    environment; whatever was installed since is what runs)."""
+    logging.shutdown()
+    if service.notifier.active or service.inherited:
+        sys.exit(EXIT_RESTART)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "agentsd", *argv])
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -147,5 +166,5 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-async def _run(config: Config, socket_path: Path, state_dir: Path, service: ServiceManager) -> None:
-    await serve_daemon(config, socket_path=socket_path, state_dir=state_dir, service=service)
+async def _run(config: Config, socket_path: Path, state_dir: Path, service: ServiceManager) -> bool:
+    return await serve_daemon(config, socket_path=socket_path, state_dir=state_dir, service=service)

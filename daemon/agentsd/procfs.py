@@ -26,8 +26,11 @@ SPAWN_TOKEN_ENV = "AGENTSD_SPAWN_TOKEN"
 
 _PROC = "/proc"
 _TOKEN_PREFIX = SPAWN_TOKEN_ENV.encode() + b"="
+_STAT_BYTES = 1024  # a stat line is a few hundred bytes
+_READ_BYTES = 16 * 1024  # most environments fit
 # Fields after the ")" that closes comm, counted from field 3 (state) of proc(5).
 _STATE, _PPID, _PGRP, _STARTTIME = 0, 1, 2, 19
+_UTIME, _STIME, _CUTIME, _CSTIME = 11, 12, 13, 14
 
 
 @attrs.frozen
@@ -39,6 +42,9 @@ class ProcInfo:
     pgid: int
     state: str  # one character: R, S, D, Z, T, ...
     start_time: int  # clock ticks after boot; with pid, the process's identity
+    # CPU time in clock ticks, user and system, its own and that of the children it
+    # waited for (utime + stime + cutime + cstime)
+    cpu_ticks: int = 0
 
     @property
     def is_zombie(self) -> bool:
@@ -57,14 +63,34 @@ def parse_stat(pid: int, raw: bytes) -> ProcInfo:
         pgid=int(fields[_PGRP]),
         state=fields[_STATE].decode("ascii", "replace"),
         start_time=int(fields[_STARTTIME]),
+        cpu_ticks=sum(int(fields[i]) for i in (_UTIME, _STIME, _CUTIME, _CSTIME)),
     )
+
+
+def _read_whole(path: str, first: int) -> bytes:
+    """The contents of a /proc file: open, read to the end, close. A scan reads two
+    files of every process; a buffered ``open()`` would add an fstat, an ioctl and
+    an lseek to each, and a scan of a close-all of hundreds runs several times.
+    ``first``: the size of the first read, which most files fit in."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunk = os.read(fd, first)
+        if len(chunk) < first:
+            # procfs fills a read up to its size unless the end came first; one
+            # more read would only confirm the end.
+            return chunk
+        chunks = [chunk]
+        while chunk := os.read(fd, _READ_BYTES):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def read_proc_info(pid: int) -> ProcInfo | None:
     """The stat line of ``pid``, or None if no such process exists (any more)."""
     try:
-        with open(f"{_PROC}/{pid}/stat", "rb") as f:
-            raw = f.read()
+        raw = _read_whole(f"{_PROC}/{pid}/stat", _STAT_BYTES)
     except (FileNotFoundError, ProcessLookupError):
         return None
     if not raw:  # the process was reaped while we read
@@ -90,8 +116,7 @@ def is_same_process(pid: int, start_time: int) -> bool:
 def _read_token(pid: int, wanted: Collection[bytes]) -> str | None:
     """The spawn token in the environment of ``pid`` if it is one of ``wanted``."""
     try:
-        with open(f"{_PROC}/{pid}/environ", "rb") as f:
-            environ = f.read()
+        environ = _read_whole(f"{_PROC}/{pid}/environ", _READ_BYTES)
     except OSError:  # gone, another user's, or a kernel thread: not ours either way
         return None
     start = 0
@@ -112,28 +137,46 @@ class ProcessTable:
 
     A snapshot is stale the moment it is taken; it is evidence of what existed, and
     emptiness is evidence only for a scan that started after the last signal.
+
+    One scan serves every close of a close-all: its live processes are indexed by
+    group and by token once, when it is made, so that each close's lookup costs
+    what it finds, not a pass over every process (N closes: N lookups, not N^2).
     """
 
     processes: Mapping[int, ProcInfo]
     tokens: Mapping[int, str]  # pid -> spawn token, only for tokens asked about
+    _by_group: Mapping[int, list[ProcInfo]] = attrs.field(init=False, repr=False)
+    _by_token: Mapping[str, list[ProcInfo]] = attrs.field(init=False, repr=False)
+
+    @_by_group.default
+    def _index_groups(self) -> Mapping[int, list[ProcInfo]]:
+        groups: dict[int, list[ProcInfo]] = {}
+        for p in self.processes.values():
+            if not p.is_zombie:
+                groups.setdefault(p.pgid, []).append(p)
+        return groups
+
+    @_by_token.default
+    def _index_tokens(self) -> Mapping[str, list[ProcInfo]]:
+        carriers: dict[str, list[ProcInfo]] = {}
+        for pid, token in self.tokens.items():
+            if not self.processes[pid].is_zombie:
+                carriers.setdefault(token, []).append(self.processes[pid])
+        return carriers
 
     def get(self, pid: int) -> ProcInfo | None:
         return self.processes.get(pid)
 
     def group_members(self, pgid: int) -> list[ProcInfo]:
         """Live (non-zombie) members of process group ``pgid``."""
-        return [p for p in self.processes.values() if p.pgid == pgid and not p.is_zombie]
+        return list(self._by_group.get(pgid, ()))
 
     def carrying(self, token: str) -> list[ProcInfo]:
         """Live processes whose environment carries ``AGENTSD_SPAWN_TOKEN=token``.
 
         Only tokens passed to the scan are known; any other token yields [].
         """
-        return [
-            self.processes[pid]
-            for pid, t in self.tokens.items()
-            if t == token and not self.processes[pid].is_zombie
-        ]
+        return list(self._by_token.get(token, ()))
 
 
 def scan_processes(tokens: Collection[str] = ()) -> ProcessTable:

@@ -27,6 +27,7 @@ import sqlite3
 import attrs
 
 from agentsd.store.journal import events_of_kinds
+from agentsd_protocol.api.conversation import Attachment
 from agentsd_protocol.api.events import (
     Event,
     PromptEdited,
@@ -52,6 +53,7 @@ class QueuedPrompt:
     text: str
     seq: int  # of its ``prompt.queued``
     operation_id: str | None = None
+    attachments: list[Attachment] = attrs.field(factory=list)  # images and files, kept as sent
 
 
 @attrs.define
@@ -72,6 +74,7 @@ class PromptQueue:
                     text=event.text,
                     seq=seq,
                     operation_id=event.operation_id,
+                    attachments=event.attachments,
                 )
             case PromptEdited(prompt_id=prompt_id, text=text):
                 prompt = self.prompts.get(prompt_id)

@@ -7,11 +7,24 @@ process carrying its spawn token; with a cgroup root, its cgroup), then settle i
 ``cancelled``, undelivered submissions ``unknown``, ``child.exited {cause:
 daemon-restart}`` and the release, in one commit. A child that cannot be proven gone
 keeps its lease held and its session shows ``exit-unproven``.
+
+Then, once the sessions are loaded, `reconcile` makes the reconciliation report
+(``daemon.status`` ``recovery``, systemd's ``STATUS=``, the log): how many sessions
+were running, which turns a restart or stop cut off (each is a ``turn.completed``
+``interrupted`` in its journal, ``reason`` ``daemon-restart`` or ``shutdown``), what
+failed and why, and how many turns are lost: a turn that was open at recovery and
+is now neither cut off nor failed. That count is computed, not assumed; it must be
+0. The report follows ``agentSession.continue`` while the daemon runs
+(`mark_continued`, `mark_failed`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+
+import attrs
+import msgspec
 
 from agentsd.cgroup import CgroupRoot
 from agentsd.config import Ladder
@@ -24,29 +37,50 @@ from agentsd.status_board import StatusBoard
 from agentsd.store import leases as lease_rows
 from agentsd.store import sessions as session_rows
 from agentsd.store.writer import Store
-from agentsd_protocol.api.daemon import RecoveryReport
+from agentsd_protocol.api.daemon import CutOffTurn, RecoveryFailure, RecoveryReport
 
 log = logging.getLogger(__name__)
 
 
-async def recover(store: Store, ladder: Ladder, root: CgroupRoot | None = None) -> RecoveryReport:
+@attrs.frozen
+class Recovered:
+    """What `recover` did, for `reconcile`."""
+
+    report: RecoveryReport
+    sessions_running: int = 0  # held leases found: agents a previous daemon left
+    open_turns: frozenset[str] = frozenset()  # sessions whose turn was open then
+    failures: tuple[RecoveryFailure, ...] = ()  # sessions left exit-unproven, and why
+
+
+async def recover(store: Store, ladder: Ladder, root: CgroupRoot | None = None) -> Recovered:
     """End and settle what a previous daemon left; with a cgroup ``root``, also kill
     and remove every session cgroup there: none is owned by a live lease yet."""
     held = await store.read(lease_rows.load_held_leases)
     identities = [recorded_identity(lease) for lease in held]
     if not held and (root is None or not root.existing()):
-        return RecoveryReport(summary="nothing to recover")
+        return Recovered(RecoveryReport(summary="nothing to recover"))
     # All together: ending every previous child takes about one ladder.
     report = await end_contained(identities, ladder, current_scanner(), root, sweep=True)
     if not held:
-        return RecoveryReport(summary="stray session cgroups removed")
+        return Recovered(RecoveryReport(summary="stray session cgroups removed"))
     recovered = unproven = 0
+    open_turns: set[str] = set()
+    failures: list[RecoveryFailure] = []
     for lease, identity in zip(held, identities, strict=True):
         outcome = report.outcomes.get(identity, EndOutcome.UNPROVEN)
         session = await _load(store, lease)
+        if session.conversation.turn_open:
+            open_turns.add(session.id)
         await settle(session, store.write, "daemon-restart", outcome)
         if session.lease is not None and session.lease.held:
             unproven += 1
+            failures.append(
+                RecoveryFailure(
+                    session_id=session.id,
+                    reason="its agent could not be proven gone (exit-unproven); "
+                    "`agentsctl close` retries",
+                )
+            )
         else:
             recovered += 1
     summary = (
@@ -54,10 +88,88 @@ async def recover(store: Store, ladder: Ladder, root: CgroupRoot | None = None) 
         f"{report.ended} orphan process group{'s' if report.ended != 1 else ''} ended"
         + (f", {unproven} unproven" if unproven else "")
     )
-    log.info("recovery: %s", summary)
-    return RecoveryReport(
-        sessions_recovered=recovered, orphans_ended=report.ended, unproven=unproven, summary=summary
+    return Recovered(
+        RecoveryReport(
+            sessions_recovered=recovered,
+            orphans_ended=report.ended,
+            unproven=unproven,
+            summary=summary,
+        ),
+        sessions_running=len(held),
+        open_turns=frozenset(open_turns),
+        failures=tuple(failures),
     )
+
+
+def reconcile(recovered: Recovered, sessions: Iterable[Session]) -> RecoveryReport:
+    """The reconciliation report, from what recovery did and the loaded sessions."""
+    cut_off: list[CutOffTurn] = []
+    for session in sessions:
+        summary = session.summary
+        if summary.cut_off_seq is not None:
+            cut_off.append(
+                CutOffTurn(
+                    session_id=session.id,
+                    title=session.row.title,
+                    provider=session.row.provider,
+                    seq=summary.cut_off_seq,
+                    reason=summary.cut_off_reason or "",
+                )
+            )
+    cut_ids = {c.session_id for c in cut_off}
+    failed_ids = {f.session_id for f in recovered.failures}
+    # A turn recovery found open that is now neither cut off nor failed: a bug.
+    lost = sorted(recovered.open_turns - cut_ids - failed_ids)
+    if lost:
+        log.error("recovery: the open turns of sessions %s are accounted for nowhere", lost)
+    report = msgspec.structs.replace(
+        recovered.report,
+        sessions_running=recovered.sessions_running,
+        turns_cut_off=len(cut_off),
+        lost=len(lost),
+        cut_off=sorted(cut_off, key=lambda c: c.session_id),
+        failed=list(recovered.failures),
+    )
+    return _summarized(report, recovered.report.summary)
+
+
+def mark_continued(report: RecoveryReport, session_id: str) -> RecoveryReport:
+    """``session_id``'s cut-off turn was carried on."""
+    entries = [
+        msgspec.structs.replace(c, continued=True) if c.session_id == session_id else c
+        for c in report.cut_off
+    ]
+    done = sum(1 for c in entries if c.continued)
+    failed = [f for f in report.failed if f.session_id != session_id]
+    updated = msgspec.structs.replace(report, cut_off=entries, continued=done, failed=failed)
+    return _summarized(updated, _base_summary(report))
+
+
+def mark_failed(report: RecoveryReport, session_id: str, reason: str) -> RecoveryReport:
+    """Carrying ``session_id``'s turn on failed, for ``reason``."""
+    failed = [f for f in report.failed if f.session_id != session_id]
+    failed.append(RecoveryFailure(session_id=session_id, reason=reason))
+    return _summarized(msgspec.structs.replace(report, failed=failed), _base_summary(report))
+
+
+_SEPARATOR = "; "
+
+
+def _base_summary(report: RecoveryReport) -> str:
+    return report.summary.split(_SEPARATOR, 1)[0]
+
+
+def _summarized(report: RecoveryReport, base: str) -> RecoveryReport:
+    """``base`` (what recovery did) and the reconciliation, in one line."""
+    waiting = report.turns_cut_off - report.continued
+    text = (
+        f"{report.sessions_running} running at the last stop; "
+        f"{report.turns_cut_off} turn{'s' if report.turns_cut_off != 1 else ''} cut off "
+        f"({report.continued} continued"
+        + (f", {waiting} waiting for `agentsctl continue`" if waiting else "")
+        + f"), {len(report.failed)} failed, {report.lost} lost"
+    )
+    return msgspec.structs.replace(report, summary=base + _SEPARATOR + text)
 
 
 async def _load(store: Store, lease: Lease) -> Session:

@@ -24,27 +24,27 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 import attrs
 import msgspec
 import trio
 
+from agentsd.agent_watch import current_watch
 from agentsd.child import Child, open_child
 from agentsd.child import ChildSpec as ProcessSpec
 from agentsd.delivery import drain_queue
 from agentsd.held_child import HeldChild, open_held_child
-from agentsd.held_lease import SETTLE_TIMEOUT_S, HeldLease, open_lease
+from agentsd.held_lease import SETTLE_TIMEOUT_S, HeldLease, exit_cause, open_lease
 from agentsd.holder_link import HolderLost
 from agentsd.leases import Lease
 from agentsd.providers.base import Adapter, LineLink, Provider, Resume
 from agentsd.providers.versions import settle_version
-from agentsd.session import Session, had_turns
+from agentsd.session import Session, had_turns, was_ready
 from agentsd.sink import Sink
 from agentsd.stderr_log import StderrLog
-from agentsd_protocol.api.events import ChildReady
+from agentsd_protocol.api.events import ChildReady, Event
 from agentsd_protocol.api.session import ExitCause
 from agentsd_protocol.errors import (
     AgentExited,
@@ -179,8 +179,8 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
                 failure = await _run_child(supervisor, session, task, provider, held, stderr_fd)
         finally:
             task.adapter = None
-            held.cause = task.stop_cause or ("failed" if failure else "unexpected")
-            if held.cause in ("failed", "unexpected"):
+            held.cause = exit_cause(task.stop_cause, failure, held.proof)
+            if held.cause in ("failed", "unexpected", "oom"):
                 # The agent's own words on why it ended (``agentsd.stderr_log`` Rule 2).
                 held.stderr_tail = stderr.tail()
                 failure = _quoting_stderr(failure, held.stderr_tail)
@@ -214,7 +214,19 @@ async def _run_child(
             supervisor, session, provider, held.lease, environment.env, stderr_fd
         )
         program = process_spec.argv[0]
-        async with _open_agent(supervisor, process_spec, held) as child:
+        # With the config's ``holder``, the agent is the holder's child, not ours.
+        opened = (
+            open_child(process_spec, supervisor.ladder, held.child_spawned, held.child_exited)
+            if supervisor.holder is None
+            else open_held_child(
+                process_spec,
+                supervisor.ladder,
+                held.child_spawned,
+                held.child_exited,
+                await supervisor.holder.link(),
+            )
+        )
+        async with opened as child:
             sink = Sink(session, held.lease, task)
             adapter = provider.adapter(LineLink(child.stdin, child.stdout), sink, session.row)
             return await _attend(
@@ -226,24 +238,6 @@ async def _run_child(
         return _classify_start_failure(exc, program)
     except HolderLost as exc:
         return AgentStartFailed(f"cannot start the agent: the holder is unavailable: {exc}")
-
-
-@asynccontextmanager
-async def _open_agent(
-    supervisor: Supervisor, spec: ProcessSpec, held: HeldLease
-) -> AsyncIterator[Child | HeldChild]:
-    """The agent, as our own child or, with the config's ``holder``, the holder's."""
-    if supervisor.holder is None:
-        async with open_child(
-            spec, supervisor.ladder, held.child_spawned, held.child_exited
-        ) as child:
-            yield child
-        return
-    link = await supervisor.holder.link()
-    async with open_held_child(
-        spec, supervisor.ladder, held.child_spawned, held.child_exited, link
-    ) as held_child:
-        yield held_child
 
 
 def _quoting_stderr(failure: RpcError | None, tail: str | None) -> RpcError | None:
@@ -287,7 +281,7 @@ def _process_spec(
         token=lease.token,
         stderr_fd=stderr_fd,
         cgroup_root=supervisor.containment.root,
-        limits=supervisor.config.limits,
+        limits=supervisor.limits(session),
     )
 
 
@@ -302,8 +296,13 @@ async def _handshake(
     timeout_s = supervisor.config.handshake_timeout_s
     resume = None
     if session.row.provider_handle is not None:
-        turns = await supervisor.store.read(lambda conn: had_turns(conn, session.id))
-        resume = Resume(handle=session.row.provider_handle, had_turns=turns)
+        turns, ready_before = await supervisor.store.read(
+            lambda conn: (had_turns(conn, session.id), was_ready(conn, session.id))
+        )
+        # A handle before any child was ready is one the session adopted
+        # (``create {resumeFrom}``): it must exist, and its history is imported.
+        adopt = not ready_before
+        resume = Resume(handle=session.row.provider_handle, had_turns=turns or adopt, adopt=adopt)
     try:
         with trio.fail_after(timeout_s):
             handle = await adapter.handshake(resume)
@@ -328,9 +327,12 @@ async def _handshake(
         agent_version=version,
         agent_name=adapter.agent_name,
     )
+    events: list[Event] = [] if adapter.superseded is None else [adapter.superseded]
+    if resume is not None and resume.adopt:
+        events += await adapter.imported_history()
     with trio.move_on_after(SETTLE_TIMEOUT_S) as slow:
         await session.journal.append(
-            [ready] if adapter.superseded is None else [adapter.superseded, ready],
+            [*events, ready],
             fence=lease.fence,
             provider_handle=handle,
         )
@@ -358,20 +360,40 @@ async def _attend(
     stopped. Returns the failure that ended it, if any; never raises anything but
     cancellation, so the nursery below never wraps an error in a group.
 
-    The child itself is watched meanwhile (``watch_exit``): its exit, not the end of
-    its output, is what says it is gone, since a process it started in the
+    The child itself is watched meanwhile (``agentsd.agent_watch``, which ends
+    ``_keep_time``; then ``_outlive``): its exit, not the end of its output, is
+    what says it is gone, since a process it started in the
     background may hold its stdout for ever. Once it exited, its output gets
     ``EXIT_EOF_GRACE_S`` to end on its own, then what it left running is ended
     (``Child.end_remains``), which ends the output; should something no scan can
     find still hold it after ``EXIT_DRAIN_S``, the reader is stopped.
 
-    Three tasks per live agent: a child task reads the agent, one waits for its
-    exit, and the session task itself keeps the session's time (``_keep_time``)
-    instead of waiting idle in the nursery: each task parked per session costs
-    memory, at hundreds of sessions."""
+    Two tasks per live agent, each task parked per session costing memory at
+    hundreds of sessions: a child task runs the handshake and then reads the
+    agent, and the session task itself keeps the session's time (``_keep_time``)
+    instead of waiting idle in the nursery. The agent's exit and its stderr are
+    watched by the daemon's one watcher thread (``agentsd.agent_watch``)."""
     failure: list[RpcError] = []
+    exited = False  # the watch saw the child exit
 
-    async def read_agent() -> None:
+    def exit_seen() -> None:
+        nonlocal exited
+        exited = True
+        if sink.alarm is not None:
+            sink.alarm.cancel()
+
+    async def handshake_and_read() -> None:
+        try:
+            await _handshake(supervisor, session, lease, task, adapter, spec)
+        except RpcError as exc:
+            failure.append(exc)
+            nursery.cancel_scope.cancel()
+            return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            failure.append(AgentExited("the agent exited during its handshake"))
+            nursery.cancel_scope.cancel()
+            return
+        task.serve_queue((nursery, functools.partial(drain_queue, supervisor, session)))
         try:
             await adapter.run()
         except RpcError as exc:
@@ -382,40 +404,18 @@ async def _attend(
             task.stop_cause = "failed" if failure else "unexpected"
         nursery.cancel_scope.cancel()
 
-    async def watch_exit() -> None:
-        returncode = await child.wait()
-        if task.stop_cause is None:
-            log.warning("session %s: its agent %s", session.id, _exit_status(returncode))
-            if task.ready.is_set():
-                task.stop_cause = "unexpected"
-        await trio.sleep(EXIT_EOF_GRACE_S)
-        await child.end_remains()
-        await trio.sleep(EXIT_DRAIN_S)
-        log.warning("session %s: its agent's output did not end after it exited", session.id)
-        if not task.ready.is_set():
-            failure.append(
-                AgentExited(f"the agent {_exit_status(returncode)} during its handshake")
-            )
-        nursery.cancel_scope.cancel()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(watch_exit)
-        try:
-            await _handshake(supervisor, session, lease, task, adapter, spec)
-        except RpcError as exc:
-            failure.append(exc)
-            nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            failure.append(AgentExited("the agent exited during its handshake"))
-            nursery.cancel_scope.cancel()
-        else:
-            task.serve_queue((nursery, functools.partial(drain_queue, supervisor, session)))
+    release_watch = _watch_exit(child, exit_seen)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(handshake_and_read)
             try:
-                nursery.start_soon(read_agent)
-                await _keep_time(supervisor, session, task, sink)
+                if await _keep_time(supervisor, session, task, sink, lambda: exited):
+                    await _outlive(session, task, child, await child.wait(), failure)
             finally:
                 task.serve_queue(None)
             nursery.cancel_scope.cancel()
+    finally:
+        release_watch()
     task.adapter = None
     if task.ready.is_set():
         with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
@@ -426,6 +426,39 @@ async def _attend(
     return failure[0] if failure else None
 
 
+def _watch_exit(child: Child | HeldChild, exit_seen: Callable[[], None]) -> Callable[[], None]:
+    """Call ``exit_seen`` once the child itself exited: our own child's pidfd in the
+    daemon's watch, a held agent's exit as its holder reports it. What stops it."""
+    if isinstance(child, HeldChild):
+        return child.watch_exit(exit_seen)
+    watch = current_watch()
+    pidfd = watch.add_exit(child.process.pid, exit_seen)
+    return functools.partial(watch.release, pidfd)
+
+
+async def _outlive(
+    session: Session,
+    task: SessionTask,
+    child: Child | HeldChild,
+    returncode: int,
+    failure: list[RpcError],
+) -> None:
+    """The child exited (its own exit, not the end of its output): give its output
+    ``EXIT_EOF_GRACE_S`` to end, then end what it left running, then give the output
+    ``EXIT_DRAIN_S`` more before the caller stops reading it. The end of the output
+    cancels this at any point."""
+    if task.stop_cause is None:
+        log.warning("session %s: its agent %s", session.id, _exit_status(returncode))
+        if task.ready.is_set():
+            task.stop_cause = "unexpected"
+    await trio.sleep(EXIT_EOF_GRACE_S)
+    await child.end_remains()
+    await trio.sleep(EXIT_DRAIN_S)
+    log.warning("session %s: its agent's output did not end after it exited", session.id)
+    if not task.ready.is_set():
+        failure.append(AgentExited(f"the agent {_exit_status(returncode)} during its handshake"))
+
+
 def _exit_status(returncode: int) -> str:
     if returncode < 0:
         return f"was killed by signal {-returncode}"
@@ -433,16 +466,22 @@ def _exit_status(returncode: int) -> str:
 
 
 async def _keep_time(
-    supervisor: Supervisor, session: Session, task: SessionTask, sink: Sink
-) -> None:
-    """Journal streamed text at most ``SNAPSHOT_INTERVAL_S`` after it arrived, and stop
-    an agent that did nothing for ``idle_timeout_s`` while its session was idle (a
-    long silent turn or a pending approval is not idleness). Returns once it stopped
-    the agent. One deadline serves both, and ``Sink.delta`` pulls it in when text
-    starts to stream: an idle session never wakes on a period (20 wakeups a second
-    each would cost most of a core at a few hundred sessions)."""
+    supervisor: Supervisor,
+    session: Session,
+    task: SessionTask,
+    sink: Sink,
+    exited: Callable[[], bool],
+) -> bool:
+    """Until the child exited (``exited()``, which holds once the watch cancelled
+    the alarm: True), journal streamed text at most ``SNAPSHOT_INTERVAL_S`` after
+    it arrived, and stop an agent that did nothing for ``idle_timeout_s`` while its
+    session was idle (a long silent turn or a pending approval is not idleness;
+    an agent not ready yet is never idle): False once it stopped the agent. One
+    deadline serves both, and ``Sink.delta`` pulls it in when text starts to
+    stream: an idle session never wakes on a period (20 wakeups a second each
+    would cost most of a core at a few hundred sessions)."""
     idle_s = supervisor.config.idle_timeout_s
-    while True:
+    while not exited():
         idle_at = trio.current_time() + (task.last_activity + idle_s - time.monotonic())
         with trio.CancelScope(deadline=min(idle_at, sink.snapshot_due)) as alarm:
             sink.alarm = alarm
@@ -450,6 +489,8 @@ async def _keep_time(
                 await trio.sleep_forever()
             finally:
                 sink.alarm = None
+        if exited():
+            break
         if sink.snapshot_due <= trio.current_time():
             try:
                 await sink.flush_snapshots()
@@ -457,9 +498,10 @@ async def _keep_time(
                 # A snapshot is only a cache of streamed text; the next one retries.
                 log.warning("could not journal streamed text: %s", exc.message)
         if time.monotonic() - task.last_activity >= idle_s:
-            if session.status != "idle":
+            if session.status != "idle" or not task.ready.is_set():
                 task.touch()
             else:
                 log.info("stopping an agent idle for %g s", idle_s)
                 task.stop("idle")
-                return
+                return False
+    return True

@@ -45,7 +45,8 @@ from agentsd.listener import TRANSIENT_ACCEPT_ERRNOS, SocketTransport, peer_cred
 from agentsd.operations import Ledger
 from agentsd.paths import StateLock, ensure_private_dir
 from agentsd.providers import provider_registry
-from agentsd.recovery import recover
+from agentsd.recovery import reconcile, recover
+from agentsd.resources import run_sampler
 from agentsd.socket_keeper import serve_kept_socket
 from agentsd.store.writer import open_store
 from agentsd.supervisor import open_supervisor
@@ -95,9 +96,11 @@ async def serve_daemon(
     state_dir: Path,
     service: ServiceManager | None = None,
     task_status: trio.TaskStatus[App] = trio.TASK_STATUS_IGNORED,
-) -> None:
+) -> bool:
     """Run the daemon until shutdown is requested. ``task_status.started(app)`` is
-    called once the socket accepts connections (and systemd is told READY=1)."""
+    called once the socket accepts connections (and systemd is told READY=1).
+    Returns whether a restart was asked for (``daemon.restart``): the caller starts
+    the daemon again (``agentsd.main``)."""
     service = service or ServiceManager()
     ensure_private_dir(state_dir)
     lock = StateLock(state_dir, socket_path)
@@ -119,6 +122,7 @@ async def serve_daemon(
             agent_env=AgentEnvironment(config, mode),
             containment=containment,
         )
+        app.under_service_manager = service.notifier.active or bool(service.inherited)
         hangup_reloads = not has_controlling_terminal()
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async with trio.open_nursery() as root:
@@ -128,9 +132,10 @@ async def serve_daemon(
                 )
                 await _serve_sessions(app, service, task_status)
                 root.cancel_scope.cancel()
-        log.info("agentsd stopped")
+        log.info("agentsd stopped" + ("; restarting" if app.restart_requested else ""))
     finally:
         lock.release()
+    return app.restart_requested
 
 
 async def _serve_sessions(
@@ -139,11 +144,12 @@ async def _serve_sessions(
     config = app.config
     async with open_store(app.state_dir / DATABASE_NAME) as store:
         # Rule 1: the previous daemon's children are dealt with before anything is served.
-        app.recovery = await recover(store, config.ladder, app.containment.root)
+        recovered = await recover(store, config.ladder, app.containment.root)
         providers = provider_registry(config.agents)
         async with open_supervisor(
             store, config, app.state_dir, providers, app.agent_env, app.containment
         ) as supervisor:
+            app.recovery = reconcile(recovered, supervisor.sessions.values())
             app.attach(supervisor, Ledger(store))
             inherited = service.listener()
             notifier = service.notifier
@@ -161,10 +167,10 @@ async def _serve_sessions(
                             run_watchdog, notifier, service.watchdog_s, store.writer_healthy
                         )
                     log.info("agentsd %s serving on %s", app.version, app.socket_path)
-                    if app.recovery.summary:
-                        log.info("recovery: %s", app.recovery.summary)
+                    _log_reconciliation(app)
                     notifier.ready()
                     nursery.start_soon(_report_status, app, notifier)
+                    nursery.start_soon(run_sampler, supervisor)
                     task_status.started(app)
             running = supervisor.counts().running
             notifier.stopping()
@@ -200,17 +206,52 @@ async def _watch_signals(
         return
 
 
+def _log_reconciliation(app: App) -> None:
+    """The reconciliation report in the log (journald under systemd): one line, and
+    one per cut-off turn and per failure, so ``journalctl`` says what to carry on."""
+    report = app.recovery
+    log.info("recovery: %s", report.summary)
+    for cut in report.cut_off:
+        log.info(
+            "recovery: session %s (%s): turn cut off by a daemon %s at seq %d; "
+            "`agentsctl continue %s` carries it on",
+            cut.session_id,
+            cut.title or cut.provider,
+            "stop" if cut.reason == "shutdown" else "restart",
+            cut.seq,
+            cut.session_id,
+        )
+    for failure in report.failed:
+        log.warning("recovery: session %s failed: %s", failure.session_id, failure.reason)
+
+
+def status_text(app: App) -> str:
+    """systemd's STATUS= line: the counts, and the reconciliation while a cut-off
+    turn waits to be carried on or a session failed."""
+    counts = app.session_counts()
+    text = (
+        f"{counts.total} sessions, {counts.running} running, {counts.working} working, "
+        f"{counts.attention} need attention; {len(app.connections)} clients"
+    )
+    report = app.recovery
+    waiting = report.turns_cut_off - report.continued
+    if waiting or report.failed or report.lost:
+        text += (
+            f"; at start: {report.turns_cut_off} turns cut off ({waiting} to continue), "
+            f"{len(report.failed)} failed, {report.lost} lost"
+        )
+    if app.draining:
+        text += "; draining before a restart"
+    return text
+
+
 async def _report_status(app: App, notifier: Notifier) -> None:
     """Keep systemd's STATUS= line current (``systemctl --user status agentsd``)."""
     if not notifier.active:
         return
     last = ""
     while True:
-        counts = app.session_counts()
-        text = (
-            f"{counts.total} sessions, {counts.running} running, {counts.working} working, "
-            f"{counts.attention} need attention; {len(app.connections)} clients"
-        )
+        text = status_text(app)
         if text != last:
             notifier.status(text)
             last = text

@@ -23,8 +23,10 @@ import sqlite3
 from typing import TYPE_CHECKING
 
 import attrs
+import msgspec
 import trio
 
+from agentsd.config import Limits
 from agentsd.leases import Lease
 from agentsd.phase import advance, initial_phase
 from agentsd.prompt_queue import PromptQueue
@@ -35,6 +37,8 @@ from agentsd_protocol.api.events import (
     ApprovalRequested,
     ApprovalResolved,
     ChildExited,
+    ChildReady,
+    ConversationCleared,
     Event,
     Submission,
     SubmissionDispatched,
@@ -49,8 +53,10 @@ from agentsd_protocol.api.session import (
     ChildInfo,
     ExitInfo,
     Phase,
+    Resources,
     SessionError,
     SessionInfo,
+    SessionLimits,
     Status,
 )
 
@@ -144,6 +150,9 @@ class Session:
         init=False, default=attrs.Factory(lambda self: initial_phase(self.lease), takes_self=True)
     )
     child: ChildInfo | None = None
+    # The latest sample of its running agent's figures (``agentsd.resources``), for
+    # the status feed; shown only while ``child`` is set.
+    resources: Resources | None = None
     last_exit: ExitInfo | None = None
     error: SessionError | None = None
     conversation: Conversation = attrs.field(factory=Conversation)
@@ -157,6 +166,8 @@ class Session:
     claims: dict[str, ApprovalResolved] = attrs.field(factory=dict)
     deleting: bool = False
     lock: trio.Lock = attrs.field(factory=trio.Lock)
+    # setOptions and commands run one at a time under it (``handlers.controls``).
+    controls_lock: trio.Lock = attrs.field(factory=trio.Lock)
     # Set when the running turn is over, for whoever waits for that (``wait_turn_over``).
     _turn_over: trio.Event | None = None
     # Bound by the supervisor when it registers the session (Rule 3). Recovery
@@ -212,7 +223,8 @@ class Session:
         self._phase = advance(self._phase, new)
         self.board.changed(self)
 
-    def info(self) -> SessionInfo:
+    def info(self, resources: Resources | None = None) -> SessionInfo:
+        """What the wire shows of it; ``resources``: its running agent's figures."""
         row = self.row
         return SessionInfo(
             session_id=row.id,
@@ -234,6 +246,25 @@ class Session:
             child=self.child,
             last_exit=self.last_exit,
             error=self.error,
+            limits=self.own_limits_info(),
+            created_by=row.created_by,
+            tokens=self.summary.tokens,
+            resources=resources,
+        )
+
+    def own_limits_info(self) -> SessionLimits | None:
+        """The limits it was created with, as the wire shows them."""
+        if self.row.limits is None:
+            return None
+        return msgspec.convert(self.row.limits, SessionLimits)
+
+    def own_limits(self) -> Limits:
+        """The limits it was created with (unset ones: the daemon's defaults)."""
+        info = self.own_limits_info()
+        if info is None:
+            return Limits()
+        return Limits(
+            memory_max_bytes=info.memory_max, pids_max=info.pids_max, cpu_max=info.cpu_max
         )
 
 
@@ -253,7 +284,15 @@ def derive_conversation(conn: sqlite3.Connection, session_id: str) -> Conversati
 
 def had_turns(conn: sqlite3.Connection, session_id: str) -> bool:
     """Whether the session's current provider conversation had a turn: a
-    ``turn.started`` since the last ``thread.superseded`` (which began it), so the
-    provider must have saved it."""
-    began = last_seq_of_kind(conn, session_id, kind_of(ThreadSuperseded))
+    ``turn.started`` since the last ``thread.superseded`` or ``conversation.cleared``
+    (either began it), so the provider must have saved it."""
+    began = max(
+        last_seq_of_kind(conn, session_id, kind_of(ThreadSuperseded)),
+        last_seq_of_kind(conn, session_id, kind_of(ConversationCleared)),
+    )
     return has_kind_after(conn, session_id, kind_of(TurnStarted), began)
+
+
+def was_ready(conn: sqlite3.Connection, session_id: str) -> bool:
+    """Whether a child of the session ever completed its handshake."""
+    return last_seq_of_kind(conn, session_id, kind_of(ChildReady)) > 0

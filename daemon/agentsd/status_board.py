@@ -189,6 +189,11 @@ class StatusBoard:
     def unfollow(self, feed_id: str) -> None:
         self._feeds.pop(feed_id, None)
 
+    @property
+    def watched(self) -> bool:
+        """Whether anyone watches the sessions' summaries now."""
+        return bool(self._watchers)
+
     def changed(self, session: Session) -> None:
         """The session's summary may have changed: tell the watchers if it did."""
         if not self._watchers:

@@ -11,9 +11,10 @@ session task puts them in ``child.exited`` when the agent failed or exited on it
 own, and in the error of a start that failed.
 
 Rule 3 (never in the way): the pipe is read for the child's whole life, the
-handshake included, so an agent never blocks on a full stderr pipe; files are
-written by worker threads, never the event loop; a file that cannot be written
-(a full disk) costs only the log, never the agent or its session.
+handshake included, so an agent never blocks on a full stderr pipe; the pipe is read
+and the file written by the daemon's agent watch (``agentsd.agent_watch``), a
+thread, never the event loop, and no trio task per agent; a file that cannot be written (a
+full disk) costs only the log, never the agent or its session.
 """
 
 from __future__ import annotations
@@ -21,19 +22,18 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import BinaryIO
 
 import trio
 
+from agentsd.agent_watch import PIPE_BYTES, current_watch
+from agentsd.child import spawn_limiter
+
 log = logging.getLogger(__name__)
 
 TAIL_BYTES = 4096  # what child.exited quotes: the last few dozen lines
-# The pipe is widened to this (Linux's default cap for a user, fs.pipe-max-size): a
-# flooding agent then costs one worker-thread write per MiB, not per 64 KiB.
-PIPE_BYTES = 1 << 20
 DRAIN_TIMEOUT_S = 2.0  # the pipe holds at most 1 MiB once the child is gone; a
 # descendant still holding it open is not waited for past this
 
@@ -51,73 +51,119 @@ def remove_log(path: Path) -> None:
 
 
 class StderrLog:
-    """One session task's reader of its agent's stderr (see the module's rules)."""
+    """One session task's reader of its agent's stderr (see the module's rules). Its
+    pipe is read by the daemon's one ``AgentWatch``, not by a task of its own."""
+
+    __slots__ = (
+        "_broken",
+        "_ended",
+        "_file",
+        "_half_bytes",
+        "_path",
+        "_read_fd",
+        "_size",
+        "_tail",
+        "_waiter",
+        "_write_fd",
+    )
 
     def __init__(self, path: Path, max_bytes: int) -> None:
         """``max_bytes``: the bound of Rule 1 (``Config.stderr_log_max_bytes``, at
         least ``agentsd.config.MIN_LOG_BYTES``)."""
         self._path = path
         self._half_bytes = max_bytes // 2
-        self._tail = bytearray()
+        # Replaced whole by the watch's thread, read whole by ``tail``.
+        self._tail = b""
         self._file: BinaryIO | None = None
         self._size = 0
         self._broken = False  # a write failed: the log stops, the reading goes on
+        self._read_fd = self._write_fd = -1
+        # The pipe reached its end (``AgentWatch`` Rule 2), and who waits for it: a
+        # flag and a task rather than a ``trio.Event``, a few hundred bytes less for
+        # every live agent.
+        self._ended = False
+        self._waiter: trio.lowlevel.Task | None = None
 
     def tail(self) -> str | None:
         """The end of what the agent wrote (at most ``TAIL_BYTES``, starting at a
         whole character), or None if it wrote nothing but blanks."""
-        text = bytes(self._tail).decode("utf-8", "replace")
-        if len(self._tail) >= TAIL_BYTES:
+        raw = self._tail
+        text = raw.decode("utf-8", "replace")
+        if len(raw) >= TAIL_BYTES:
             text = text.lstrip("\ufffd")  # the cut may fall inside a character
         return text if text.strip() else None
 
-    @asynccontextmanager
-    async def capture(self) -> AsyncIterator[int]:
-        """Yield the write end of a pipe to give the child as its stderr, and read
-        it meanwhile. On exit our write end is closed and what the child wrote is
-        read to its end, shielded, for at most ``DRAIN_TIMEOUT_S``; then the reader
-        stops and the log file is closed.
+    def capture(self) -> StderrLog:
+        """As an async context manager: yield the write end of a pipe to give the
+        child as its stderr, and read it meanwhile. On exit our write end is closed
+        and what the child wrote is read to its end, shielded, for at most
+        ``DRAIN_TIMEOUT_S``; then the pipe is released and the log file closed (by
+        the watch, Rule 1 there). Used once.
 
-        The body must raise nothing but cancellation: the reader's nursery would
-        wrap anything else in an exception group.
-        """
-        # Opened first, so that the log exists (0600) from the agent's start on.
-        await trio.to_thread.run_sync(self._write, b"")
+        A class rather than ``@asynccontextmanager``: a suspended generator and its
+        frame would stay resident for the agent's whole life."""
+        return self
+
+    async def __aenter__(self) -> int:
+        # Opened first, so that the log exists (0600) from the agent's start on; in
+        # a spawn's thread, so that a burst of starts does not grow trio's pool.
+        await trio.to_thread.run_sync(self._write, b"", limiter=spawn_limiter())
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         with suppress(OSError):  # lowered fs.pipe-max-size: the default 64 KiB serves
             fcntl.fcntl(write_fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
-        stream = trio.lowlevel.FdStream(read_fd)  # owns read_fd from here on
-        drained = trio.Event()
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._read, stream, drained)
-                try:
-                    yield write_fd
-                finally:
-                    os.close(write_fd)
-                    write_fd = -1
-                    with trio.CancelScope(shield=True), trio.move_on_after(DRAIN_TIMEOUT_S):
-                        await drained.wait()
-                    nursery.cancel_scope.cancel()
-        finally:
-            if write_fd >= 0:
-                os.close(write_fd)
-            stream.close()
-            if self._file is not None:
-                self._file.close()  # unbuffered: nothing left to flush
-                self._file = None
+            current_watch().add_pipe(read_fd, self._received, self._end, self._released)
+        except BaseException:
+            os.close(read_fd)
+            os.close(write_fd)
+            raise
+        self._read_fd, self._write_fd = read_fd, write_fd  # the watch owns read_fd
+        return write_fd
 
-    async def _read(self, stream: trio.lowlevel.FdStream, drained: trio.Event) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         try:
-            while chunk := await stream.receive_some(PIPE_BYTES):
-                self._tail += chunk
-                del self._tail[:-TAIL_BYTES]
-                if not self._broken:
-                    await trio.to_thread.run_sync(self._write, chunk)
+            os.close(self._write_fd)
+            self._write_fd = -1
+            with trio.CancelScope(shield=True), trio.move_on_after(DRAIN_TIMEOUT_S):
+                await self._wait_ended()
         finally:
-            drained.set()
+            current_watch().release(self._read_fd)
 
-    def _write(self, chunk: bytes) -> None:
+    async def _wait_ended(self) -> None:
+        if self._ended:
+            await trio.lowlevel.checkpoint()
+            return
+        self._waiter = trio.lowlevel.current_task()
+
+        def abort(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+            self._waiter = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def _end(self) -> None:
+        """The pipe ended (trio's thread)."""
+        self._ended = True
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            trio.lowlevel.reschedule(waiter)
+
+    def _received(self, chunk: memoryview) -> None:
+        """A chunk read from the pipe (the watch's thread)."""
+        if len(chunk) >= TAIL_BYTES:
+            self._tail = bytes(chunk[-TAIL_BYTES:])
+        else:
+            self._tail = self._tail[len(chunk) - TAIL_BYTES :] + chunk
+        if not self._broken:
+            self._write(chunk)
+
+    def _released(self) -> None:
+        """The watch let go of the pipe (its thread): nothing is written any more."""
+        if self._file is not None:
+            self._file.close()  # unbuffered: nothing left to flush
+            self._file = None
+
+    def _write(self, chunk: bytes | memoryview) -> None:
         """Append ``chunk`` to the log, rotating it whenever the current file would
         pass half the bound (Rule 1). Runs in a worker thread, one call at a time."""
         half = self._half_bytes

@@ -26,6 +26,7 @@ from agentsd.store.journal import bodies_of_kind, last_seq_of_kind, read_events
 from agentsd_protocol.api.attention import Notice
 from agentsd_protocol.api.events import (
     ApprovalRequested,
+    ConversationCleared,
     Event,
     ItemCompleted,
     ItemStarted,
@@ -39,11 +40,16 @@ from agentsd_protocol.api.events import (
     decode_event,
     kind_of,
 )
+from agentsd_protocol.api.session import TokenUsage
 from agentsd_protocol.api.stream import ApprovalNeed, SessionStatus, SummaryState
+from agentsd_protocol.usage import token_usage
 
 if TYPE_CHECKING:
     from agentsd.session import Session
 
+# A turn settled ``interrupted`` for one of these causes was cut off by the daemon
+# (a crash, then recovery; or a stop), not ended by the user or the agent.
+CUT_OFF_REASONS = frozenset({"daemon-restart", "shutdown"})
 MAX_TEXT_CHARS = 200  # a status line or a notification body shows no more
 _REPLY_TYPE = "agentMessage"  # the item type of the agent's reply, in every provider
 
@@ -60,8 +66,13 @@ class Summary:
     outcome: TurnOutcome | None = None
     failure: str | None = None
     usage: dict[str, Any] | None = None
+    tokens: TokenUsage | None = None
     notable_seq: int = 0
     acknowledged_seq: int = 0
+    # The seq of the ``turn.completed`` that cut the last turn off, until a prompt
+    # or a continuation follows it (``agentSession.continue``).
+    cut_off_seq: int | None = None
+    cut_off_reason: str | None = None
 
     @property
     def unseen(self) -> bool:
@@ -70,10 +81,12 @@ class Summary:
     def apply(self, seq: int, event: Event | UnknownEvent) -> bool:
         """Apply one event; returns whether it is notable (Rule 2)."""
         match event:
-            case Submission(text=text):
-                self.last_prompt = head(text)
+            case Submission(text=text, continues_seq=continues):
+                if continues is None:  # a continuation is not what the user asked
+                    self.last_prompt = head(text)
                 self.last_reply = None
                 self.reply_item = None
+                self.cut_off_seq = self.cut_off_reason = None
             case (
                 ItemStarted(type=item_type, item_id=item_id, text=text)
                 | ItemCompleted(type=item_type, item_id=item_id, text=text)
@@ -86,6 +99,9 @@ class Summary:
             case TurnCompleted(outcome=outcome, error=error, reason=reason):
                 self.outcome = outcome
                 self.failure = None
+                cut = outcome == "interrupted" and reason in CUT_OFF_REASONS
+                self.cut_off_seq = seq if cut else None
+                self.cut_off_reason = reason if cut else None
                 if outcome == "failed":
                     self.failure = error.message if error is not None else reason or "failed"
                 self.notable_seq = max(self.notable_seq, seq)
@@ -95,6 +111,10 @@ class Summary:
                 return True
             case UsageUpdated(total=total):
                 self.usage = total
+                self.tokens = token_usage(event)
+            case ConversationCleared():
+                self.usage = None
+                self.tokens = None
             case SessionAcknowledged(seq=acked):
                 self.acknowledged_seq = max(self.acknowledged_seq, acked)
             case _:
@@ -106,11 +126,14 @@ def derive_summary(conn: sqlite3.Connection, session_id: str) -> Summary:
     """The session's summary replayed from its journal (Rule 3)."""
     summary = Summary()
     after = max(last_seq_of_kind(conn, session_id, kind_of(Submission)) - 1, 0)
-    for body in bodies_of_kind(conn, session_id, kind_of(UsageUpdated)):
-        usage = decode_event(kind_of(UsageUpdated), body)
-        if isinstance(usage, UsageUpdated):
-            summary.usage = usage.total
-        break
+    cleared = last_seq_of_kind(conn, session_id, kind_of(ConversationCleared))
+    if last_seq_of_kind(conn, session_id, kind_of(UsageUpdated)) > cleared:
+        for body in bodies_of_kind(conn, session_id, kind_of(UsageUpdated)):
+            usage = decode_event(kind_of(UsageUpdated), body)
+            if isinstance(usage, UsageUpdated):
+                summary.usage = usage.total
+                summary.tokens = token_usage(usage)
+            break
     while True:
         page, more = read_events(conn, session_id, after_seq=after, limit=1000, max_bytes=4 << 20)
         for stored in page:
@@ -123,6 +146,13 @@ def derive_summary(conn: sqlite3.Connection, session_id: str) -> Summary:
         last_seq_of_kind(conn, session_id, kind_of(TurnCompleted)),
         last_seq_of_kind(conn, session_id, kind_of(ApprovalRequested)),
     )
+    if summary.last_prompt is None:
+        # The last submission was a continuation: the user's prompt is further back.
+        for body in bodies_of_kind(conn, session_id, kind_of(Submission)):
+            prompt = decode_event(kind_of(Submission), body)
+            if isinstance(prompt, Submission) and prompt.continues_seq is None:
+                summary.last_prompt = head(prompt.text)
+                break
     for body in bodies_of_kind(conn, session_id, kind_of(SessionAcknowledged)):
         acked = decode_event(kind_of(SessionAcknowledged), body)
         if isinstance(acked, SessionAcknowledged):
@@ -157,10 +187,12 @@ def session_status(session: Session) -> SessionStatus:
         last_reply=summary.last_reply,
         model=model if isinstance(model, str) else None,
         usage=summary.usage,
+        tokens=summary.tokens,
         updated_at=session.row.updated_at,
         unseen=summary.unseen,
         acknowledged_seq=summary.acknowledged_seq,
         attention_seq=summary.notable_seq,
+        resources=session.resources if session.child is not None else None,
     )
 
 
@@ -178,6 +210,7 @@ def notice_of(session: Session, seq: int, ts: float, event: Event | UnknownEvent
                 text=text,
                 outcome=outcome,
                 ts=ts,
+                cut_off=summary.cut_off_seq == seq,
             )
         case ApprovalRequested(approval_id=approval_id, title=title):
             return Notice(
@@ -218,4 +251,5 @@ def unseen_notice(session: Session) -> Notice | None:
         text=summary.failure or summary.last_reply or summary.outcome or "",
         outcome=summary.outcome,
         ts=session.row.updated_at,
+        cut_off=summary.cut_off_seq is not None and summary.cut_off_seq == summary.notable_seq,
     )

@@ -32,8 +32,10 @@ import msgspec
 import trio
 
 from agentsd.agent_env import AgentEnvironment
+from agentsd.attachments import BlobStore
 from agentsd.cgroup import FALLBACK, Containment
-from agentsd.config import Config
+from agentsd.config import Config, Limits
+from agentsd.drain import TurnGate
 from agentsd.feed import Feed
 from agentsd.held_lease import recorded_identity, settle
 from agentsd.holder_link import HolderKeeper, open_holder_keeper
@@ -95,10 +97,13 @@ class Supervisor:
         self.ladder = config.ladder
         self.feed = Feed()
         self.board = StatusBoard()
+        self.gate = TurnGate()  # closed while a drained restart waits (agentsd.drain)
+        self.continuing: set[str] = set()  # continuations being journaled (handlers.continuity)
         self.sessions: dict[str, Session] = {}
         self._providers = providers
         self._nursery = nursery
         self.host_id = _host_id(state_dir)
+        self.blobs = BlobStore(state_dir / "blobs")
 
     # ---- lookup -------------------------------------------------------------------
 
@@ -204,14 +209,21 @@ class Supervisor:
         options: dict[str, Any],
         env: dict[str, str],
         command: list[str] | None,
+        limits: dict[str, Any] | None = None,
+        created_by: str | None = None,
         operation: Operation | None = None,
         provisional: Callable[[SessionInfo], Any] | None = None,
+        resume_from: str | None = None,
     ) -> Session:
         """Insert the record and its ``session.created`` event; with ``operation``,
         the ledger's provisional entry commits in the same transaction, so a retry
-        after a crash finds this session instead of creating another."""
+        after a crash finds this session instead of creating another. ``limits`` are
+        the session's own (``SessionLimits`` as the wire spells it); ``created_by``
+        is the session whose agent asks (None: the user). With ``resume_from`` the
+        session adopts that provider conversation: it is the handle its first start
+        resumes (``runner``: an adoption). Raises ``LimitUnavailable``, with nothing
+        stored, if its limits cannot be applied."""
         self.provider(provider)
-        await self.check_limits()
         now = time.time()
         row = session_rows.SessionRow(
             id=uuid.uuid4().hex[:12],
@@ -222,12 +234,17 @@ class Supervisor:
             options=options,
             env=env,
             command=command,
-            provider_handle=None,
+            provider_handle=resume_from,
             created_at=now,
             updated_at=now,
+            limits=limits,
+            created_by=created_by,
         )
-        created = SessionCreated(provider=provider, cwd=cwd, title=title)
+        created = SessionCreated(
+            provider=provider, cwd=cwd, title=title, by=created_by, resume_from=resume_from
+        )
         session = self._bound(Session(row=row, head_seq=0, board=self.board))
+        await self.check_limits(session)
 
         def insert(conn: StoreConnection) -> tuple[None, list[StoredEvent]]:
             stored = session_rows.insert_session(conn, row, [created])
@@ -245,10 +262,14 @@ class Supervisor:
         session.journal = SessionJournal(session, self.store, self.feed)
         return session
 
-    async def check_limits(self) -> None:
-        """Raise ``LimitUnavailable`` if the configured limits cannot be applied to
+    def limits(self, session: Session) -> Limits:
+        """What each agent of ``session`` may use: its own limits over the config's."""
+        return self.config.limits.under(session.own_limits())
+
+    async def check_limits(self, session: Session) -> None:
+        """Raise ``LimitUnavailable`` if the session's limits cannot be applied to
         an agent: no cgroup, or a controller they need is not enabled."""
-        limits = self.config.limits
+        limits = self.limits(session)
         wanted = limits.controllers()
         if not wanted:
             return
@@ -282,7 +303,7 @@ class Supervisor:
                 if session.phase == "exit-unproven":
                     await self._retry_unproven(session)
                 self.check_cwd(session.row.cwd)
-                await self.check_limits()
+                await self.check_limits(session)
                 task = SessionTask()
                 session.task = task
                 self._nursery.start_soon(run_session, self, session, task)
@@ -333,6 +354,7 @@ class Supervisor:
             await trio.to_thread.run_sync(remove_log, self.stderr_path(session.id))
         except OSError as exc:
             log.warning("could not remove the stderr log of session %s: %s", session.id, exc)
+        await trio.to_thread.run_sync(self.blobs.drop, session.id)
         self.feed.end_session(session.id, "deleted")
         self.board.deleted(session)
 

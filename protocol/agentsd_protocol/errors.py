@@ -264,6 +264,62 @@ class LimitUnavailable(RpcError):
     kind = "limit_unavailable"
 
 
+class UnknownOption(RpcError):
+    """``setOptions`` named an option the session's provider does not have, or a
+    value outside an option's closed choices (``option``, ``value``, ``choices``);
+    nothing was changed."""
+
+    code = -32046
+    kind = "unknown_option"
+
+
+class UnknownCommand(RpcError):
+    """``agentSession.command`` named a command neither agentsd nor the session's
+    agent offers (``name``, ``known``); nothing was run or journaled."""
+
+    code = -32047
+    kind = "unknown_command"
+
+
+class NotCutOff(RpcError):
+    """``agentSession.continue`` of a session whose last turn was not cut off by a
+    daemon restart (it finished, failed, was interrupted by the user, or a prompt
+    was sent since): there is nothing to carry on."""
+
+    code = -32048
+    kind = "not_cut_off"
+
+
+class Draining(RpcError):
+    """The daemon is draining before a restart (``daemon.restart`` with ``drain``):
+    it takes no new turn. Retry once it has restarted."""
+
+    code = -32049
+    kind = "draining"
+    retryable = True
+
+
+class ContentUnsupported(RpcError):
+    """The prompt carries a content block (an image, a file reference) the session's
+    agent cannot take. Refused before anything is journaled; ``block`` names the
+    block's type and ``provider`` the agent."""
+
+    code = -32050
+    kind = "content_unsupported"
+
+
+class AttachmentRefused(RpcError):
+    """An image or file of a prompt cannot be used: missing, not a regular file, in
+    a place the daemon does not read from, past its size bound, or not an image of a
+    known type. Refused before anything is journaled; ``reason`` is a stable word
+    (``not_found``, ``not_regular``, ``forbidden_path``, ``too_large``,
+    ``not_an_image``, ``bad_base64``, ``too_many``), ``limit`` the bound when one was
+    passed."""
+
+    code = -32051
+    kind = "attachment_refused"
+
+
 def _all_subclasses(cls: type[RpcError]) -> list[type[RpcError]]:
     out: list[type[RpcError]] = []
     for sub in cls.__subclasses__():

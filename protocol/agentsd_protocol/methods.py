@@ -25,6 +25,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from agentsd_protocol.api import attention as a
+from agentsd_protocol.api import controls as ctl
 from agentsd_protocol.api import conversation as c
 from agentsd_protocol.api import daemon as d
 from agentsd_protocol.api import session as s
@@ -108,6 +109,13 @@ DISCOVER = Method(
     "This API as an OpenRPC 1.3 document.",
     inline=True,
 )
+RESTART = Method(
+    "daemon.restart",
+    d.RestartParams,
+    d.RestartResult,
+    "Restart the daemon; with drain, take no new turn and wait for running ones first.",
+    mutation=True,
+)
 CREATE = Method(
     "agentSession.create",
     s.CreateParams,
@@ -171,11 +179,40 @@ RESPOND = Method(
     "Answer a pending approval; the first answer wins.",
     mutation=True,
 )
+CONTINUE = Method(
+    "agentSession.continue",
+    c.ContinueParams,
+    c.ContinueResult,
+    "Resume a turn a daemon restart cut off, asking the agent to carry on.",
+    mutation=True,
+)
 SET_OPTIONS = Method(
     "agentSession.setOptions",
     c.SetOptionsParams,
     c.SetOptionsResult,
-    "Change the title or the options used at the next start.",
+    "Change the title or options; each change applies as live as the agent allows (``appliesAt``).",
+    mutation=True,
+)
+OPTIONS = Method(
+    "agentSession.options",
+    ctl.OptionsParams,
+    ctl.OptionsResult,
+    "The session's options now, what each may be set to (models, efforts, modes) and "
+    "where a change applies.",
+)
+COMMANDS = Method(
+    "agentSession.commands",
+    ctl.CommandsParams,
+    ctl.CommandsResult,
+    "The commands a client may run: the agent's slash commands and skills, and "
+    "agentsd's own (compact, clear).",
+)
+COMMAND = Method(
+    "agentSession.command",
+    ctl.CommandParams,
+    ctl.CommandResult,
+    "Run one command: compact the conversation, clear it (a fresh one, history kept), "
+    "or one of the agent's.",
     mutation=True,
 )
 QUEUE = Method(
@@ -239,6 +276,7 @@ METHODS: dict[str, Method[Any, Any]] = {
         STATUS,
         SHUTDOWN,
         RELOAD_ENV,
+        RESTART,
         DISCOVER,
         CREATE,
         GET,
@@ -249,7 +287,11 @@ METHODS: dict[str, Method[Any, Any]] = {
         SEND,
         INTERRUPT,
         RESPOND,
+        CONTINUE,
         SET_OPTIONS,
+        OPTIONS,
+        COMMANDS,
+        COMMAND,
         QUEUE,
         SET_TITLE,
         HISTORY,

@@ -12,7 +12,14 @@ Figures (``python -m tests.bench sessions``):
 - daemon RSS per live session with ``SESSIONS`` sessions whose child is a tiny shell
   (children are separate processes: not counted) (target: at most 32 KiB);
 - closing all of them at once, children that ignore stdin EOF and SIGTERM, against
-  one ladder's grace (target: at most 2x).
+  one ladder's grace (target: at most 2x);
+- the same close-all in a second daemon with a cgroup root (``tests.cgroup_root``,
+  where one can be made): the last rung is ``cgroup.kill`` and the proof ``populated
+  0``, against the first daemon's SIGKILL to each group and /proc scans.
+
+A daemon made by ``running_daemon`` under ``AGENTSD_TEST_CGROUP=1`` has a cgroup
+root of its own: the first daemon is then in cgroup mode too, and the comparison
+says so.
 
 Nothing here asserts: the machine is shared.
 """
@@ -35,6 +42,8 @@ import msgspec
 from agentsctl.client import Client
 from agentsd_protocol import methods
 from agentsd_protocol.api import session as s
+from agentsd_protocol.api.daemon import StatusParams
+from tests.cgroup_root import cgroup_root, unavailable
 from tests.daemon_process import DaemonProcess, running_daemon
 
 ROUNDS = 12  # create/ready/close pairs
@@ -194,7 +203,7 @@ def verdict(ok: bool) -> str:
     return "ok" if ok else "MISSED"
 
 
-def run(daemon: DaemonProcess) -> None:
+def run(daemon: DaemonProcess) -> float:
     pid = daemon.process.pid
     with Client(daemon.socket, timeout_s=120) as client:
         daemon_cycle_s(client)  # warm up: every code path loaded once
@@ -249,22 +258,62 @@ def run(daemon: DaemonProcess) -> None:
                 f"(target <= {RSS_TARGET_KIB} KiB) {verdict(per_session <= RSS_TARGET_KIB)}"
             )
 
-            closes = [("agentSession.close", {"sessionId": sid}) for sid in sids]
-            results: list[Any] = []
-            close_s = timed(lambda: results.extend(pipelined(clients, closes)))
-            killed = sum(1 for r in results if (r["session"]["lastExit"] or {}).get("signal") == 9)
+            close_s, killed = close_all(clients, sids)
             print(
                 f"   close all {SESSIONS}       {close_s:7.2f} s   one ladder's grace "
                 f"{LADDER_GRACE_S:.2f} s   ratio {close_s / LADDER_GRACE_S:.2f}x "
                 f"(target <= {CLOSE_TARGET}x) {verdict(close_s <= CLOSE_TARGET * LADDER_GRACE_S)}"
-                f"   ({killed} needed SIGKILL)"
+                f"   ({killed} needed SIGKILL; {containment(client)})"
             )
+            return close_s
         finally:
             for extra in clients:
                 extra.close()
 
 
+def close_all(clients: list[Client], sids: list[str]) -> tuple[float, int]:
+    """Close every session at once; the time it took and how many needed SIGKILL."""
+    closes = [("agentSession.close", {"sessionId": sid}) for sid in sids]
+    results: list[Any] = []
+    close_s = timed(lambda: results.extend(pipelined(clients, closes)))
+    killed = sum(1 for r in results if (r["session"]["lastExit"] or {}).get("signal") == 9)
+    return close_s, killed
+
+
+def containment(client: Client) -> str:
+    return client.call(methods.STATUS, StatusParams()).containment.mode
+
+
+def close_all_in_cgroups(daemon: DaemonProcess) -> tuple[float, int, str]:
+    """``SESSIONS`` tiny sessions created and closed at once in ``daemon``."""
+    clients = [Client(daemon.socket, timeout_s=120) for _ in range(CONNECTIONS)]
+    try:
+        sids = create_tiny(clients, SESSIONS)
+        close_s, killed = close_all(clients, sids)
+        return close_s, killed, containment(clients[0])
+    finally:
+        for extra in clients:
+            extra.close()
+
+
 def main() -> None:
-    with short_ladder_config() as config, running_daemon(extra_args=["--config", str(config)]) as d:
-        run(d)
+    with short_ladder_config() as config:
+        with running_daemon(extra_args=["--config", str(config)]) as d:
+            ladder_s = run(d)
+        reason = unavailable()
+        if reason is not None:
+            print(f"   close all {SESSIONS} in cgroups: skipped ({reason})")
+        else:
+            with (
+                cgroup_root() as root,
+                running_daemon(
+                    extra_args=["--config", str(config), "--cgroup-root", str(root)]
+                ) as d,
+            ):
+                cgroup_s, killed, mode = close_all_in_cgroups(d)
+            print(
+                f"   close all {SESSIONS} in cgroups {cgroup_s:7.2f} s ({mode}: cgroup.kill, "
+                f"populated 0)   vs the first daemon {ladder_s:.2f} s   ratio "
+                f"{cgroup_s / ladder_s:.2f}x   ({killed} ended by SIGKILL)"
+            )
     print(f"   (medians of {ROUNDS} cycles; {os.cpu_count()} cpus, shared)")

@@ -37,11 +37,12 @@ from agentsctl.acp.turns import (
     Interrupt,
     TurnTracker,
 )
-from agentsctl.acp.updates import UpdateTranslator, approval_tool_call
+from agentsctl.acp.updates import UpdateTranslator
 from agentsctl.async_client import open_client
+from agentsctl.async_client.follow import Watch
 from agentsctl.client import Client
 from agentsd_protocol import methods
-from agentsd_protocol.api.conversation import RespondParams
+from agentsd_protocol.api.conversation import RespondParams, SendParams
 from agentsd_protocol.api.events import ApprovalRequested
 from agentsd_protocol.api.session import GetParams
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
@@ -138,6 +139,29 @@ def test_a_superseded_conversation_and_an_agents_last_words_are_shown_as_notes()
     ]
 
 
+def test_a_continuation_is_a_note_and_imported_history_is_the_conversation() -> None:
+    """The daemon's request to carry on is not the user's text; a conversation the
+    session adopted replays as the user's and the agent's messages."""
+    translator = UpdateTranslator()
+    carry_on = ev(
+        "submission", clientMessageId="m9", text="Continue where you left off.", continuesSeq=41
+    )
+    imported = [
+        ev("message.imported", role="user", text="fix the bug"),
+        ev("message.imported", role="assistant", text="Fixed it.", turnId="t0"),
+    ]
+    [[note], [user], [agent]] = [wire(translator.event(e)) for e in (carry_on, *imported)]
+    assert note["sessionUpdate"] == "agent_thought_chunk"
+    assert "carry on" in note["content"]["text"] and "#41" in note["content"]["text"]
+    assert "Continue where you left off" not in note["content"]["text"]
+    assert (user["sessionUpdate"], user["content"]["text"]) == ("user_message_chunk", "fix the bug")
+    assert (agent["sessionUpdate"], agent["content"]["text"]) == (
+        "agent_message_chunk",
+        "Fixed it.",
+    )
+    assert user["messageId"] != agent["messageId"]
+
+
 @settings(max_examples=100, deadline=None)  # a shared machine; no per-example deadline
 @given(
     text=hs.text(min_size=1, max_size=60),
@@ -186,13 +210,9 @@ def test_reasoning_is_a_thought_chunk() -> None:
 
 
 def test_a_tool_item_is_announced_once_then_updated() -> None:
-    translator = UpdateTranslator()
+    translator = UpdateTranslator(cwd="/w")
     started = ev(
-        "item.started",
-        itemId="c1",
-        turnId="t",
-        type="commandExecution",
-        input={"command": ["ls", "-la"]},
+        "item.started", itemId="c1", turnId="t", type="commandExecution", command="ls -la", cwd="/w"
     )
     assert wire(translator.event(started)) == [
         {
@@ -201,17 +221,28 @@ def test_a_tool_item_is_announced_once_then_updated() -> None:
             "title": "ls -la",
             "kind": "execute",
             "status": "in_progress",
-            "rawInput": {"command": ["ls", "-la"]},
+            "rawInput": {"command": "ls -la", "cwd": "/w"},
         }
     ]
-    done = ev("item.completed", itemId="c1", turnId="t", type="commandExecution", text="a\nb")
+    output = {"text": "a\nb", "byteLength": 3, "truncated": False}
+    done = ev(
+        "item.completed",
+        itemId="c1",
+        turnId="t",
+        type="commandExecution",
+        command="ls -la",
+        cwd="/w",
+        status="completed",
+        exitCode=0,
+        output=output,
+    )
     assert wire(translator.event(done)) == [
         {
             "sessionUpdate": "tool_call_update",
             "toolCallId": "c1",
             "status": "completed",
             "content": [{"type": "content", "content": {"type": "text", "text": "a\nb"}}],
-            "rawOutput": {"text": "a\nb"},
+            "rawOutput": {"status": "completed", "exitCode": 0, "output": "a\nb"},
         }
     ]
 
@@ -232,7 +263,7 @@ def test_a_tool_item_seen_only_completed_is_one_tool_call_with_its_status() -> N
     body = {"name": "shell", "input": {"command": "rm -rf /"}, "status": "declined"}
     [update] = translator.event(ev("item.completed", itemId="x", type="toolCall", **body))
     assert isinstance(update, acp.ToolCall)
-    assert (update.title, update.kind, update.status) == ("shell: rm -rf /", "execute", "failed")
+    assert (update.title, update.kind, update.status) == ("rm -rf /", "execute", "failed")
 
 
 def test_an_unfinished_tool_call_fails_when_its_turn_is_interrupted() -> None:
@@ -343,7 +374,7 @@ def test_an_approval_naming_its_item_is_that_items_tool_call() -> None:
     assert (updates[-1]["kind"], updates[-1]["rawInput"]) == ("execute", {"command": "ls -la"})
     event = requested.event()
     assert isinstance(event, ApprovalRequested)
-    assert approval_tool_call(event).tool_call_id == "t1-tool"
+    assert translator.permission_tool_call(event).tool_call_id == "t1-tool"
 
 
 def test_a_tool_announced_before_its_approval_waits_pending_then_runs() -> None:
@@ -531,7 +562,7 @@ def test_other_clients_prompts_are_not_ours() -> None:
 # -- ACP types ---------------------------------------------------------------------
 
 
-def test_prompt_content_becomes_text() -> None:
+def test_prompt_content_becomes_text_and_images() -> None:
     blocks = msgspec.json.decode(
         json.dumps(
             [
@@ -539,17 +570,20 @@ def test_prompt_content_becomes_text() -> None:
                 {"type": "resource_link", "uri": "file:///a.py", "name": "a.py"},
                 {"type": "resource", "resource": {"uri": "file:///b.py", "text": "x = 1"}},
                 {"type": "resource", "resource": {"uri": "file:///c.png", "blob": "AA=="}},
+                {"type": "image", "data": "R0lG", "mimeType": "image/gif"},
             ]
         ),
         type=list[acp.ContentBlock],
     )
-    assert acp.prompt_text(blocks) == (
+    prompt = acp.daemon_prompt(blocks)
+    assert prompt.text == (
         'look at\n[a.py](file:///a.py)\n<context uri="file:///b.py">\nx = 1\n</context>\n'
         "<file:///c.png>"
     )
-    image = acp.ImageBlock(data="AA==", mime_type="image/png")
+    assert prompt.images == [("R0lG", "image/gif")]
+    audio = acp.AudioBlock(data="AA==", mime_type="audio/wav")
     with pytest.raises(acp.UnsupportedContent):
-        acp.prompt_text([image])
+        acp.daemon_prompt([audio])
 
 
 @pytest.mark.parametrize(
@@ -837,12 +871,14 @@ async def test_the_bridge_prompts_asks_cancels_and_replays(daemon: DaemonProcess
             live = [u for u in editor.updates if u["sessionUpdate"] == "agent_message_chunk"]
 
         async with bridge(daemon.socket) as second:
-            assert (
-                await second.call(
-                    "session/load", {"sessionId": session_id, "cwd": "/tmp", "mcpServers": []}
-                )
-                == {}
+            loaded = await second.call(
+                "session/load", {"sessionId": session_id, "cwd": "/tmp", "mcpServers": []}
             )
+            # The mock has a model and no modes (``controls``).
+            assert "modes" not in loaded
+            assert [(o["id"], o["currentValue"]) for o in loaded["configOptions"]] == [
+                ("model", "mock-fast")
+            ]
             assert second.texts("user_message_chunk") == [
                 "hello",
                 "approve it",
@@ -877,8 +913,11 @@ async def test_prompting_an_unknown_session_is_resource_not_found(daemon: Daemon
             with pytest.raises(AcpError) as missing:
                 await editor.call("session/prompt", params)
             assert missing.value.code == acp.RESOURCE_NOT_FOUND
-            with pytest.raises(AcpError) as unsupported:
+            with pytest.raises(AcpError) as missing:
                 await editor.call("session/set_mode", {"sessionId": "nope", "modeId": "x"})
+            assert missing.value.code == acp.RESOURCE_NOT_FOUND
+            with pytest.raises(AcpError) as unsupported:
+                await editor.call("session/fork", {"sessionId": "nope", "cwd": "/tmp"})
             assert unsupported.value.code == acp.METHOD_NOT_FOUND
 
 
@@ -1090,3 +1129,37 @@ async def test_an_editor_drives_an_acp_agent_through_the_bridge(
         with Client(acp_agent_daemon.socket) as client:
             info = client.call("agentSession.get", {"sessionId": session_id})["session"]
             assert info["provider"] == "testacp"
+
+
+async def test_what_the_editor_was_shown_is_seen(daemon: DaemonProcess) -> None:
+    """A turn's end sent to the editor acknowledges the session (no longer unseen);
+    one that finished while no editor followed is unseen until a session/load
+    replays it (bridge Rule 7). The other client watches the summaries."""
+
+    async def until(watch: Watch, session_id: str, *, seen: bool, after_turns: int) -> None:
+        async for note in watch:
+            status = note.session
+            if (
+                status.session_id == session_id
+                and status.outcome == "completed"
+                and status.unseen is not seen
+                and status.head_seq >= after_turns
+            ):
+                return
+
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with open_client(daemon.socket) as other, other.watch() as watch:
+            async with bridge(daemon.socket) as editor:
+                new = await editor.call("session/new", {"cwd": "/tmp", "mcpServers": []})
+                session_id = new["sessionId"]
+                params = {"sessionId": session_id, "prompt": [{"type": "text", "text": "hi"}]}
+                assert await editor.call("session/prompt", params) == {"stopReason": "end_turn"}
+                await until(watch, session_id, seen=True, after_turns=0)
+            sent = await other.call(
+                methods.SEND, SendParams(session_id=session_id, text="hello while away")
+            )
+            await until(watch, session_id, seen=False, after_turns=sent.seq)
+            async with bridge(daemon.socket) as second:
+                load = {"sessionId": session_id, "cwd": "/tmp", "mcpServers": []}
+                assert "configOptions" in await second.call("session/load", load)
+                await until(watch, session_id, seen=True, after_turns=sent.seq)

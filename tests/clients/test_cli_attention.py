@@ -147,3 +147,27 @@ def test_unseen_until_attached_unseen_again_after_an_approval_across_restarts(
     with running_daemon(state_dir=state, socket_path=sock):
         # The restart cancelled the approval, but it was never seen.
         wait_status(sock, "{unseen} unseen", "1 unseen")
+
+
+def test_watch_shows_reconnecting_across_a_daemon_restart_then_goes_on(
+    private_dir: Path,
+) -> None:
+    state, sock = private_dir / "state", private_dir / "run" / "agentsd.sock"
+    tmux = Tmux(private_dir)
+    try:
+        with running_daemon(state_dir=state, socket_path=sock) as daemon:
+            new_session(daemon, "--title", "alpha", "-m", "echo one")
+            tmux.start(f"{sys.executable} -m agentsctl.cli --socket {sock} watch")
+            tmux.wait_screen("alpha")
+        # The daemon stopped: watch says so and keeps going.
+        screen = tmux.wait_screen("reconnecting")
+        assert "alpha" not in screen, screen
+        with running_daemon(state_dir=state, socket_path=sock) as daemon:
+            screen = tmux.wait_screen("alpha")
+            assert "reconnecting" not in screen, screen
+            # And it follows the new daemon live.
+            new_session(daemon, "--title", "beta", "-m", "echo two")
+            screen = tmux.wait_screen("beta")
+            assert "alpha" in screen, screen
+    finally:
+        tmux.kill()

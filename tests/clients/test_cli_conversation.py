@@ -373,7 +373,7 @@ def test_interrupt_with_nothing_running_says_so(
     assert out == f"{session_id}: nothing to interrupt (no turn is running)\n"
     code, out, _ = run(daemon, capsys, "interrupt", session_id, "--json")
     assert code == EXIT_OK
-    assert json.loads(out) == {"interrupted": False, "reason": "no turn is running"}
+    assert json.loads(out) == {"interrupted": False, "reason": "no turn is running", "seq": None}
 
 
 def test_interrupt_ends_a_running_turn(
@@ -1053,3 +1053,20 @@ def test_the_transcript_escapes_what_others_wrote_before_it_reaches_the_terminal
     shown = out.getvalue()
     assert "\x1b" not in shown and "\r" not in shown and "\x07" not in shown, repr(shown)
     assert shown.count("\\x1b]0;pwned") == 5, shown  # prompt, tool, title, detail, error
+
+
+def test_the_transcript_shows_a_cut_off_turn_and_its_continuation_as_the_daemons() -> None:
+    out = io.StringIO()
+    transcript = Transcript(out)
+    transcript.event(_event(1, "submission", clientMessageId="c1", text="do it"))
+    transcript.event(
+        _event(2, "turn.completed", turnId="t1", outcome="interrupted", reason="daemon-restart")
+    )
+    transcript.event(
+        _event(3, "submission", clientMessageId="c2", text="Carry on.", continuesSeq=2)
+    )
+    assert out.getvalue().splitlines() == [
+        "> do it",
+        "-- turn t1 cut off by a daemon restart; `agentsctl continue` carries it on",
+        "-- continued: the agent was asked to carry on the turn cut off at seq 2",
+    ]

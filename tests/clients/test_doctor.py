@@ -197,6 +197,20 @@ def test_a_program_the_daemons_agents_cannot_find_is_a_warning_with_a_hint(
     assert check["status"] == "warn"
     assert "the daemon's agents do not find no-such-agent" in check["detail"]
     assert "agentsctl daemon reload-env" in check["hint"]
+    assert "[providers.mock] command" in check["hint"]
+
+
+def test_an_acp_agent_the_daemons_agents_cannot_find_points_at_its_agents_table(
+    isolated_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = isolated_env / "config.toml"
+    config.write_text('[agents.opencode]\ncommand = ["no-such-opencode", "acp"]\n')
+    with running_daemon(extra_args=["--config", str(config)]) as daemon:
+        _, checks = doctor(capsys, daemon.socket, daemon.state_dir)
+    check = checks["opencode (daemon)"]
+    assert check["status"] == "warn"
+    assert "the daemon's agents do not find no-such-opencode" in check["detail"]
+    assert "[agents.opencode] command" in check["hint"]
 
 
 def test_doctor_never_starts_a_daemon(

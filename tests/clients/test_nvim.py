@@ -13,6 +13,8 @@ missing ``nvim`` is a failure: CI installs it (``apt-get install neovim``).
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import shutil
 import socket
@@ -27,8 +29,11 @@ import pytest
 
 from agentsctl import Client
 from agentsd_protocol import methods
-from agentsd_protocol.errors import AlreadyResolved
+from agentsd_protocol.errors import AlreadyResolved, SessionNotFound
 from tests.daemon_process import make_temp_dir, running_daemon
+from tests.peers.agents import CODEX_RELEASES
+from tests.peers.fake_openai import API_KEY_ENV, ShellCall, TextReply, running_fake_openai
+from tests.peers.test_claude_prompts import tiny_png
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN_DIR = REPO / "clients" / "nvim"
@@ -462,3 +467,310 @@ def test_nvim_answers_a_question_with_one_of_its_labels(nvim: Nvim) -> None:
         resolved = [e["body"] for e in turns if e["kind"] == "approval.resolved"]
         assert [r["decision"] for r in resolved] == ["Blue", "decline"]
         assert resolved[1]["approvalId"] == approval_id
+
+
+# -- editing prompts, reviewing, picking (issue: editors see the whole conversation) --
+
+
+def submissions(events: list[Event]) -> list[str]:
+    return [e["body"]["text"] for e in events if e["kind"] == "submission"]
+
+
+def test_nvim_attaching_an_unknown_id_is_an_error_not_a_buffer(nvim: Nvim) -> None:
+    with running_daemon() as daemon:
+        nvim.h("setup", str(daemon.socket))
+        nvim.h("cmd", "AgentsAttach no-such-session")
+        nvim.h("wait_notification", "[session_not_found]", WAIT_MS)
+        assert nvim.h("buffers_named", "agents://") == []
+
+
+def test_nvim_offers_the_providers_the_daemon_knows(nvim: Nvim) -> None:
+    with running_daemon() as daemon:
+        nvim.h("setup", str(daemon.socket))
+        offered = nvim.h("completions", "AgentsNew ")
+        assert {"mock", "codex", "claude"} <= set(offered), offered
+        assert "acp" not in offered, "no provider of that name exists"
+        assert nvim.h("completions", "AgentsNew co") == ["codex"] + [
+            p for p in offered if p.startswith("co") and p != "codex"
+        ]
+
+
+def test_nvim_help_works_without_running_helptags(nvim: Nvim, base: Path) -> None:
+    nvim.h("cmd", "help agents")
+    assert nvim.lua("return vim.fn.expand('%:t')") == "agents.txt"
+    assert nvim.lua("return vim.bo.filetype") == "help"
+    nvim.h("cmd", "help :AgentsPrompt")
+    assert "*:AgentsPrompt*" in nvim.lua("return vim.api.nvim_get_current_line()")
+    # The shipped tags are what :helptags makes of the shipped doc (not stale).
+    fresh = base / "doc"
+    shutil.copytree(PLUGIN_DIR / "doc", fresh)
+    (fresh / "tags").unlink()
+    nvim.lua("vim.cmd('helptags ' .. vim.fn.fnameescape(...))", str(fresh))
+    assert (fresh / "tags").read_text() == (PLUGIN_DIR / "doc" / "tags").read_text()
+
+
+def test_nvim_sends_a_range_and_a_multiline_prompt_with_context(nvim: Nvim, base: Path) -> None:
+    with running_daemon() as daemon, Client(daemon.socket) as watcher:
+        nvim.h("setup", str(daemon.socket))
+        session_id = nvim.h("new_session", "mock", {}, WAIT_MS)
+        watch(watcher, session_id)
+        notes = base / "notes.py"
+        nvim.h("edit_file", str(notes), ["a = 1", "b = 2", "c = 3"])
+
+        nvim.h("cmd", "2,3AgentsSend echo look")
+        block = f'<context uri="file://{notes}" lines="2-3">\nb = 2\nc = 3\n</context>'
+        assert submissions(events_until(watcher, turn_completed)) == [f"echo look\n\n{block}"]
+        nvim.h("wait_line", session_id, "look", WAIT_MS)
+
+        # The prompt buffer: several lines, #buffer names the file it was opened from.
+        nvim.h("cmd", "AgentsPrompt")
+        assert nvim.lua("return vim.fn.expand('%')") == f"agents-prompt://{session_id}"
+        nvim.h("set_lines", ["echo two lines", "and #buffer"])
+        nvim.h("cmd", "write")
+        whole = f'<context uri="file://{notes}">\na = 1\nb = 2\nc = 3\n</context>'
+        sent = submissions(events_until(watcher, turn_completed))
+        assert sent == [f"echo two lines\nand the buffer {notes}\n\n{whole}"]
+        assert nvim.h("current_lines") == [""], "the prompt buffer is emptied once sent"
+        nvim.h("wait_line", session_id, "> and the buffer " + str(notes), WAIT_MS)
+
+
+def test_nvim_shows_a_reply_after_a_prompt_sent_mid_turn(nvim: Nvim) -> None:
+    with running_daemon() as daemon, Client(daemon.socket) as watcher:
+        nvim.h("setup", str(daemon.socket))
+        session_id = nvim.h("new_session", "mock", {"chunks": 30, "chunkDelayS": 0.05}, WAIT_MS)
+        watch(watcher, session_id)
+        words = " ".join(f"w{i}" for i in range(30))
+        nvim.h("cmd", f"AgentsSend echo {words}")
+        nvim.h("wait_streaming", session_id, WAIT_MS)
+        nvim.h("cmd", "AgentsSend echo second")
+        nvim.h("wait_idle", session_id, WAIT_MS)
+        [reply] = agent_texts(events_until(watcher, turn_completed))
+        assert reply == f"{words} second", "the mock answers a steering prompt in its turn"
+        first, rest = nvim.h("messages", session_id)
+        assert first + rest == reply and first and rest.endswith("second")
+        lines = nvim.h("wait_line", session_id, rest.split("\n")[-1], WAIT_MS)
+        prompt = nvim.h("line_index", session_id, "> echo second")
+        assert prompt < lines.index(rest.split("\n")[-1]), "the rest comes after the prompt"
+        assert lines.index(first.split("\n")[0]) < prompt
+
+
+def test_nvim_deletes_a_session(nvim: Nvim) -> None:
+    with running_daemon() as daemon, Client(daemon.socket) as other:
+        nvim.h("setup", str(daemon.socket))
+        session_id = nvim.h("new_session", "mock", {}, WAIT_MS)
+        nvim.h("stub_select", "Keep")
+        nvim.h("cmd", "AgentsDelete")
+        assert nvim.lua("return require('agents_test').selected") == ["Delete", "Keep"]
+        assert other.call("agentSession.get", {"sessionId": session_id})["session"]
+        nvim.h("stub_select", "Delete")
+        nvim.h("cmd", "AgentsDelete")
+        nvim.h("wait_notification", f"deleted session {session_id}", WAIT_MS)
+        with pytest.raises(SessionNotFound):
+            other.call("agentSession.get", {"sessionId": session_id})
+        nvim.h("wait_line", session_id, "[session deleted (reason: deleted)]", WAIT_MS)
+
+
+def test_nvim_statusline_and_sessions_picker_show_the_summaries(nvim: Nvim) -> None:
+    with running_daemon() as daemon, Client(daemon.socket) as other:
+        nvim.h("setup", str(daemon.socket))
+        calm = nvim.h("new_session", "mock", {}, WAIT_MS)
+        asking = nvim.h("new_session", "mock", {}, WAIT_MS)
+        nvim.h("cmd", "AgentsSend please approve the command")
+        nvim.h("wait_approval", asking, WAIT_MS)
+        nvim.h("cmd", f"AgentsAttach {calm}")
+        assert nvim.h("wait_statusline", "1 needs you", WAIT_MS).startswith("agents: ")
+        # The other client sees the same: one session waits on an approval.
+        states = {s["sessionId"]: s for s in other.call("agentSession.watch", {})["sessions"]}
+        assert states[asking]["state"] == "attention" and states[calm]["state"] == "idle"
+
+        nvim.h("stub_select", asking)
+        nvim.h("cmd", "AgentsSessions")
+        shown = nvim.lua("return require('agents_test').selected")
+        assert asking in shown[0] and "[approve: Run `ls -la`]" in shown[0], shown
+        assert calm in shown[1]
+        nvim.h("wait_current_session", asking, WAIT_MS)
+        assert nvim.h("wait_statusline", "^agents: approve: Run", WAIT_MS)
+
+        approval_id = states[asking]["approvals"][0]["approvalId"]
+        answer = {"sessionId": asking, "approvalId": approval_id, "decision": "accept"}
+        other.call("agentSession.respond", answer)
+        nvim.h("wait_statusline", "^agents: idle", WAIT_MS)
+
+
+def test_nvim_reviews_a_codex_edit_in_a_diff(nvim: Nvim, base: Path) -> None:
+    """The real codex edits a file (against the fake model server); ``gd`` on its
+    tool line opens the edit's old and new text side by side in diff mode."""
+    work = base / "work"
+    work.mkdir()
+    (work / "a.py").write_text("one\ntwo\nthree\nfour\n")
+    patch = (
+        "apply_patch <<'EOF'\n*** Begin Patch\n*** Update File: a.py\n@@\n two\n-three\n"
+        "+THREE\n four\n*** End Patch\nEOF"
+    )
+    with running_fake_openai(ShellCall(patch, escalate=False), TextReply("Edited.")) as fake:
+        codex_home = fake.write_codex_home(base / "codex-home")
+        env = {"CODEX_HOME": str(codex_home), API_KEY_ENV: "dummy"}
+        config = base / "config.toml"
+        codex = next(r for r in CODEX_RELEASES if r.newest).command()
+        config.write_text(
+            f'agent_env = "inherit"\n[providers.codex]\ncommand = {json.dumps(codex)}\n'
+        )
+        with (
+            running_daemon(extra_args=["--config", str(config)], env=env) as daemon,
+            Client(daemon.socket) as watcher,
+        ):
+            nvim.h("setup", str(daemon.socket))
+            nvim.lua("vim.cmd('cd ' .. vim.fn.fnameescape(...))", str(work))
+            session_id = nvim.h("new_session", "codex", {}, WAIT_MS)
+            watch(watcher, session_id)
+            nvim.h("cmd", "AgentsSend Edit a.py")
+            events = events_until(watcher, turn_completed)
+            [edit] = [
+                e["body"]
+                for e in events
+                if e["kind"] == "item.completed" and e["body"]["type"] == "fileChange"
+            ]
+            nvim.h("wait_line", session_id, f"[edit] {work / 'a.py'} (completed)", WAIT_MS)
+            nvim.h("press_on", session_id, "[edit]", "gd")
+            before, after = nvim.h("tab_windows")
+            assert before["diff"] and after["diff"]
+            assert before["lines"] == ["two", "three", "four"]
+            assert after["lines"] == ["two", "THREE", "four"]
+            assert before["name"].endswith(f"{edit['itemId']}/before")
+            assert (work / "a.py").read_text() == "one\ntwo\nTHREE\nfour\n"
+
+
+def test_nvim_marks_seen_what_a_window_shows(nvim: Nvim) -> None:
+    """A session finishing a turn in a window is seen; one finishing hidden stays
+    unseen (for every client) until its buffer is shown."""
+    with running_daemon() as daemon, Client(daemon.socket) as other:
+        nvim.h("setup", str(daemon.socket))
+        hidden = nvim.h("new_session", "mock", {}, WAIT_MS)
+        shown = nvim.h("new_session", "mock", {}, WAIT_MS)  # replaces hidden in the window
+        watch(other, hidden)
+        watch(other, shown)
+        for session_id in (hidden, shown):
+            other.call("agentSession.send", {"sessionId": session_id, "text": "echo done"})
+        events_until(other, turn_completed)
+        events_until(other, turn_completed)
+        nvim.h("wait_unseen", hidden, True, WAIT_MS)
+        nvim.h("wait_unseen", shown, False, WAIT_MS)
+        assert nvim.h("wait_statusline", "^agents: idle | 1 unseen$", WAIT_MS)
+        states = {s["sessionId"]: s for s in other.call("agentSession.watch", {})["sessions"]}
+        assert states[hidden]["unseen"] is True
+        assert states[shown]["unseen"] is False
+        nvim.h("cmd", f"AgentsAttach {hidden}")
+        nvim.h("wait_statusline", "^agents: idle$", WAIT_MS)
+        states = {s["sessionId"]: s for s in other.call("agentSession.watch", {})["sessions"]}
+        assert not states[hidden]["unseen"] and not states[shown]["unseen"]
+
+
+def test_nvim_picks_a_model_runs_commands_and_sends_an_image(nvim: Nvim, base: Path) -> None:
+    """``:AgentsModel`` and ``:AgentsCommand`` pick from what the daemon lists;
+    ``:AgentsCompact`` compacts; ``@shot.png`` goes as an image. The Python client
+    sees each reach the same session."""
+    shot = base / "shot.png"
+    shot.write_bytes(tiny_png(3, 3))
+    with running_daemon() as daemon, Client(daemon.socket) as watcher:
+        nvim.h("setup", str(daemon.socket))
+        session_id = nvim.h("new_session", "mock", {}, WAIT_MS)
+        watch(watcher, session_id, live_only=True)
+
+        nvim.h("stub_select", "mock-deep")
+        nvim.h("cmd", "AgentsModel")
+        assert nvim.h("wait_selected", WAIT_MS) == ["* mock-fast", "  mock-deep"]
+        nvim.h("wait_notification", "model mock-deep (model: ", WAIT_MS)
+        options = watcher.call("agentSession.get", {"sessionId": session_id})["session"]["options"]
+        assert options["model"] == "mock-deep"
+        nvim.h("cmd", "AgentsSend which model")
+        assert agent_texts(events_until(watcher, turn_completed)) == ["I am mock-deep."]
+
+        # The command picker lists agentsd's commands and the agent's; a hint asks for args.
+        nvim.h("stub_select", "/greet")
+        nvim.h("stub_input", "Ada")
+        nvim.h("cmd", "AgentsCommand")
+        shown = nvim.h("wait_selected", WAIT_MS)
+        assert [line.split()[0] for line in shown] == ["/compact", "/clear", "/greet"]
+        events = events_until(watcher, turn_completed)
+        assert [
+            (e["body"]["name"], e["body"].get("args")) for e in events if e["kind"] == "command.run"
+        ] == [("greet", "Ada")]
+        assert agent_texts(events) == ["Hello, Ada!"]
+        nvim.h("wait_line", session_id, "[/greet Ada]", WAIT_MS)
+
+        nvim.h("cmd", "AgentsCompact")
+        events = events_until(watcher, turn_completed)
+        assert [e["body"]["name"] for e in events if e["kind"] == "command.run"] == ["compact"]
+        assert not submissions(events), "a command is not a prompt"
+        nvim.h("cmd", "AgentsCommand /nosuch")
+        nvim.h("wait_notification", "[unknown_command]", WAIT_MS)
+
+        # An image by its path: the daemon reads the bytes, the mock records them.
+        nvim.lua("vim.cmd('cd ' .. vim.fn.fnameescape(...))", str(base))
+        nvim.h("cmd", "AgentsSend echo see @shot.png")
+        events = events_until(watcher, turn_completed)
+        [submission] = [e["body"] for e in events if e["kind"] == "submission"]
+        assert submission["text"] == "echo see shot.png"
+        assert [a["type"] for a in submission["attachments"]] == ["image"]
+        digest = hashlib.sha256(tiny_png(3, 3)).hexdigest()
+        assert f"[image image/png {digest}" in agent_texts(events)[0]
+
+
+def test_nvim_picks_a_codex_mode_preset(nvim: Nvim, base: Path) -> None:
+    """``:AgentsMode`` offers Codex's presets with the current one marked; the
+    choice sets approvalPolicy and sandbox, as another client sees."""
+    config = base / "config.toml"
+    codex = next(r for r in CODEX_RELEASES if r.newest).command()
+    config.write_text(f"[providers.codex]\ncommand = {json.dumps(codex)}\n")
+    with (
+        running_daemon(extra_args=["--config", str(config)]) as daemon,
+        Client(daemon.socket) as other,
+    ):
+        session_id = other.call("agentSession.create", {"provider": "codex", "cwd": str(base)})[
+            "sessionId"
+        ]
+        nvim.h("setup", str(daemon.socket))
+        nvim.h("cmd", f"AgentsAttach {session_id}")
+        nvim.h("wait_current_session", session_id, WAIT_MS)
+        nvim.h("stub_select", "full-access")
+        nvim.h("cmd", "AgentsMode")
+        shown = nvim.h("wait_selected", WAIT_MS)
+        assert shown == ["  read-only", "* auto", "  full-access"]
+        nvim.h("wait_notification", "mode full-access", WAIT_MS)
+        options = other.call("agentSession.get", {"sessionId": session_id})["session"]["options"]
+        assert (options["approvalPolicy"], options["sandbox"]) == ("never", "danger-full-access")
+        nvim.h("stub_select", "read-only")
+        nvim.h("cmd", "AgentsMode")
+        assert nvim.h("wait_selected", WAIT_MS)[2] == "* full-access"
+        nvim.h("cmd", "AgentsMode nosuch")
+        nvim.h("wait_notification", "no mode nosuch", WAIT_MS)
+
+
+def test_nvim_shows_imported_history_a_continuation_and_the_context(nvim: Nvim) -> None:
+    """Rendering (unit): imported messages as the conversation, the daemon's
+    continuation as a note rather than a prompt of the user's; the statusline's
+    context part from a session's token counts."""
+    lines = nvim.lua(
+        """
+        local T = require('agents.transcript').new('s1', {})
+        local n = 0
+        local function ev(kind, body)
+          n = n + 1
+          T:apply({ seq = n, kind = kind, body = body })
+        end
+        ev('message.imported', { role = 'user', text = 'fix the bug' })
+        ev('message.imported', { role = 'assistant', text = 'Fixed it.' })
+        ev('submission', { clientMessageId = 'm1', text = 'Continue.', continuesSeq = 7 })
+        return T:lines()
+        """
+    )
+    status = "require('agents.status').context(...)"
+    assert (
+        nvim.lua(f"return {status}", {"tokens": {"contextWindow": 1000, "contextTokens": 420}})
+        == "ctx 42%"
+    )
+    assert nvim.lua(f"return {status}", {"tokens": {"turnTokens": 77}}) == "77 tok"
+    assert nvim.lua(f"return {status}", {}) is None
+    text = "\n".join(lines)
+    assert "> fix the bug" in lines and "Fixed it." in lines, lines
+    assert "> Continue." not in lines and "cut off at #7" in text, lines

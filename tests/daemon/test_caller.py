@@ -8,16 +8,20 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
 from agentsd import leases
 from agentsd.caller import Allowance, identify_caller, refusal
+from agentsd.config import Limits
 from agentsd.procfs import SPAWN_TOKEN_ENV, read_start_time
 from agentsd.session import Session
 from agentsd.status_board import StatusBoard
 from agentsd.store.sessions import SessionRow
-from agentsd_protocol.api.session import CloseParams
+from agentsd_protocol.api.controls import CommandParams
+from agentsd_protocol.api.conversation import SetOptionsParams
+from agentsd_protocol.api.session import CloseParams, CreateParams
 
 TOKEN = "0" * 32
 
@@ -104,6 +108,32 @@ def test_the_user_is_no_session() -> None:
 
 
 @pytest.mark.parametrize(
+    ("params", "allowance", "refused"),
+    [
+        (SetOptionsParams(session_id="mine", changes={"permissionMode": "bypassPermissions"}),
+         [], "changing a session's options (its model, permissions or sandbox)"),
+        (SetOptionsParams(session_id="mine", options={}), [],
+         "changing a session's options (its model, permissions or sandbox)"),
+        (SetOptionsParams(session_id="mine", changes={"sandbox": "danger-full-access"}),
+         ["approvals"], None),
+        (SetOptionsParams(session_id="mine", title="renamed"), [], None),
+        (SetOptionsParams(session_id="other", title="renamed"), [],
+         "changing the options of another session"),
+        (CommandParams(session_id="mine", name="clear"), [], None),
+        (CommandParams(session_id="other", name="compact"), [],
+         "running a command in another session"),
+    ],
+)  # fmt: skip
+def test_an_agent_may_not_change_its_own_options(
+    params: SetOptionsParams | CommandParams, allowance: list[Allowance], refused: str | None
+) -> None:
+    method = (
+        "agentSession.command" if isinstance(params, CommandParams) else "agentSession.setOptions"
+    )
+    assert refusal(method, params, "mine", allowance) == refused
+
+
+@pytest.mark.parametrize(
     ("method", "target", "allowance", "refused"),
     [
         ("agentSession.respond", None, [], "answering an approval"),
@@ -128,6 +158,15 @@ def test_the_user_is_no_session() -> None:
             "acting on another session (agentSession.acknowledge)",
         ),
         ("agentSession.get", "other", [], None),
+        (
+            "agentSession.continue",
+            "other",
+            [],
+            "acting on another session (agentSession.continue)",
+        ),
+        ("agentSession.continue", "mine", [], None),
+        ("daemon.restart", None, [], "controlling the daemon (daemon.restart)"),
+        ("daemon.restart", None, ["daemon"], None),
         ("daemon.reloadEnv", None, [], "controlling the daemon (daemon.reloadEnv)"),
         ("daemon.reloadEnv", None, ["daemon"], None),
         ("daemon.status", None, [], None),
@@ -138,3 +177,68 @@ def test_refusal_follows_the_allowance(
 ) -> None:
     params = CloseParams(session_id=target or "mine")
     assert refusal(method, params, "mine", allowance) == refused
+
+
+@pytest.mark.parametrize(
+    ("params", "allowance", "refused"),
+    [
+        (CreateParams(provider="mock", cwd="/"), [], "creating a session"),
+        (
+            CreateParams(provider="mock", cwd="/"),
+            ["other-sessions", "daemon"],
+            "creating a session",
+        ),
+        (CreateParams(provider="mock", cwd="/"), ["sessions"], None),
+        (
+            CreateParams(provider="mock", cwd="/", command=["/bin/sh"]),
+            ["sessions"],
+            "creating a session with its own command or environment",
+        ),
+        (
+            CreateParams(provider="mock", cwd="/", env={"LD_PRELOAD": "/tmp/x.so"}),
+            ["sessions"],
+            "creating a session with its own command or environment",
+        ),
+    ],
+)
+def test_creating_a_session_is_the_sessions_allowance(
+    params: CreateParams, allowance: list[Allowance], refused: str | None
+) -> None:
+    assert refusal("agentSession.create", params, "mine", allowance) == refused
+
+
+@pytest.mark.parametrize(
+    ("created_by", "allowance", "refused"),
+    [
+        ("mine", ["sessions"], None),  # its own sub-session
+        ("mine", [], "closing another session"),  # created while allowed, no longer
+        ("someone", ["sessions"], "closing another session"),  # another agent's
+        (None, ["sessions"], "closing another session"),  # the user's
+        (None, ["other-sessions"], None),
+    ],
+)
+def test_the_sessions_allowance_reaches_only_the_sessions_it_created(
+    created_by: str | None, allowance: list[Allowance], refused: str | None
+) -> None:
+    params = CloseParams(session_id="sub")
+    assert refusal("agentSession.close", params, "mine", allowance, created_by) == refused
+    respond_refused = refusal("agentSession.respond", params, "mine", allowance, created_by)
+    assert respond_refused == "answering an approval"  # a sub-session's approvals are the user's
+
+
+@pytest.mark.parametrize(
+    ("limits", "refused"),
+    [
+        ({"pids_max": 64}, None),  # lower than the default
+        ({"pids_max": 256}, None),  # the default itself
+        ({"pids_max": 257}, "creating a session with limits above the daemon's defaults"),
+        ({"memory_max": 1 << 40}, None),  # no default: no ceiling to lift
+        ({"cpu_max": 2.5}, "creating a session with limits above the daemon's defaults"),
+    ],
+)
+def test_an_agent_may_lower_a_sub_session_budget_never_lift_it(
+    limits: dict[str, Any], refused: str | None
+) -> None:
+    defaults = Limits(pids_max=256, cpu_max=2.0)
+    params = CreateParams(provider="mock", cwd="/", **limits)
+    assert refusal("agentSession.create", params, "mine", ["sessions"], None, defaults) == refused

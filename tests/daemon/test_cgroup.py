@@ -256,3 +256,36 @@ def test_under_systemd_the_daemon_moves_into_a_leaf_of_its_delegated_service(roo
         for leaf in (service / "daemon", service):
             if leaf.exists():
                 leaf.rmdir()
+
+
+@needs_cgroup
+def test_a_root_without_limit_controllers_says_so(root: Path) -> None:
+    """Here the v2 hierarchy has none of memory, pids and cpu (bound to v1): nothing
+    is enabled, and the containment's detail says so (limits then fail at create)."""
+    assert CgroupRoot(root).enable_controllers(["memory", "pids", "cpu"]) == []
+    assert (root / "cgroup.subtree_control").read_text().split() == []
+    assert "limit controllers: none available" in select_containment(str(root), {}).detail
+
+
+def test_the_root_enables_the_limit_controllers_it_was_given(tmp_path: Path) -> None:
+    """What the daemon writes, on the kernel's file format (a plain directory: no
+    controller but hugetlb can be enabled in this machine's v2 hierarchy, and not
+    without changing its root for everyone): the ones the root has and has not
+    enabled yet, each as ``+name`` in one write; what it has not got is left out."""
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    control = tmp_path / "cgroup.subtree_control"
+    control.write_text("memory\n")
+    writes: list[str] = []
+    real_write = Path.write_text
+
+    def write(path: Path, text: str, *args: object, **kwargs: object) -> int:
+        if path == control:
+            writes.append(text)
+            text = "memory " + " ".join(word[1:] for word in text.split())
+        return real_write(path, text)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Path, "write_text", write)
+        enabled = CgroupRoot(tmp_path).enable_controllers(["memory", "pids", "cpu", "hugetlb"])
+    assert writes == ["+pids +cpu"]
+    assert enabled == ["memory", "pids", "cpu"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,8 +24,9 @@ FIXTURES = Path(__file__).parent.parent / "fixtures"
 DB = FIXTURES / "journal_v1.db"
 EXPECTED: dict[str, Any] = json.loads((FIXTURES / "journal_v1.expected.json").read_text())
 
-# The one intended difference: the CLI showed an agent's failure at its exit as a
-# Python dict; it now shows "kind: message".
+# The intended differences: the CLI showed an agent's failure at its exit as a
+# Python dict; it now shows "kind: message". And a turn a daemon restart or stop cut
+# off is now said to be one, with the command that carries it on.
 OLD_EXIT_ERROR = (
     "failed, {'kind': 'agent_not_found', 'message': \"cannot start the agent: "
     "'/nonexistent/agent' was not found\"}"
@@ -45,6 +47,9 @@ KINDS_SINCE_V1 = {
     "session.acknowledged",
     "agent.request",
     "commands.updated",
+    "command.run",
+    "conversation.cleared",
+    "message.imported",
 }
 # A body's field "kind" before the union (the tag owns that name now).
 RENAMED_FIELDS = {
@@ -79,9 +84,37 @@ def transcript(events: list[JournalEvent]) -> str:
     return out.getvalue()
 
 
+# Intended differences since: a title or options change shows what changed, not its
+# kind; the agent's usage shows as one line at its turn's end instead of a note per
+# report. (session, as v1 showed it, as shown now), each replaced once, in order.
+CHANGED_LINES = [
+    ("63a1a8cf3f57", "-- session.updated\n", "-- title: journal v1\n"),
+    ("63a1a8cf3f57", "-- session.updated\n", '-- options: {"chunks":50,"chunkDelayS":0.1}\n'),
+    ("claudeshape1", "-- session.updated\n", '-- options: {"permissionMode":"default"}\n'),
+    ("e2eae88c0d00", "-- session.updated\n", '-- options: {"ackDelayS":30}\n'),
+    ("codexshapes1", "-- usage.updated\n", ""),
+    (
+        "codexshapes1",
+        "-- turn 019a-turn-1 failed\n",
+        "-- turn 019a-turn-1 failed\n"
+        "(turn 30 tokens, 30 in all, 100% of the context left (271k of 272k))\n",
+    ),
+]
+OLD_CUT_OFF = re.compile(r"^-- turn (\S+) interrupted \((daemon-restart|shutdown)\)$", re.M)
+
+
+def _cut_off(match: re.Match[str]) -> str:
+    by = "stop" if match.group(2) == "shutdown" else "restart"
+    return f"-- turn {match.group(1)} cut off by a daemon {by}; `agentsctl continue` carries it on"
+
+
 def expected_transcript(session_id: str) -> str:
     text: str = EXPECTED[session_id]["transcript"]
-    return text.replace(OLD_EXIT_ERROR, NEW_EXIT_ERROR)
+    for session, old, new in CHANGED_LINES:
+        if session == session_id:
+            assert old in text, (session_id, old)
+            text = text.replace(old, new, 1)
+    return OLD_CUT_OFF.sub(_cut_off, text.replace(OLD_EXIT_ERROR, NEW_EXIT_ERROR))
 
 
 def test_the_fixture_holds_every_kind_the_daemon_writes(conn: sqlite3.Connection) -> None:

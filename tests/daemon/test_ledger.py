@@ -166,9 +166,18 @@ async def test_a_failed_mutation_is_not_recorded_and_a_retry_runs_again(store: S
 
 async def test_a_cancelled_first_request_lets_the_next_one_run(store: Store) -> None:
     ledger = Ledger(store)
-    with trio.move_on_after(0.05):
-        await ledger.run(op_for(SEND), trio.sleep_forever)
+    running = trio.Event()
+
+    async def in_flight() -> None:
+        running.set()
+        await trio.sleep_forever()
+
     with trio.fail_after(10):
+        # Cancelled once the mutation runs, not after a delay: the window is hit.
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ledger.run, op_for(SEND), in_flight)
+            await running.wait()
+            nursery.cancel_scope.cancel()
         assert await ledger.run(op_for(SEND), Counting()) == {"run": 1}
 
 

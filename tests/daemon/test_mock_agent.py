@@ -45,8 +45,10 @@ async def test_handshake_starts_a_new_conversation(make_token: MakeToken) -> Non
     with trio.fail_after(15):
         async with mock_agent(make_token()) as agent:
             frame = await agent.handshake()
-    assert frame.keys() == {"type", "handle", "agent", "version", "history"}
+    assert frame.keys() == {"type", "handle", "agent", "version", "history", "models", "commands"}
     assert (frame["agent"], frame["version"], frame["history"]) == ("mock", 1, 0)
+    assert frame["models"] == ["mock-fast", "mock-deep"]
+    assert [c["name"] for c in frame["commands"]] == ["greet"]
     assert len(frame["handle"]) == 32 and int(frame["handle"], 16) >= 0
 
 
@@ -64,6 +66,25 @@ async def test_a_prompt_streams_one_turn(make_token: MakeToken) -> None:
     assert "".join(texts(frames, "delta")) == REPLY
     assert frames[-2] == {"type": "message", "turnId": "t1", "itemId": "t1-message", "text": REPLY}
     assert frames[-1] == {"type": "turn_completed", "turnId": "t1", "outcome": "completed"}
+
+
+async def test_set_model_and_commands(make_token: MakeToken) -> None:
+    with trio.fail_after(15):
+        async with mock_agent(make_token(), FAST) as agent:
+            await agent.handshake()
+            await agent.send({"type": "set_model", "model": "gpt-9"})
+            assert (await agent.receive())["type"] == "error"
+            await agent.send({"type": "set_model", "model": "mock-deep"})
+            assert await agent.receive() == {"type": "model_set", "model": "mock-deep"}
+            await agent.send({"type": "prompt", "id": "m1", "text": "which model"})
+            frames = await agent.receive_until("turn_completed")
+            assert "".join(texts(frames, "delta")) == "I am mock-deep."
+            await agent.send({"type": "command", "id": "c1", "name": "nope"})
+            assert (await agent.receive())["type"] == "error"
+            await agent.send({"type": "command", "id": "c2", "name": "compact"})
+            frames = await agent.receive_until("turn_completed")
+            assert frames[0] == {"type": "ack", "id": "c2", "turnId": "t2"}
+            assert "".join(texts(frames, "delta")) == "Compacted 2 messages."
 
 
 async def test_echo_and_reply_options(make_token: MakeToken) -> None:

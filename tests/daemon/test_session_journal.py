@@ -137,9 +137,10 @@ async def test_a_send_flows_handler_session_store_feed_without_returning_to_the_
             assert result.dispatch == "accepted"
             await idle_again.wait()
 
-            # The handler asked the supervisor for the session and to start its
-            # agent; the journal, the feed and the status went by the session.
-            assert set(spy.asked) == {"get", "start"}
+            # The handler asked the supervisor for the session, its turn gate (a
+            # draining daemon takes no turn) and to start its agent; the journal, the
+            # feed and the status went by the session.
+            assert set(spy.asked) == {"get", "gate", "start"}
             pump_scope.cancel()
             # Status followed the journal and the phase, each change told once.
             assert seen[0] == ("stopped", "working")

@@ -32,6 +32,8 @@ EXPECTED_COLUMNS = {
         "fence",
         "last_exit",
         "error",
+        "limits",
+        "created_by",
     ],
     "leases": [
         "session_id",
@@ -85,9 +87,9 @@ def _insert_session(conn: sqlite3.Connection, session_id: str = "s1") -> None:
     )
 
 
-def test_open_creates_directory_file_and_schema_v3(db_path: Path) -> None:
+def test_open_creates_directory_file_and_schema_v4(db_path: Path) -> None:
     with closing(open_database(db_path)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         for table, columns in EXPECTED_COLUMNS.items():
             found = [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
             assert found == columns, table
@@ -307,7 +309,7 @@ def test_a_v2_database_migrates_to_append_order_and_replays_identically(
             assert "WITHOUT ROWID" in _schema_sql(conn, "events")
             before = _replay(conn)
     with closing(open_database(db_path)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert "WITHOUT ROWID" not in _schema_sql(conn, "events")
         assert _replay(conn) == before
         assert {row.id: row.head_seq for row in load_sessions(conn)} == {
@@ -360,3 +362,20 @@ def _replay(conn: sqlite3.Connection) -> dict[str, list[list[StoredEvent]]]:
         pages.append(backward)
         replay[session_id] = pages
     return replay
+
+
+def test_a_v3_database_gains_session_limits_and_keeps_its_sessions(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Version 4 adds each session's own limits and its creator; a version 3 file
+    keeps its sessions, which have no limits (the daemon's defaults apply to them)
+    and were created by the user."""
+    with monkeypatch.context() as v3:
+        v3.setattr(database, "MIGRATIONS", database.MIGRATIONS[:3])
+        v3.setattr(database, "SCHEMA_VERSION", 3)
+        with closing(open_database(db_path)) as conn:
+            _insert_session(conn, "old")
+    with closing(open_database(db_path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
+        [row] = load_sessions(conn)
+        assert (row.id, row.limits, row.created_by) == ("old", None, None)

@@ -9,10 +9,15 @@ workers (create, send, approve, interrupt, close, delete, subscribe) for a rando
 time, then SIGKILLs the daemon. After the restart it checks:
 
 1. no process carrying a spawn token from before the kill survives;
-2. every mutation that got a success reply is in the journal (the workers keep
-   their own record of replies), unless a later delete took the session: a delete
-   whose reply was cut off by the kill may or may not have committed, and either
-   outcome is right, decided at the next restart;
+2. every mutation that got a success reply is in the journal as its own event, not
+   merely as some event of its kind: a create by the session's ``session.created``;
+   a send by the ``submission`` at the seq of its reply, with its message id; an
+   answer by the ``approval.resolved`` at its seq, with its decision; an interrupt
+   by the ``interrupt.requested`` at its seq; a close by the ``child.exited`` of the
+   child it closed (the fence and cause of its reply). The workers keep their own
+   record of replies. A later delete excuses the session: a delete whose reply was
+   cut off by the kill may or may not have committed, and either outcome is right,
+   decided at the next restart;
 3. every session's seq is contiguous;
 4. no session ever had two live children (child.spawned / child.exited alternate,
    at most one lease is held);
@@ -27,6 +32,7 @@ timing.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import random
 import shutil
@@ -113,12 +119,19 @@ class Summary:
     acked: int = 0  # distinct acknowledged mutations
     acked_checked: int = 0  # checks made: each acked mutation after every later restart
     violations: list[str] = attrs.field(factory=list)
+    # The windows a kill can land in, counted, so a run shows which it reached:
+    # requests whose reply the kill cut off, by method (a mutation may or may not
+    # have committed), and children that recovery had to end after a restart.
+    cut_off: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    recovered: set[tuple[str, int]] = attrs.field(factory=set)  # (session, seq) of the exits
 
     def line(self) -> str:
+        cut = ", ".join(f"{op} {n}" for op, n in sorted(self.cut_off.items())) or "none"
         return (
             f"chaos: {self.rounds} rounds, {self.kills} kills, "
             f"{self.acked} acknowledged mutations ({self.acked_checked} checks), "
-            f"{len(self.violations)} violations"
+            f"replies cut off by a kill: {cut}; {len(self.recovered)} children ended by "
+            f"recovery; {len(self.violations)} violations"
         )
 
 
@@ -133,6 +146,7 @@ class Worker(threading.Thread):
         self.rng = rng
         self.cwd = cwd
         self.stop = threading.Event()
+        self.in_flight: str | None = None  # the request awaiting its reply, if any
 
     def run(self) -> None:
         try:
@@ -153,12 +167,16 @@ class Worker(threading.Thread):
             weights=[3 if len(live) < MAX_SESSIONS else 0, 6, 3, 4, 2, 2, 1, 2],
         )[0]
         if op == "create" or not live:
+            self.in_flight = "create"
             self.create(client)
+            self.in_flight = None
             return
         session_id = self.rng.choice(live)
         # Refused (session deleted meanwhile, nothing to answer, ...): not acked.
+        self.in_flight = op if op != "follow" else None  # a follow answers on its own thread
         with contextlib.suppress(RpcError):
             getattr(self, op)(client, session_id)
+        self.in_flight = None
 
     def _op_id(self) -> str:
         return uuid.UUID(int=self.rng.getrandbits(128)).hex
@@ -235,14 +253,17 @@ class Worker(threading.Thread):
             "agentSession.interrupt", {"sessionId": session_id, "clientOperationId": self._op_id()}
         )
         if result["interrupted"]:
-            self.record.ack("interrupt", session_id)
+            self.record.ack("interrupt", session_id, seq=result["seq"])
 
     def close(self, client: Client, session_id: str) -> None:
         result = client.call(
             "agentSession.close", {"sessionId": session_id, "clientOperationId": self._op_id()}
         )
         if result["wasRunning"]:
-            self.record.ack("close", session_id)
+            session = result["session"]
+            self.record.ack(
+                "close", session_id, fence=session["fence"], cause=session["lastExit"]["cause"]
+            )
 
     def delete(self, client: Client, session_id: str) -> None:
         params = {"sessionId": session_id, "clientOperationId": self._op_id()}
@@ -344,11 +365,19 @@ def _tokens(state: Path) -> list[str]:
         return [row[0] for row in conn.execute("SELECT token FROM leases")]
 
 
-def _journal(conn: sqlite3.Connection, session_id: str) -> list[tuple[int, str, dict[str, Any]]]:
+Journal = list[tuple[int, str, dict[str, Any]]]
+"""(seq, kind, body) in seq order; the body carries the row's ``fence`` too."""
+
+
+def _journal(conn: sqlite3.Connection, session_id: str) -> Journal:
     rows = conn.execute(
-        "SELECT seq, kind, body FROM events WHERE session_id = ? ORDER BY seq", (session_id,)
+        "SELECT seq, kind, fence, body FROM events WHERE session_id = ? ORDER BY seq",
+        (session_id,),
     )
-    return [(seq, kind, msgspec.json.decode(body)) for seq, kind, body in rows]
+    return [
+        (seq, kind, {**msgspec.json.decode(body), "_fence": fence})
+        for seq, kind, fence, body in rows
+    ]
 
 
 def check(state: Path, tokens_before: list[str], record: Record, summary: Summary) -> None:
@@ -367,6 +396,11 @@ def check(state: Path, tokens_before: list[str], record: Record, summary: Summar
         if count > 1:
             bad.append(f"session {session_id} holds {count} leases")
     for session_id, events in journals.items():
+        summary.recovered.update(
+            (session_id, seq)
+            for seq, kind, body in events
+            if kind == "child.exited" and body.get("cause") == "daemon-restart"
+        )
         seqs = [seq for seq, _, _ in events]
         if seqs != list(range(1, len(seqs) + 1)):
             bad.append(f"session {session_id}: seqs not contiguous")
@@ -392,9 +426,7 @@ def check(state: Path, tokens_before: list[str], record: Record, summary: Summar
             bad.append(problem)
 
 
-def _check_ack(
-    ack: Acked, journals: dict[str, list[tuple[int, str, dict[str, Any]]]], deleted: set[str]
-) -> str | None:
+def _check_ack(ack: Acked, journals: dict[str, Journal], deleted: set[str]) -> str | None:
     sid = ack.session_id
     if ack.kind == "delete":
         return f"deleted session {sid} is back" if sid in journals else None
@@ -404,7 +436,11 @@ def _check_ack(
     if events is None:
         return f"acknowledged {ack.kind} on {sid}, but the session is gone"
     by_seq = {seq: (kind, body) for seq, kind, body in events}
-    if ack.kind == "send":
+    if ack.kind == "create":
+        # The session's id is this create's alone: its first event is the create's.
+        if by_seq.get(1, ("", {}))[0] != "session.created":
+            return f"acknowledged create of {sid} has no session.created at seq 1"
+    elif ack.kind == "send":
         kind, body = by_seq.get(ack.detail["seq"], ("", {}))
         if kind != "submission" or body.get("clientMessageId") != ack.detail["clientMessageId"]:
             return f"acknowledged send {ack.detail} on {sid} is not in the journal"
@@ -413,10 +449,18 @@ def _check_ack(
         if kind != "approval.resolved" or body.get("decision") != ack.detail["decision"]:
             return f"acknowledged answer {ack.detail} on {sid} is not in the journal"
     elif ack.kind == "interrupt":
-        if not any(kind == "interrupt.requested" for _, kind, _ in events):
-            return f"acknowledged interrupt on {sid} is not in the journal"
-    elif ack.kind == "close" and not any(kind == "child.exited" for _, kind, _ in events):
-        return f"acknowledged close on {sid} has no child.exited"
+        kind, _ = by_seq.get(ack.detail["seq"], ("", {}))
+        if kind != "interrupt.requested":
+            return f"acknowledged interrupt {ack.detail} on {sid} is not in the journal"
+    elif ack.kind == "close":
+        # The child it closed: the one of the reply's fence, ended for the reply's cause.
+        exits = [
+            body
+            for _, kind, body in events
+            if kind == "child.exited" and body["_fence"] == ack.detail["fence"]
+        ]
+        if [body.get("cause") for body in exits] != [ack.detail["cause"]]:
+            return f"acknowledged close {ack.detail} on {sid}: its child's exits are {exits}"
     return None
 
 
@@ -460,10 +504,19 @@ def _read_all(client: Client, session_id: str, after: int) -> list[tuple[int, st
 
 
 def run(
-    rounds: int, seed: int, clients: int = 3, verbose: bool = False, holder: bool = False
+    rounds: int,
+    seed: int,
+    clients: int = 3,
+    verbose: bool = False,
+    reach: frozenset[str] = frozenset(),
+    max_rounds: int = 0,
+    holder: bool = False,
 ) -> Summary:
-    """``rounds`` kills; with ``holder``, every agent runs in the holder (config
-    ``holder = true``), which outlives each kill, and at the end it must have left."""
+    """``rounds`` rounds, then more (up to ``max_rounds``) until a kill has cut off
+    the reply of every method named in ``reach``: the moment of a kill is random, so
+    a window is reached by repetition, and a run stops short of it only at the cap.
+    With ``holder``, every agent runs in the holder (config ``holder = true``),
+    which outlives each kill, and at the end it must have left."""
     rng = random.Random(seed)
     base = make_temp_dir()
     cwd = base / "work"
@@ -471,7 +524,8 @@ def run(
     record = Record()
     summary = Summary()
     tokens_before: list[str] = []
-    for round_no in range(rounds):
+    round_no = 0
+    while round_no < rounds or (reach - set(summary.cut_off) and round_no < max_rounds):
         with start_daemon(base, holder) as daemon:
             if round_no:
                 check(daemon.state_dir, tokens_before, record, summary)
@@ -487,6 +541,7 @@ def run(
             daemon.process.wait(timeout=30)
             tokens_before = _tokens(daemon.state_dir)
             summary.kills += 1
+            summary.cut_off.update(w.in_flight for w in workers if w.in_flight is not None)
             for worker in workers:
                 worker.stop.set()
             with record.lock:
@@ -498,6 +553,7 @@ def run(
         summary.acked = len(record.acked)
         if verbose:
             print(f"round {round_no + 1}: {summary.line()}", flush=True)
+        round_no += 1
     with start_daemon(base, holder) as daemon:
         check(daemon.state_dir, tokens_before, record, summary)
         check_followers(daemon, record, summary)
@@ -519,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--holder", action="store_true", help="agents in the holder")
     args = parser.parse_args(argv)
-    summary = run(args.rounds, args.seed, args.clients, args.verbose, args.holder)
+    summary = run(args.rounds, args.seed, args.clients, args.verbose, holder=args.holder)
     print(summary.line())
     for violation in summary.violations[:50]:
         print(f"  violation: {violation}")

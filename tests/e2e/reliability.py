@@ -8,7 +8,8 @@ under pytest with ``AGENTSD_RELIABILITY=long`` (more examples, more connections,
 longer workloads). Each test writes what it measured to the file named by
 ``AGENTSD_RELIABILITY_REPORT`` (one JSON object a line); the driver prints those
 lines after pytest's own summary. Every figure is a measurement of this run on this
-machine, not a target; the bounds the tests assert are printed beside them.
+machine, not a target: the tests assert counts (pings answered, connections cut,
+mutations refused), never how long something took.
 """
 
 from __future__ import annotations
@@ -35,11 +36,6 @@ LONG = os.environ.get("AGENTSD_RELIABILITY") == "long"
 REPORT_ENV = "AGENTSD_RELIABILITY_REPORT"
 SUITES = ("test_fuzz_live.py", "test_hostile_clients.py", "test_full_disk.py")
 
-# The liveness bound for a control connection's daemon.ping while a suite attacks the
-# daemon. A ping takes about a millisecond here; five seconds means "still serving",
-# not a performance figure (a stalled loop never answers; a loaded 2-core machine
-# under the attack once took 1.9 s).
-PING_BOUND_S = 5.0
 PROBE_INTERVAL_S = 0.02  # between the control connection's pings
 
 
@@ -94,26 +90,30 @@ def replies_until_closed(sock: socket.socket) -> list[Any]:
 
 class PingProbe:
     """A control connection pinging the daemon from a thread of its own for as long as
-    the block runs; ``check()`` asserts every ping answered within ``PING_BOUND_S``.
+    the block runs: "nothing blocks the daemon" (invariant 8), counted, not timed.
 
-    A ping slower than the bound is recorded, not raised, so the report says by how
-    much; the socket timeout only ends a probe whose daemon is gone. Entering waits
-    for the first answer, so a block that ends quickly on a loaded machine still
-    proved one ping instead of racing the probe's start.
+    ``check()`` asserts that no ping went unanswered (a stalled loop leaves one
+    waiting until the socket's ``IO_TIMEOUT_S``, a hang guard, fails the probe), that
+    pings were answered, and that a ping sent during the check, while the block's
+    attack is still in place, is answered too. How long pings took is a figure for
+    the report (``summary()``), never an assertion: a loaded machine slows a ping
+    without the daemon being blocked. Entering waits for the first answer, so a block
+    that ends quickly still proved one ping instead of racing the probe's start.
     """
 
     def __init__(self, socket_path: Path) -> None:
         self._socket_path = socket_path
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self._first = threading.Event()  # the first ping answered, or the probe failed
-        self.pings = 0
-        self.max_s = 0.0
+        self._answered = threading.Condition()
+        self.pings = 0  # answered so far
+        self.sent = 0  # sent so far (the one in flight included)
+        self.max_s = 0.0  # the slowest answer: reported, not asserted
         self.failures: list[str] = []
 
     def __enter__(self) -> PingProbe:
         self._thread.start()
-        self._first.wait(IO_TIMEOUT_S)
+        self._wait_answered(1)
         return self
 
     def __exit__(
@@ -129,23 +129,40 @@ class PingProbe:
         try:
             with WireClient(self._socket_path, timeout_s=IO_TIMEOUT_S) as client:
                 while not self._stop.is_set():
+                    with self._answered:
+                        self.sent += 1
                     started = time.monotonic()
                     client.ping()
-                    self.max_s = max(self.max_s, time.monotonic() - started)
-                    self.pings += 1
-                    self._first.set()
+                    took = time.monotonic() - started
+                    with self._answered:
+                        self.max_s = max(self.max_s, took)
+                        self.pings += 1
+                        self._answered.notify_all()
                     self._stop.wait(PROBE_INTERVAL_S)
         except (OSError, AssertionError) as exc:
             self.failures.append(f"{type(exc).__name__}: {exc}")
         finally:
-            self._first.set()
+            with self._answered:
+                self._answered.notify_all()
+
+    def _wait_answered(self, count: int) -> None:
+        """Until ``count`` pings were answered or the probe failed (hang guard:
+        the socket timeout of the ping in flight, twice for the one after it)."""
+        with self._answered:
+            self._answered.wait_for(
+                lambda: self.pings >= count or bool(self.failures) or not self._thread.is_alive(),
+                timeout=IO_TIMEOUT_S * 2,
+            )
 
     def check(self) -> None:
-        """Every ping so far answered within the bound (and there were some)."""
+        """Every ping so far was answered, and so is one sent from now on."""
+        with self._answered:
+            fresh = self.sent + 1  # the next ping is sent after this point
+        self._wait_answered(fresh)
         assert not self.failures, f"the control connection failed: {self.failures}"
-        assert self.pings > 0, "the control connection never got an answer"
-        assert self.max_s <= PING_BOUND_S, (
-            f"a daemon.ping took {self.max_s:.3f} s (bound {PING_BOUND_S} s)"
+        assert self.pings >= fresh, (
+            f"the control connection answered {self.pings} pings; one sent during the "
+            f"check ({fresh}) never came back"
         )
 
     def summary(self) -> str:

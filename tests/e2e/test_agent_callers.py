@@ -42,14 +42,17 @@ for i, (method, params) in enumerate(json.loads(sys.argv[2])):
 
 
 @contextlib.contextmanager
-def daemon_in(mode: str) -> Iterator[DaemonProcess]:
+def daemon_in(mode: str, args: tuple[str, ...] = ()) -> Iterator[DaemonProcess]:
     if mode == "process-group":
-        with running_daemon() as daemon:
+        with running_daemon(extra_args=list(args)) as daemon:
             yield daemon
         return
     if unavailable() is not None:
         pytest.skip(str(unavailable()))
-    with cgroup_root() as root, running_daemon(extra_args=["--cgroup-root", str(root)]) as daemon:
+    with (
+        cgroup_root() as root,
+        running_daemon(extra_args=["--cgroup-root", str(root), *args]) as daemon,
+    ):
         yield daemon
 
 
@@ -105,13 +108,17 @@ async def test_agents_are_not_users(mode: str) -> None:
                     {"sessionId": mine, "approvalId": approval["approvalId"], "decision": "accept"},
                 ),
                 ("agentSession.close", {"sessionId": other}),
+                ("agentSession.continue", {"sessionId": other}),
+                ("daemon.restart", {"drain": "turn"}),
                 ("daemon.shutdown", {}),
             ]
             replies = await trio.to_thread.run_sync(intrude, daemon, mode, token, requests)
-            assert [r["error"]["data"]["kind"] for r in replies] == ["forbidden_for_agents"] * 3
+            assert [r["error"]["data"]["kind"] for r in replies] == ["forbidden_for_agents"] * 5
             assert [r["error"]["data"]["refused"] for r in replies] == [
                 "answering an approval",
                 "closing another session",
+                "acting on another session (agentSession.continue)",
+                "controlling the daemon (daemon.restart)",
                 "shutting the daemon down",
             ]
             assert all(r["error"]["data"]["callerSessionId"] == mine for r in replies)
@@ -121,6 +128,8 @@ async def test_agents_are_not_users(mode: str) -> None:
             assert [(e["method"], e["allowed"]) for e in journaled] == [
                 ("agentSession.respond", False),
                 ("agentSession.close", False),
+                ("agentSession.continue", False),
+                ("daemon.restart", False),
                 ("daemon.shutdown", False),
             ]
             assert journaled[1]["targetSessionId"] == other
@@ -133,3 +142,91 @@ async def test_agents_are_not_users(mode: str) -> None:
         assert cli(daemon, "close", other).returncode == 0
         assert cli(daemon, "daemon", "stop").returncode == 0
         assert daemon.wait() == 0
+
+
+def _agent_request(events: list[dict[str, Any]]) -> list[tuple[str, bool, str | None]]:
+    return [
+        (e["body"]["method"], e["body"]["allowed"], e["body"].get("reason"))
+        for e in events
+        if e["kind"] == "agent.request"
+    ]
+
+
+@pytest.mark.parametrize("mode", ["process-group", "cgroup"])
+async def test_an_agent_creates_sessions_only_when_the_allowance_says_so(mode: str) -> None:
+    """Off by default: an agent's create is refused and journaled, nothing is made.
+    With ``agent_allowance = ["sessions"]`` it creates a sub-session (recorded as
+    its own), prompts and closes it, but still may not touch the user's other
+    session, nor give a sub-session a command of its own."""
+    with trio.fail_after(120), temp_dir() as cwd:
+        config = cwd / "config.toml"
+        config.write_text('agent_allowance = ["sessions"]\n')
+        for allowed in (False, True):
+            args = ("--config", str(config)) if allowed else ()
+            with daemon_in(mode, args) as daemon:
+                async with open_rpc(daemon.socket) as rpc:
+                    mine = (await create(rpc, cwd))["sessionId"]
+                    other = (await create(rpc, cwd))["sessionId"]
+                    [(token,)] = db_rows(
+                        daemon.state_dir / DATABASE_NAME,
+                        "SELECT token FROM leases WHERE session_id = ?",
+                        mine,
+                    )
+                    new = {"provider": "mock", "cwd": str(cwd)}
+                    [made] = await trio.to_thread.run_sync(
+                        intrude, daemon, mode, token, [("agentSession.create", new)]
+                    )
+                    listed = (await rpc.call("agentSession.list", {}))["sessions"]
+                    if not allowed:
+                        assert made["error"]["data"]["kind"] == "forbidden_for_agents"
+                        assert made["error"]["data"]["refused"] == "creating a session"
+                        assert {s["sessionId"] for s in listed} == {mine, other}
+                        assert _agent_request(await history(rpc, mine)) == [
+                            ("agentSession.create", False, "creating a session")
+                        ]
+                        continue
+                    sub = made["result"]["sessionId"]
+                    assert made["result"]["session"]["createdBy"] == mine
+                    assert {s["sessionId"]: s.get("createdBy") for s in listed} == {
+                        mine: None,
+                        other: None,
+                        sub: mine,
+                    }
+                    replies = await trio.to_thread.run_sync(
+                        intrude,
+                        daemon,
+                        mode,
+                        token,
+                        [
+                            ("agentSession.send", {"sessionId": sub, "text": "hello"}),
+                            ("agentSession.close", {"sessionId": sub}),
+                            ("agentSession.close", {"sessionId": other}),
+                            ("agentSession.create", {**new, "command": ["/bin/sh"]}),
+                        ],
+                    )
+                    assert "result" in replies[0] and "result" in replies[1]
+                    assert replies[1]["result"]["wasRunning"] is True
+                    assert [r["error"]["data"]["refused"] for r in replies[2:]] == [
+                        "closing another session",
+                        "creating a session with its own command or environment",
+                    ]
+                    assert _agent_request(await history(rpc, mine)) == [
+                        ("agentSession.create", True, None),
+                        ("agentSession.send", True, None),
+                        ("agentSession.close", True, None),
+                        ("agentSession.close", False, "closing another session"),
+                        (
+                            "agentSession.create",
+                            False,
+                            "creating a session with its own command or environment",
+                        ),
+                    ]
+                    [created] = [
+                        e for e in await history(rpc, sub) if e["kind"] == "session.created"
+                    ]
+                    assert created["body"]["by"] == mine
+                    phases = {
+                        s["sessionId"]: s["phase"]
+                        for s in (await rpc.call("agentSession.list", {}))["sessions"]
+                    }
+                    assert (phases[sub], phases[other]) == ("stopped", "running")

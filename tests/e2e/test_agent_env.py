@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -38,13 +37,14 @@ from tests.fake_shell import (
     profile_adding,
     profile_hanging,
     profile_reading,
+    profile_waiting,
     write_shell,
 )
 from tests.polling import eventually
 
 TEST_TIMEOUT_S = 60.0
 BOUND_S = 2.0  # login_shell_timeout_s in these tests
-SLACK_S = 15.0  # "within the bound" on a shared machine: bounded, not fast
+SLACK_S = 15.0  # a hang guard past the bound on a shared machine: bounded, not fast
 SYSTEMD_PATH = "/usr/bin:/bin"  # what a user manager gives its services, about
 
 
@@ -173,19 +173,13 @@ async def test_a_hanging_login_shell_delays_only_the_first_start_and_by_its_boun
         background = base / "background.pid"
         shell = write_shell(base / "shell", profile_hanging(background))
         settings = config(agent_env='"login-shell"')
-        spawned = time.monotonic()
         with service_like_daemon(base, settings, {"SHELL": str(shell)}) as daemon:
             with trio.fail_after(TEST_TIMEOUT_S):
-                first = await status(daemon)
-                # Serving did not wait for the shell: the capture was still under way,
-                # unless this machine was too slow to tell.
-                assert first["state"] == "pending" or time.monotonic() - spawned >= BOUND_S
+                # The first start waits for the capture, which only its bound ends
+                # (the shell hangs for minutes), then starts the agent anyway.
                 async with open_rpc(daemon.socket) as rpc:
-                    asked = time.monotonic()
                     session = await create(rpc, tmp_path)
-                    waited = time.monotonic() - asked
                 assert session["phase"] == "running", session
-                assert waited < BOUND_S + SLACK_S
                 reported = await status(daemon)
                 assert reported["state"] == "fallback"
                 assert f"did not print its environment within {BOUND_S:g} s" in reported["detail"]
@@ -193,6 +187,24 @@ async def test_a_hanging_login_shell_delays_only_the_first_start_and_by_its_boun
                 assert "agents get the daemon's own environment" in daemon.log()
                 pid = int(background.read_text())
                 await eventually(lambda: not Path(f"/proc/{pid}").exists(), timeout_s=SLACK_S)
+
+
+async def test_serving_does_not_wait_for_the_login_shell(tmp_path: Path) -> None:
+    """The daemon answers while the capture is under way: the shell here finishes only
+    when the test says so, and its bound lies past the hang guard, so "pending" is
+    what a status must say, however slow the machine."""
+    with scratch() as base:
+        release = base / "release"
+        shell = write_shell(base / "shell", profile_waiting(release))
+        settings = f'agent_env = "login-shell"\nlogin_shell_timeout_s = {2 * TEST_TIMEOUT_S}\n'
+        with service_like_daemon(base, settings, {"SHELL": str(shell)}) as daemon:
+            with trio.fail_after(TEST_TIMEOUT_S):
+                assert (await status(daemon))["state"] == "pending"
+                release.touch()
+                async with open_rpc(daemon.socket) as rpc:
+                    session = await create(rpc, tmp_path)
+                assert session["phase"] == "running", session
+                assert (await status(daemon))["state"] == "captured"
 
 
 async def test_reload_env_gives_the_next_start_the_new_environment_and_running_agents_keep_theirs(

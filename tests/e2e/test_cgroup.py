@@ -6,6 +6,7 @@ recovery of a daemon started after a SIGKILL. Checked by pid and start time."""
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,7 +128,8 @@ async def test_nothing_escapes_the_session_cgroup_after_a_sigkilled_daemon() -> 
 @pytest.mark.parametrize("with_cgroup", [False, True], ids=["no-cgroup", "no-controller"])
 async def test_a_limit_that_cannot_be_applied_fails_the_create(with_cgroup: bool) -> None:
     """Here no controller is enabled in the cgroup v2 hierarchy: a pids limit can
-    be applied neither without a cgroup nor with one, and create says why."""
+    be applied neither without a cgroup nor with one, whether the config's default
+    or the session's own, and create says why and stores nothing."""
     with (
         trio.fail_after(60),
         temp_dir() as base,
@@ -142,8 +144,54 @@ async def test_a_limit_that_cannot_be_applied_fails_the_create(with_cgroup: bool
             async with open_rpc(daemon.socket) as rpc:
                 with pytest.raises(CallFailed) as failed:
                     await create(rpc, base)
-    assert failed.value.kind == "limit_unavailable"
+                assert (await rpc.call("agentSession.list"))["sessions"] == []
+        own = ["--cgroup-root", str(root)] if with_cgroup else []
+        with running_daemon(extra_args=own) as daemon:
+            async with open_rpc(daemon.socket) as rpc:
+                with pytest.raises(CallFailed) as own_failed:
+                    await create(rpc, base, memoryMax=256 << 20, cpuMax=0.5)
+                assert (await rpc.call("agentSession.list"))["sessions"] == []
+                await create(rpc, base)  # without limits, the same daemon creates
+    assert failed.value.kind == own_failed.value.kind == "limit_unavailable"
     assert failed.value.data["controllers"] == ["pids"]
+    assert own_failed.value.data["controllers"] == ["memory", "cpu"]
     # The second CI pass gives every test daemon a cgroup root.
     in_cgroup = with_cgroup or daemons_in_cgroup_mode()
-    assert ("not enabled in" if in_cgroup else "need a cgroup per agent") in str(failed.value)
+    for error in (failed.value, own_failed.value):
+        assert ("not enabled in" if in_cgroup else "need a cgroup per agent") in str(error)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "problem"),
+    [
+        ("pidsMax", 0, "must be at least 1"),
+        ("memoryMax", 1024, "must be at least 16777216"),
+        ("cpuMax", 0.001, "must be at least 0.01"),
+    ],
+)
+async def test_a_limit_out_of_range_at_create_is_invalid_params(
+    name: str, value: float, problem: str
+) -> None:
+    with trio.fail_after(60), temp_dir() as base, running_daemon() as daemon:
+        async with open_rpc(daemon.socket) as rpc:
+            with pytest.raises(CallFailed) as failed:
+                await create(rpc, base, **{name: value})
+            assert (await rpc.call("agentSession.list"))["sessions"] == []
+    assert failed.value.kind == "invalid_params"
+    assert failed.value.data["limit"] == name
+    assert f"{name} = {value!r}: {problem}" in str(failed.value)
+
+
+def test_the_cli_gives_limits_at_create_and_says_why_one_cannot_apply() -> None:
+    with temp_dir() as base, running_daemon() as daemon:  # each CLI run is bounded
+        bad_size = cli(daemon, "new", "mock", "--cwd", str(base), "--memory-max", "12X")
+        refused = cli(daemon, "new", "mock", "--cwd", str(base), "--pids-max", "64")
+        out_of_range = cli(daemon, "new", "mock", "--cwd", str(base), "--pids-max", "0")
+        listed = cli(daemon, "ls", "--json")
+    assert bad_size.returncode == 2
+    assert "'12X' is not a size" in bad_size.stderr
+    assert refused.returncode != 0 and refused.stdout == ""  # no session id: none stored
+    assert "limits on pids" in refused.stderr
+    assert out_of_range.returncode != 0 and out_of_range.stdout == ""
+    assert "pidsMax = 0: must be at least 1" in out_of_range.stderr
+    assert json.loads(listed.stdout)["sessions"] == []

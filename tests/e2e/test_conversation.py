@@ -47,6 +47,12 @@ from tests.polling import eventually
 SLOW_TURN = {"replyText": "x" * 200, "chunks": 200, "chunkDelayS": 0.05}
 
 
+# The mock waits this long before taking a prompt: the window in which a client that
+# sent one can leave before its answer (it leaves as soon as the submission is
+# journaled; the window only has to outlast that).
+ACK_DELAY_S = 5.0
+
+
 async def wait_journal(
     rpc: Rpc, sid: str, kind: str, count: int = 1, timeout_s: float = 20.0
 ) -> list[dict[str, Any]]:
@@ -296,15 +302,20 @@ async def test_idempotent_mutations_a_send_repeated_after_reconnecting_is_one_su
 ) -> None:
     with trio.fail_after(TEST_TIMEOUT_S):
         async with open_rpc(daemon.socket) as rpc:
-            info = await create(rpc, tmp_path, options={"ackDelayS": 0.5})
+            info = await create(rpc, tmp_path, options={"ackDelayS": ACK_DELAY_S})
             sid, handle = info["sessionId"], info["providerHandle"]
         send = {"sessionId": sid, "text": "echo once", "clientOperationId": "op-once"}
 
-        # The client goes away while its send is in flight, then retries on a new
-        # connection, twice at once: one submission, one answer for all.
-        async with open_rpc(daemon.socket) as rpc:
-            with trio.move_on_after(0.1):
-                await rpc.call("agentSession.send", send)
+        # The client goes away while its send is in flight (journaled, its answer
+        # not yet given), then retries on a new connection, twice at once: one
+        # submission, one answer for all.
+        async with open_rpc(daemon.socket) as rpc, open_rpc(daemon.socket) as watcher:
+            with trio.CancelScope() as leaving:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(rpc.call, "agentSession.send", send)
+                    await wait_journal(watcher, sid, "submission")
+                    leaving.cancel()
+            assert leaving.cancelled_caught  # the send was still unanswered: window hit
         async with open_rpc(daemon.socket) as a, open_rpc(daemon.socket) as b:
             first, second = await gather(
                 lambda: a.call("agentSession.send", send), lambda: b.call("agentSession.send", send)
@@ -334,10 +345,10 @@ async def test_interrupt_says_when_nothing_runs_and_a_replay_never_interrupts_tw
         async with open_rpc(daemon.socket) as rpc:
             sid = (await create(rpc, tmp_path, start=False, options=SLOW_TURN))["sessionId"]
             result = await rpc.call("agentSession.interrupt", {"sessionId": sid})
-            assert result == {"interrupted": False, "reason": "no agent is running"}
+            assert result == {"interrupted": False, "reason": "no agent is running", "seq": None}
             await rpc.call("agentSession.start", {"sessionId": sid})
             result = await rpc.call("agentSession.interrupt", {"sessionId": sid})
-            assert result == {"interrupted": False, "reason": "no turn is running"}
+            assert result == {"interrupted": False, "reason": "no turn is running", "seq": None}
 
             sent = await rpc.call("agentSession.send", {"sessionId": sid, "text": "go"})
             turn = sent["turnId"]
@@ -347,8 +358,12 @@ async def test_interrupt_says_when_nothing_runs_and_a_replay_never_interrupts_tw
             assert result["interrupted"] is False and "not the running turn" in result["reason"]
             interrupt = {"sessionId": sid, "clientOperationId": "op-interrupt"}
             first = await rpc.call("agentSession.interrupt", interrupt)
-            assert first == {"interrupted": True, "reason": None}
+            assert first == {"interrupted": True, "reason": None, "seq": first["seq"]}
             events = await wait_journal(rpc, sid, "turn.completed")
+            # The reply names its own evidence: the interrupt.requested at its seq.
+            [requested] = [e for e in events if e["seq"] == first["seq"]]
+            assert requested["kind"] == "interrupt.requested"
+            assert requested["body"]["turnId"] == turn
             completed = [e["body"] for e in events if e["kind"] == "turn.completed"]
             assert completed == [{"turnId": turn, "outcome": "interrupted"}]
 

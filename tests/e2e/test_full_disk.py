@@ -12,10 +12,7 @@ all the while; the test then fills the filesystem with a ballast file. It checks
 - once the ballast is deleted, new mutations succeed without a restart;
 - afterwards ``PRAGMA integrity_check`` is ``ok`` and every journal is contiguous.
 
-Mounting needs root (or CAP_SYS_ADMIN). Where the mount fails (a container that
-forbids it) the test is skipped with the mount's error as the reason; under ``CI``
-that skip is a failure (tests/conftest.py), and ``.ci/run`` runs as root. The mount
-is always undone, in ``finally``.
+Mounting needs root (``tests.small_filesystem``).
 """
 
 from __future__ import annotations
@@ -23,22 +20,21 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import sqlite3
-import subprocess
 import threading
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.daemon_process import IO_TIMEOUT_S, DaemonProcess, WireClient, make_temp_dir
+from tests.daemon_process import IO_TIMEOUT_S, DaemonProcess, WireClient
 from tests.daemon_process import running_daemon as start_daemon
 from tests.e2e.reliability import PingProbe, report, sized, wait_until
+from tests.small_filesystem import small_filesystem
 
 TMPFS_SIZE = "16m"  # room for the database and mock agents; filled in milliseconds
 DATABASE_NAME = "agentsd.db"
@@ -58,41 +54,6 @@ STORAGE_UNAVAILABLE = "storage_unavailable"
 
 
 # ---- the filesystem --------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def small_filesystem() -> Iterator[Path]:
-    """A fresh tmpfs of ``TMPFS_SIZE``, unmounted (and its mount point removed) after."""
-    mount_point = make_temp_dir()
-    try:
-        proc = subprocess.run(
-            [
-                "mount",
-                "-t",
-                "tmpfs",
-                "-o",
-                f"size={TMPFS_SIZE},mode=0700",
-                "tmpfs",
-                str(mount_point),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=IO_TIMEOUT_S,
-            check=False,
-        )
-        failure = (proc.stderr.strip() or f"exit {proc.returncode}") if proc.returncode else None
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        failure = str(exc)
-    if failure is not None:
-        mount_point.rmdir()
-        pytest.skip(f"cannot mount a tmpfs for the full-disk test (needs root): {failure}")
-    try:
-        yield mount_point
-    finally:
-        unmounted = subprocess.run(["umount", str(mount_point)], check=False, timeout=IO_TIMEOUT_S)
-        if unmounted.returncode != 0:  # still busy (a straggler): detach it now, free it later
-            subprocess.run(["umount", "-l", str(mount_point)], check=True, timeout=IO_TIMEOUT_S)
-        mount_point.rmdir()
 
 
 def fill(path: Path, progress: Callable[[], int]) -> int:
@@ -158,6 +119,7 @@ class Worker(threading.Thread):
         self.stop = threading.Event()
         self.done_ok = 0  # mutations (or reads) this worker completed
         self.crash: BaseException | None = None
+        self.last_error: dict[str, Any] | None = None  # the last refusal it got
 
     def run(self) -> None:
         try:
@@ -196,6 +158,7 @@ class Sender(Worker):
             else:
                 self.outcomes.failed_sends.append(text)
         if "error" in reply:
+            self.last_error = reply["error"]
             self.outcomes.failed(reply["error"])
 
 
@@ -212,6 +175,7 @@ class Lifecycle(Worker):
     def mutate(self, client: WireClient, method: str, params: dict[str, Any]) -> Any:
         reply = client.call(method, params)
         if "error" in reply:
+            self.last_error = reply["error"]
             self.outcomes.failed(reply["error"])
             return None
         with self.outcomes.lock:
@@ -232,7 +196,7 @@ class Lifecycle(Worker):
         sid = self.session_id
         match self.count % 5:
             case 0:
-                options = {"pad": "o" * 20_000, "n": self.count}
+                options = {"replyText": "o" * 20_000, "chunks": 1 + self.count}
                 self.mutate(
                     client, "agentSession.setOptions", {"sessionId": sid, "options": options}
                 )
@@ -275,6 +239,30 @@ class Reader(Worker):
                 self.outcomes.read_failures.append({"method": method, **reply["error"]})
 
 
+class WalGauge(threading.Thread):
+    """The largest size the daemon's WAL file was seen at, sampled until ``stop``
+    (a figure for the report: the log must not be what keeps the disk full)."""
+
+    def __init__(self, state: Path) -> None:
+        super().__init__(daemon=True)
+        self.path = state / (DATABASE_NAME + "-wal")
+        self.peak = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.002):
+            with contextlib.suppress(OSError):
+                self.peak = max(self.peak, self.path.stat().st_size)
+
+    def __enter__(self) -> WalGauge:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop.set()
+        self.join()
+
+
 # ---- checks -------------------------------------------------------------------------------
 
 
@@ -289,9 +277,26 @@ def failing_while_reading(outcomes: Outcomes) -> Callable[[], bool]:
 
 
 def each_progresses(workers: list[Worker]) -> Callable[[], bool]:
-    """True once every worker completed something more than when this was called."""
+    """True once every worker completed something more than when this was called;
+    AssertionError at once, naming it, if a worker stopped (a stopped worker never
+    progresses, and the wait would only time out without saying why)."""
     done = [w.done_ok for w in workers]
-    return lambda: all(w.done_ok > n for w, n in zip(workers, done, strict=True))
+
+    def check() -> bool:
+        stopped = [f"{type(w).__name__}: {w.crash!r}" for w in workers if w.crash is not None]
+        assert not stopped, f"a worker stopped: {stopped}"
+        return all(w.done_ok > n for w, n in zip(workers, done, strict=True))
+
+    return check
+
+
+def stalled(workers: list[Worker], before: list[int]) -> str:
+    """Which workers completed nothing since ``before``, and the last refusal each got."""
+    return "; ".join(
+        f"{type(w).__name__} (last refusal: {w.last_error})"
+        for w, n in zip(workers, before, strict=True)
+        if w.done_ok <= n
+    )
 
 
 def journal(client: WireClient, session_id: str) -> list[dict[str, Any]]:
@@ -316,7 +321,7 @@ def read_only(db: Path) -> sqlite3.Connection:
 
 
 def test_a_full_disk_fails_mutations_loses_nothing_and_recovers_by_itself() -> None:
-    with small_filesystem() as mount_point:
+    with small_filesystem(TMPFS_SIZE) as mount_point:
         cwd = mount_point / "work"  # the agents' cwd, outside the state directory
         cwd.mkdir()
         config = mount_point / "agentsd.toml"
@@ -329,6 +334,7 @@ def test_a_full_disk_fails_mutations_loses_nothing_and_recovers_by_itself() -> N
         ballast_bytes = 0
         recovered_s = 0.0
         with (
+            WalGauge(state) as wal,
             start_daemon(state_dir=state, extra_args=["--config", str(config)]) as daemon,
             PingProbe(daemon.socket) as probe,
             daemon.connect() as client,
@@ -363,13 +369,23 @@ def test_a_full_disk_fails_mutations_loses_nothing_and_recovers_by_itself() -> N
                     )
                     # Space returns: the same daemon takes every client's mutations again.
                     freed_at = time.monotonic()
+                    before = [w.done_ok for w in workers]
                     progressed = each_progresses(workers)
                     ballast.unlink()
-                    wait_until(
-                        progressed,
-                        PHASE_TIMEOUT_S,
-                        "every client's mutations succeed again without a restart",
-                    )
+                    try:
+                        wait_until(
+                            progressed,
+                            PHASE_TIMEOUT_S,
+                            "every client's mutations succeed again without a restart",
+                        )
+                    except AssertionError as exc:
+                        usage = shutil.disk_usage(mount_point)
+                        files = {p.name: p.stat().st_size for p in state.iterdir() if p.is_file()}
+                        raise AssertionError(
+                            f"{exc}\nstalled: {stalled(workers, before)}\n"
+                            f"free {usage.free} of {usage.total} bytes; state files: {files}; "
+                            f"the WAL at most {wal.peak} bytes"
+                        ) from None
                     recovered_s = max(recovered_s, time.monotonic() - freed_at)
             finally:
                 for worker in workers:
@@ -417,5 +433,5 @@ def test_a_full_disk_fails_mutations_loses_nothing_and_recovers_by_itself() -> N
             f"mutation errors {dict(outcomes.errors)}; {outcomes.reads_ok} reads, none failed; "
             f"mutations succeeded again at most {recovered_s * 1000:.0f} ms after the "
             "ballast went; "
-            f"{probe.summary()}",
+            f"the WAL at most {wal.peak // 1024} KiB; {probe.summary()}",
         )

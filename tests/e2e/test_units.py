@@ -22,10 +22,13 @@ from pathlib import Path
 import pytest
 import trio
 
+from agentsd.main import EXIT_RESTART
+
 REPO = Path(__file__).resolve().parents[2]
 UNITS = REPO / "systemd"
 SOCKET_UNIT = UNITS / "agentsd.socket"
 SERVICE_UNIT = UNITS / "agentsd.service"
+NOTIFY_UNIT = UNITS / "agentsd-notify.service"
 
 DAEMON_LADDER_S = 2 + 3 + 2
 """The daemon's default close ladder: stdin EOF, SIGTERM, SIGKILL."""
@@ -82,11 +85,13 @@ def unit_home() -> Iterator[Path]:
     home = Path(tempfile.mkdtemp(prefix="agentsd-units-", dir="/tmp"))
     (home / "run").mkdir(mode=0o700)
     (home / ".local" / "bin").mkdir(parents=True)
-    agentsd = home / ".local" / "bin" / "agentsd"
-    agentsd.write_text("#!/bin/sh\nexit 0\n")
-    agentsd.chmod(0o755)
+    for exe in ("agentsd", "agentsctl"):
+        program = home / ".local" / "bin" / exe
+        program.write_text("#!/bin/sh\nexit 0\n")
+        program.chmod(0o755)
     shutil.copy(SOCKET_UNIT, home)
     shutil.copy(SERVICE_UNIT, home)
+    shutil.copy(NOTIFY_UNIT, home)
     yield home
     shutil.rmtree(home)
 
@@ -97,7 +102,15 @@ def _verify(home: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("XDG_")}
     env |= {"HOME": str(home), "XDG_RUNTIME_DIR": str(home / "run")}
     return subprocess.run(
-        [tool, "--user", "--man=no", "verify", "./agentsd.socket", "./agentsd.service"],
+        [
+            tool,
+            "--user",
+            "--man=no",
+            "verify",
+            "./agentsd.socket",
+            "./agentsd.service",
+            "./agentsd-notify.service",
+        ],
         cwd=home,
         env=env,
         capture_output=True,
@@ -117,15 +130,20 @@ def test_units_pass_systemd_analyze_verify(unit_home: Path) -> None:
     ("breakage", "expected"),
     [
         ("no-executable", "is not executable"),
+        ("no-agentsctl", "is not executable"),
         ("unknown-key", "Unknown key 'HardenEverything'"),
+        ("unknown-notify-key", "Unknown key 'HardenEverything'"),
     ],
 )
 def test_verify_catches_what_it_should(unit_home: Path, breakage: str, expected: str) -> None:
     """The check above has teeth: the same setup fails for a broken install or unit."""
     if breakage == "no-executable":
         (unit_home / ".local" / "bin" / "agentsd").unlink()
+    elif breakage == "no-agentsctl":
+        (unit_home / ".local" / "bin" / "agentsctl").unlink()
     else:
-        service = unit_home / "agentsd.service"
+        name = "agentsd.service" if breakage == "unknown-key" else "agentsd-notify.service"
+        service = unit_home / name
         text = service.read_text(encoding="utf-8")
         service.write_text(text.replace("[Service]\n", "[Service]\nHardenEverything=yes\n"))
     result = _verify(unit_home)
@@ -156,6 +174,10 @@ def test_service_unit_contract() -> None:
     assert svc["Environment"] == ["PYTHONUNBUFFERED=1"]
     assert svc["WatchdogSec"] == ["30"]
     assert svc["Restart"] == ["on-failure"]
+    # `agentsctl daemon restart` exits with agentsd.main.EXIT_RESTART: a clean exit
+    # that systemd restarts whatever Restart= says.
+    assert svc["SuccessExitStatus"] == [str(EXIT_RESTART)]
+    assert svc["RestartForceExitStatus"] == [str(EXIT_RESTART)]
     assert svc["KillMode"] == ["mixed"]
     [stop] = svc["TimeoutStopSec"]
     assert _seconds(stop) > DAEMON_LADDER_S
@@ -166,6 +188,19 @@ def test_service_unit_contract() -> None:
     # These would change what agents can do in the user's projects (see the unit).
     for option in ("ProtectHome", "ProtectSystem", "PrivateTmp", "PrivateUsers", "UMask"):
         assert option not in svc, option
+
+
+def test_notify_unit_contract() -> None:
+    """The notifier runs `agentsctl notify`, wants the socket (connecting starts the
+    daemon) but is not bound to the daemon: it reconnects across its restarts."""
+    notify = _unit_settings(NOTIFY_UNIT)
+    unit, svc = notify["Unit"], notify["Service"]
+    assert unit["Wants"] == ["agentsd.socket"]
+    assert "agentsd.socket" in unit["After"][0].split()
+    assert "BindsTo" not in unit and "Requires" not in unit
+    assert svc["ExecStart"] == ["%h/.local/bin/agentsctl notify"]
+    assert svc["Restart"] == ["on-failure"]
+    assert notify["Install"]["WantedBy"] == ["graphical-session.target"]
 
 
 # --- make install-user-service / uninstall-user-service --------------------------------
@@ -238,7 +273,7 @@ def test_make_installs_and_uninstalls_the_user_service(linger: str) -> None:
 
         out = run("install-user-service")
         units = home / ".config" / "systemd" / "user"
-        for unit in (SOCKET_UNIT, SERVICE_UNIT):
+        for unit in (SOCKET_UNIT, SERVICE_UNIT, NOTIFY_UNIT):
             assert (units / unit.name).read_bytes() == unit.read_bytes()
         for exe in ("agentsd", "agentsctl"):
             assert os.readlink(home / ".local" / "bin" / exe) == str(venv / "bin" / exe)
@@ -263,6 +298,7 @@ def test_make_installs_and_uninstalls_the_user_service(linger: str) -> None:
                     "verify",
                     str(units / "agentsd.socket"),
                     str(units / "agentsd.service"),
+                    str(units / "agentsd-notify.service"),
                 ],
                 env={**env, "XDG_RUNTIME_DIR": str(home / "run")},
                 capture_output=True,
@@ -276,7 +312,9 @@ def test_make_installs_and_uninstalls_the_user_service(linger: str) -> None:
         state.mkdir(parents=True)
         (state / "agentsd.db").write_bytes(b"precious")
         out = run("uninstall-user-service")
+        assert "systemctl --user disable --now agentsd-notify.service" in out
         assert "systemctl --user disable --now agentsd.socket agentsd.service" in out
+        assert not (units / "agentsd-notify.service").exists()
         assert not (units / "agentsd.socket").exists()
         assert not (units / "agentsd.service").exists()
         assert not (home / ".local" / "bin" / "agentsd").is_symlink()

@@ -1,9 +1,11 @@
 """A minimal ACP agent for the tests, that misbehaves on request (stdlib only, so it
 starts in milliseconds).
 
-Started as ``python acp_test_agent.py [--hang-init] [--no-load] [--auth] [--forget]``
-(``--auth``: ``session/new`` needs a login first; ``--forget``: ``session/load``
-knows no session). A prompt's text
+Started as ``python acp_test_agent.py [--hang-init] [--no-load] [--auth] [--forget]
+[--images]`` (``--auth``: ``session/new`` needs a login first; ``--forget``:
+``session/load`` knows no session; ``--images``: its prompts take images, which it
+echoes as ``[image MIME SHA256 LENGTH]``, as it echoes a ``resource_link`` as
+``[link URI]``). A prompt's text
 chooses what the turn does:
 
 - ``permission``: asks for permission and reports the outcome it got;
@@ -12,6 +14,7 @@ chooses what the turn does:
 - ``malformed``: sends malformed updates, then a good chunk;
 - ``exit``: streams a chunk and exits mid-turn;
 - ``requests``: asks ``fs/read_text_file`` and ``x/unknown`` and reports the answers;
+- ``capabilities``: reports the ``clientCapabilities`` its ``initialize`` carried;
 - ``tool``: a tool call with a diff and text content, completed;
 - ``switch``: switches itself to mode ``code``; ``whatmode``: says its mode;
 - anything else: echoes the prompt, with a thought and a plan first."""
@@ -25,6 +28,7 @@ import time
 from typing import Any
 
 SESSIONS: dict[str, list[str]] = {}
+CLIENT_CAPABILITIES: list[Any] = []  # as the client's initialize offered them
 MODES: dict[str, str] = {}
 NEXT_ID = [100]
 
@@ -125,6 +129,8 @@ def prompt(request_id: Any, params: dict[str, Any]) -> None:
         )
         unknown = request("x/unknown", {}, cancelled)
         chunk(session_id, json.dumps([read_answer["error"]["code"], unknown["error"]["code"]]))
+    elif text == "capabilities":
+        chunk(session_id, json.dumps(CLIENT_CAPABILITIES[0], sort_keys=True))
     elif text == "switch":
         MODES[session_id] = "code"
         update(session_id, {"sessionUpdate": "current_mode_update", "currentModeId": "code"})
@@ -169,8 +175,21 @@ def prompt(request_id: Any, params: dict[str, Any]) -> None:
             },
         )
         chunk(session_id, "echo: ")
-        chunk(session_id, text)
+        chunk(session_id, text + "".join(describe(b) for b in params["prompt"]))
     write({"id": request_id, "result": {"stopReason": "cancelled" if cancelled[0] else stop}})
+
+
+def describe(block: dict[str, Any]) -> str:
+    """What the echo says of a prompt block other than text."""
+    if block.get("type") == "image":
+        import base64
+        import hashlib
+
+        data = base64.b64decode(block.get("data", ""))
+        return f" [image {block.get('mimeType')} {hashlib.sha256(data).hexdigest()} {len(data)}]"
+    if block.get("type") == "resource_link":
+        return f" [link {block.get('uri')}]"
+    return ""
 
 
 def main() -> None:
@@ -185,12 +204,16 @@ def main() -> None:
         if method == "initialize":
             if hang_init:
                 continue
+            CLIENT_CAPABILITIES.append(params.get("clientCapabilities"))
             write(
                 {
                     "id": request_id,
                     "result": {
                         "protocolVersion": 1,
-                        "agentCapabilities": {"loadSession": can_load},
+                        "agentCapabilities": {
+                            "loadSession": can_load,
+                            "promptCapabilities": {"image": "--images" in sys.argv},
+                        },
                         "authMethods": [{"id": "login", "name": "Log in with Test"}],
                         "agentInfo": {"name": "acp-test-agent", "version": "1.2.3"},
                     },
@@ -219,7 +242,12 @@ def main() -> None:
                 },
             )
         elif method == "session/load" and forgets:
-            error = {"code": -32002, "message": f"Resource not found: {params['sessionId']}"}
+            # What went wrong in ``data.details``, as the ACP SDKs put it.
+            error = {
+                "code": -32002,
+                "message": "Resource not found",
+                "data": {"details": f"no session {params['sessionId']} here"},
+            }
             write({"id": request_id, "error": error})
         elif method == "session/load":
             # Replays the conversation as updates, as ACP asks, before answering.

@@ -72,6 +72,16 @@ class ShellCall:
 
 
 @attrs.frozen
+class FunctionCall:
+    """A call of any function tool Codex offers, by name (``update_plan``, ...), with
+    its arguments as JSON."""
+
+    name: str
+    arguments: dict[str, Any]
+    call_id: str = attrs.field(factory=lambda: f"call_{next(_ids)}")
+
+
+@attrs.frozen
 class HttpError:
     """A plain HTTP error (401 for a refused key, 500 for an outage)."""
 
@@ -79,7 +89,7 @@ class HttpError:
     message: str = "scripted failure"
 
 
-Reply = TextReply | ShellCall | HttpError
+Reply = TextReply | ShellCall | FunctionCall | HttpError
 
 
 @attrs.frozen
@@ -242,7 +252,9 @@ def _usage() -> dict[str, Any]:
     }
 
 
-def reply_events(reply: TextReply | ShellCall, response_id: str) -> Iterator[dict[str, Any]]:
+def reply_events(
+    reply: TextReply | ShellCall | FunctionCall, response_id: str
+) -> Iterator[dict[str, Any]]:
     """The server-sent events of one scripted reply, in order."""
     yield {"type": "response.created", "response": {"id": response_id}}
     if isinstance(reply, TextReply):
@@ -278,8 +290,10 @@ def reply_events(reply: TextReply | ShellCall, response_id: str) -> Iterator[dic
                 "type": "function_call",
                 "id": f"fc_{next(_ids)}",
                 "call_id": reply.call_id,
-                "name": "exec_command",
-                "arguments": reply.arguments(),
+                "name": reply.name if isinstance(reply, FunctionCall) else "exec_command",
+                "arguments": json.dumps(reply.arguments)
+                if isinstance(reply, FunctionCall)
+                else reply.arguments(),
             },
         }
     yield {"type": "response.completed", "response": {"id": response_id, "usage": _usage()}}

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -14,7 +15,14 @@ from typing import Any
 import pytest
 
 from agentsctl.client import Client
-from agentsd_protocol.errors import AgentStartFailed, HandshakeTimeout, InvalidParams
+from agentsd_protocol.errors import (
+    AgentStartFailed,
+    ContentUnsupported,
+    HandshakeTimeout,
+    InvalidParams,
+    UnknownCommand,
+    UnknownOption,
+)
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
 from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
 
@@ -30,6 +38,7 @@ def agent_config(path: Path, *flags: str, handshake_timeout_s: float = 10.0) -> 
         f"[agents.testacp-noload]\ncommand = {json.dumps([*command, '--no-load'])}\n"
         f"[agents.testacp-auth]\ncommand = {json.dumps([*command, '--auth'])}\n"
         f"[agents.testacp-forget]\ncommand = {json.dumps([*command, '--forget'])}\n"
+        f"[agents.testacp-images]\ncommand = {json.dumps([*command, '--images'])}\n"
     )
     return path
 
@@ -232,6 +241,20 @@ def test_requests_it_does_not_offer_are_refused_method_not_found(
         assert sources == {"fs/read_text_file", "x/unknown"}
 
 
+def test_initialize_offers_no_file_system_and_no_terminal(
+    client: Client, peer_daemon: DaemonProcess, workdir: Path, deadline: Deadline
+) -> None:
+    # What agentsd does not implement it must not offer: an agent that believed it
+    # would send fs/* or terminal/* requests that can only be refused.
+    sid = create(client, workdir)
+    with Follower(peer_daemon, sid, deadline) as follower:
+        send(client, sid, "capabilities")
+        follower.wait_for("turn.completed")
+        message = follower.wait_for("item.completed", lambda b: b["type"] == "agentMessage")
+    offered = json.loads(message["body"]["text"])
+    assert offered == {"fs": {"readTextFile": False, "writeTextFile": False}, "terminal": False}
+
+
 def test_an_agent_that_exits_mid_turn_settles_the_turn_and_leaves_nothing(
     client: Client, peer_daemon: DaemonProcess, workdir: Path, deadline: Deadline
 ) -> None:
@@ -356,6 +379,7 @@ def test_a_lost_session_that_had_turns_is_resume_failed_with_the_agents_words(
     client: Client, peer_daemon: DaemonProcess, workdir: Path, deadline: Deadline
 ) -> None:
     sid = create(client, workdir, provider="testacp-forget")
+    handle = client.call("agentSession.get", {"sessionId": sid})["session"]["providerHandle"]
     with Follower(peer_daemon, sid, deadline) as follower:
         send(client, sid, "first")
         follower.wait_for("turn.completed")
@@ -364,6 +388,7 @@ def test_a_lost_session_that_had_turns_is_resume_failed_with_the_agents_words(
     assert result["dispatch"] == "rejected", result
     assert result["reason"].startswith("resume_failed: testacp-forget could not resume session")
     assert "Resource not found" in result["reason"]
+    assert f"no session {handle} here" in result["reason"]
     assert not [e for e in history(client, sid) if e["kind"] == "thread.superseded"]
 
 
@@ -379,3 +404,93 @@ def test_a_lost_session_without_turns_is_superseded(
         follower.wait_for("item.completed", lambda b: b.get("text") == "echo: hello")
     assert note["previousHandle"] == handle
     assert "which had no turn: Resource not found" in note["reason"]
+
+
+def test_commands_and_a_live_mode_switch(
+    client: Client, peer_daemon: DaemonProcess, workdir: Path, deadline: Deadline
+) -> None:
+    sid = create(client, workdir)
+    with Follower(peer_daemon, sid, deadline) as follower:
+        follower.wait_for("commands.updated")
+        listed = client.call("agentSession.commands", {"sessionId": sid})["commands"]
+        # No compaction of its own and no compact command: none is offered.
+        assert [(c["name"], c["source"]) for c in listed] == [
+            ("clear", "agentsd"),
+            ("review", "agent"),
+            ("ask", "agent"),
+        ]
+        with pytest.raises(UnknownCommand):
+            client.call("agentSession.command", {"sessionId": sid, "name": "compact"})
+        ran = client.call("agentSession.command", {"sessionId": sid, "name": "ask", "args": "why?"})
+        assert ran["dispatch"] == "accepted"
+        follower.wait_for("item.completed", lambda b: b.get("text") == "echo: /ask why?")
+        follower.wait_for("turn.completed")
+
+        options = client.call("agentSession.options", {"sessionId": sid})["options"]
+        assert [o["key"] for o in options] == ["mode", "mcpServers"]
+        mode = options[0]
+        assert [c["value"] for c in mode["choices"]] == ["ask", "code"]
+        assert (mode["key"], mode["appliesAt"]) == ("mode", "now")
+        switched = client.call(
+            "agentSession.setOptions", {"sessionId": sid, "changes": {"mode": "code"}}
+        )
+        assert switched["appliesAt"] == {"mode": "now"}
+        asked = send(client, sid, "whatmode")
+        follower.wait_for("turn.completed", lambda b: b["turnId"] == asked["turnId"])
+        follower.wait_for("item.completed", lambda b: b.get("text") == "mode: code")
+        with pytest.raises(UnknownOption):
+            client.call("agentSession.setOptions", {"sessionId": sid, "changes": {"model": "x"}})
+    kinds = [e["kind"] for e in history(client, sid)]
+    assert kinds.count("command.run") == 1
+
+
+def test_images_go_to_an_agent_that_takes_them_and_are_refused_unjournaled_otherwise(
+    client: Client, peer_daemon: DaemonProcess, workdir: Path, deadline: Deadline
+) -> None:
+    png = b"\x89PNG\r\n\x1a\n" + bytes(range(64))
+    (workdir / "shot.png").write_bytes(png)
+    (workdir / "notes.txt").write_text("x")
+    image = {"type": "image", "path": "shot.png"}
+    link = {"type": "file", "path": "notes.txt"}
+    plain = create(client, workdir)
+    with Follower(peer_daemon, plain, deadline) as follower:
+        follower.wait_for("commands.updated")  # the agent's last word as it starts
+    before = history(client, plain)
+    with pytest.raises(ContentUnsupported) as caught:
+        client.call("agentSession.send", {"sessionId": plain, "text": "hi", "content": [image]})
+    assert caught.value.details == {"block": "image", "provider": "testacp"}
+    assert history(client, plain) == before
+    # A file reference is a resource_link, which every ACP agent takes.
+    with Follower(peer_daemon, plain, deadline) as follower:
+        client.call("agentSession.send", {"sessionId": plain, "text": "hi", "content": [link]})
+        follower.wait_for("turn.completed")
+    texts = [e["body"].get("text", "") for e in history(client, plain)]
+    assert f"echo: hi [link file://{workdir / 'notes.txt'}]" in texts
+
+    takes = create(client, workdir, provider="testacp-images")
+    with Follower(peer_daemon, takes, deadline) as follower:
+        client.call("agentSession.send", {"sessionId": takes, "text": "see", "content": [image]})
+        follower.wait_for("turn.completed")
+    digest = hashlib.sha256(png).hexdigest()
+    texts = [e["body"].get("text", "") for e in history(client, takes)]
+    assert f"echo: see [image image/png {digest} {len(png)}]" in texts
+
+
+def test_a_stopped_acp_session_is_started_to_learn_whether_it_takes_images(
+    client: Client, peer_daemon: DaemonProcess, workdir: Path, deadline: Deadline
+) -> None:
+    png = b"\x89PNG\r\n\x1a\n" + bytes(range(16))
+    (workdir / "shot.png").write_bytes(png)
+    image = {"type": "image", "path": "shot.png"}
+    takes = create(client, workdir, provider="testacp-images", start=False)
+    with Follower(peer_daemon, takes, deadline) as follower:
+        sent = client.call(
+            "agentSession.send", {"sessionId": takes, "text": "see", "content": [image]}
+        )
+        assert sent["dispatch"] == "accepted", sent
+        follower.wait_for("turn.completed")
+    refuses = create(client, workdir, start=False)
+    with pytest.raises(ContentUnsupported):
+        client.call("agentSession.send", {"sessionId": refuses, "text": "see", "content": [image]})
+    kinds = [e["kind"] for e in history(client, refuses)]
+    assert "submission" not in kinds and "child.ready" in kinds  # started to ask, nothing sent

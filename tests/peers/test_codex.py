@@ -274,7 +274,13 @@ def test_a_declined_file_change_is_not_applied_and_the_turn_goes_on(
         item = follower.wait_for("item.completed", lambda b: b["type"] == "fileChange")
         assert item["body"]["itemId"] == asked["itemId"], "the approval names the item"
         assert item["body"]["status"] == "declined"
-        assert item["body"]["changes"] == [{"path": str(workdir / "new.txt"), "kind": "add"}]
+        assert item["body"]["changes"] == [
+            {
+                "path": str(workdir / "new.txt"),
+                "kind": "add",
+                "diff": {"text": "hello\n", "byteLength": 6, "truncated": False},
+            }
+        ]
         assert follower.wait_for("turn.completed")["body"]["outcome"] == "completed"
         resolved = follower.wait_for("approval.resolved")["body"]
         assert resolved["decision"] == "decline"

@@ -3,8 +3,9 @@
 The full peer suites (``test_claude.py``, ``test_codex.py``) run on the newest
 release of each CLI. Here each listed release, old and new, goes through what a user
 does with a session: create, a turn, a send during a turn, an approval, an
-interrupt, a close and a native resume that keeps the history, and a daemon killed
-with SIGKILL mid-turn, then resumed. An older release that shows its version only
+interrupt, a close and a native resume that keeps the history, a daemon killed
+with SIGKILL mid-turn, then resumed, and the conversation controls (a model switch
+reaching the next model request, a compaction, a clear). An older release that shows its version only
 through ``--version`` (Claude Code 2.1.197) must be started and report it, in
 ``agentSession.get``, the journal and ``agentsctl doctor``.
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,9 @@ from tests.peers.agents import CLAUDE_RELEASES, RELEASES, Release
 from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
 
 TEST_TIMEOUT_S = 150.0  # a whole session's life, two daemons, on a shared 2-core machine
-ACK_BOUND_S = 10.0  # a send mid-turn is confirmed in milliseconds; the adapter gives up at 15
+# How long the story streams while a send mid-turn waits for its confirmation: the
+# window the confirmation must land in (it takes milliseconds), not a bound on it.
+STORY_S = 10.0
 STREAM_DELAY_S = 0.05  # between streamed pieces of a slow reply
 
 
@@ -80,6 +82,13 @@ class Agent:
         decision = "allow" if self.claude is not None else "accept"
         assert decision in options, options
         return decision
+
+    def requests(self) -> list[dict[str, Any]]:
+        """The bodies of the model calls so far."""
+        if self.claude is not None:
+            return [r.body for r in self.claude.message_requests()]
+        assert self.codex is not None
+        return [r.body for r in self.codex.requests()]
 
     def user_texts(self) -> list[str]:
         """What the user said, as the model saw it in its last call."""
@@ -208,12 +217,18 @@ def test_a_session_lives_its_whole_life_on_every_release(
             assert (agent.work / "hi.txt").read_text() == "hi\n"
 
             # A send while a turn runs is confirmed at once, on every release (Codex
-            # steers the turn; Claude Code queues the prompt behind it).
-            agent.script(agent.say("Once upon a time,", seconds=3), agent.say("Brief."))
-            streaming(follower, send(client, sid, "Tell me a story")["turnId"])
-            asked_at = time.monotonic()
+            # steers the turn; Claude Code queues the prompt behind it): the reply came
+            # while the story's turn still ran, seen in the journal, not on a clock.
+            agent.script(agent.say("Once upon a time,", seconds=STORY_S), agent.say("Brief."))
+            story_turn = send(client, sid, "Tell me a story")["turnId"]
+            streaming(follower, story_turn)
             send(client, sid, "Then be brief")
-            assert time.monotonic() - asked_at < ACK_BOUND_S
+            ended = [
+                e
+                for e in journal(client, sid)
+                if e["kind"] == "turn.completed" and e["body"]["turnId"] == story_turn
+            ]
+            assert ended == [], "the send was confirmed only once the running turn ended"
             deadline.poll(lambda: settled(client, sid), "the queued prompt's turn to end", 0.1)
 
             # An interrupt mid-stream.
@@ -235,6 +250,53 @@ def test_a_session_lives_its_whole_life_on_every_release(
             info = get(client, sid)
             assert info["providerHandle"] == handle
             assert info["child"]["agentVersion"] == release.version
+        client.call("agentSession.delete", {"sessionId": sid})
+
+
+def test_a_model_switch_compaction_and_clear_on_every_release(
+    daemon: DaemonProcess, agent: Agent, release: Release
+) -> None:
+    """The conversation controls on every release: a switched model reaches the next
+    model request, compact reaches the model server, clear starts blank."""
+    deadline = Deadline(TEST_TIMEOUT_S)
+    claude = agent.claude is not None
+    model = "sonnet" if claude else "other-model"
+    with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
+        sid = create(client, agent)["sessionId"]
+        with Follower(daemon, sid, deadline) as follower:
+
+            def ended(turns: int, what: str) -> None:
+                follower.wait_for(
+                    "turn.completed", lambda _: follower.kinds().count("turn.completed") >= turns
+                )
+                deadline.poll(lambda: settled(client, sid), what, 0.1)
+
+            agent.script(agent.say("Noted: PAPAYA."))
+            send(client, sid, "Remember the word PAPAYA")
+            ended(1, "the first turn to end")
+            switched = client.call(
+                "agentSession.setOptions", {"sessionId": sid, "changes": {"model": model}}
+            )
+            assert switched["appliesAt"] == {"model": "now" if claude else "nextTurn"}
+            agent.script(agent.say("Still PAPAYA."))
+            send(client, sid, "And now?")
+            ended(2, "the second turn to end")
+            asked = agent.requests()[-1]["model"]
+            assert model in asked, asked
+
+            calls = len(agent.requests())
+            agent.script(agent.say("A summary: the word is PAPAYA."))
+            compacted = client.call("agentSession.command", {"sessionId": sid, "name": "compact"})
+            assert compacted["dispatch"] == "accepted", compacted
+            ended(3, "the compaction to end")
+            assert len(agent.requests()) > calls  # the summarization call
+
+            client.call("agentSession.command", {"sessionId": sid, "name": "clear"})
+            agent.script(agent.say("Hello."))
+            send(client, sid, "Hello again")
+            ended(4, "the fresh turn to end")
+            assert "Hello again" in agent.user_texts()
+            assert not any("PAPAYA" in text for text in agent.user_texts())
         client.call("agentSession.delete", {"sessionId": sid})
 
 

@@ -179,7 +179,7 @@ def test_fail_settles_every_pending_call_and_returns_the_routes() -> None:
 
 
 def test_every_method_is_registered_once_with_its_flags() -> None:
-    assert len(methods.METHODS) == 23
+    assert len(methods.METHODS) == 28
     assert methods.QUEUE.mutation and methods.SET_TITLE.mutation
     assert methods.METHODS["agentSession.send"] is methods.SEND
     assert methods.METHODS["daemon.reloadEnv"].mutation

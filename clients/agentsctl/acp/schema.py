@@ -21,6 +21,7 @@ import msgspec
 PROTOCOL_VERSION = 1  # the ACP major version this bridge speaks
 
 # JSON-RPC error codes ACP gives a meaning to.
+INVALID_REQUEST = -32600
 INVALID_PARAMS = -32602
 METHOD_NOT_FOUND = -32601
 INTERNAL_ERROR = -32603
@@ -81,17 +82,27 @@ ContentBlock = TextBlock | ImageBlock | AudioBlock | ResourceLinkBlock | Resourc
 
 
 class UnsupportedContent(ValueError):
-    """A prompt holds content this bridge did not advertise (images, audio)."""
+    """A prompt holds content this bridge did not advertise (audio)."""
 
 
-def prompt_text(blocks: list[ContentBlock]) -> str:
-    """The prompt as the text a daemon session takes.
+class DaemonPrompt(msgspec.Struct, frozen=True, kw_only=True):
+    """A prompt as a daemon send takes it: its text, and its images as content blocks."""
+
+    text: str
+    images: list[tuple[str, str]]  # (base64 data, media type), in order
+
+
+def daemon_prompt(blocks: list[ContentBlock]) -> DaemonPrompt:
+    """The prompt as a daemon session takes it.
 
     Text is kept as is; a resource link becomes a Markdown link; an embedded text
-    resource is inlined with its URI; a binary one is referred to by URI. Raises
-    ``UnsupportedContent`` for images and audio (not advertised in ``initialize``).
+    resource is inlined with its URI (also a ``file://`` one: its contents are what
+    the editor holds, unsaved edits included, which a file reference would lose); a
+    binary one is referred to by URI. Images go as image blocks. Raises
+    ``UnsupportedContent`` for audio (not advertised in ``initialize``).
     """
     parts: list[str] = []
+    images: list[tuple[str, str]] = []
     for block in blocks:
         match block:
             case TextBlock(text=text):
@@ -102,11 +113,11 @@ def prompt_text(blocks: list[ContentBlock]) -> str:
                 parts.append(f'<context uri="{uri}">\n{text}\n</context>')
             case ResourceBlock(resource=EmbeddedResource(uri=uri)):
                 parts.append(f"<{uri}>")
-            case ImageBlock() | AudioBlock():
-                raise UnsupportedContent(
-                    f"{block.__struct_config__.tag} content is not supported by this agent"
-                )
-    return "\n".join(parts)
+            case ImageBlock(data=data, mime_type=mime_type):
+                images.append((data, mime_type))
+            case AudioBlock():
+                raise UnsupportedContent("audio content is not supported by this agent")
+    return DaemonPrompt(text="\n".join(parts), images=images)
 
 
 # -- methods the editor calls -----------------------------------------------------------
@@ -159,8 +170,84 @@ class NewSessionParams(Inbound, frozen=True, kw_only=True):
     mcp_servers: list[Any] = []
 
 
+class SessionMode(Outbound, frozen=True, kw_only=True):
+    id: str
+    name: str
+    description: str | None = None
+
+
+class SessionModeState(Outbound, frozen=True, kw_only=True):
+    current_mode_id: str
+    available_modes: list[SessionMode]
+
+
+class ConfigChoice(Outbound, frozen=True, kw_only=True):
+    value: str
+    name: str
+    description: str | None = None
+
+
+class ConfigOption(Outbound, frozen=True, kw_only=True, tag_field="type", tag="select"):
+    """A session config option of type ``select`` (ACP's ``SessionConfigOption``)."""
+
+    id: str
+    name: str
+    current_value: str
+    options: list[ConfigChoice]
+    description: str | None = None
+    category: str | None = None  # mode, model, thought_level
+
+
+class ModelInfo(Outbound, frozen=True, kw_only=True):
+    model_id: str
+    name: str
+    description: str | None = None
+
+
+class SessionModelState(Outbound, frozen=True, kw_only=True):
+    """The unstable ``models`` of a session (the model picker of editors that predate
+    config options, with ``session/set_model``)."""
+
+    current_model_id: str
+    available_models: list[ModelInfo]
+
+
 class NewSessionResult(Outbound, frozen=True, kw_only=True):
     session_id: str
+    modes: SessionModeState | None = None
+    config_options: list[ConfigOption] | None = None
+    models: SessionModelState | None = None
+
+
+class SessionStateResult(Outbound, frozen=True, kw_only=True):
+    """The result of ``session/load`` and ``session/resume``: the session's modes,
+    config options and (unstable) models."""
+
+    modes: SessionModeState | None = None
+    config_options: list[ConfigOption] | None = None
+    models: SessionModelState | None = None
+
+
+class SetModeParams(Inbound, frozen=True, kw_only=True):
+    session_id: str
+    mode_id: str
+
+
+class SetConfigOptionParams(Inbound, frozen=True, kw_only=True):
+    session_id: str
+    config_id: str
+    value: str | bool
+
+
+class SetConfigOptionResult(Outbound, frozen=True, kw_only=True):
+    config_options: list[ConfigOption]
+
+
+class SetModelParams(Inbound, frozen=True, kw_only=True):
+    """The unstable ``session/set_model`` (Zed's model picker before config options)."""
+
+    session_id: str
+    model_id: str
 
 
 class LoadSessionParams(Inbound, frozen=True, kw_only=True):
@@ -226,6 +313,31 @@ class ToolCallContent(Outbound, frozen=True, kw_only=True, tag_field="type", tag
     content: TextContent
 
 
+class DiffContent(Outbound, frozen=True, kw_only=True, tag_field="type", tag="diff"):
+    """An edit as ACP shows it for review: ``old_text`` None is a new file. Sent with
+    ``oldText`` always (null for a new file), as editors expect the key."""
+
+    path: str
+    old_text: str | None
+    new_text: str
+
+
+class ToolCallLocation(Outbound, frozen=True, kw_only=True):
+    path: str  # absolute
+    line: int | None = None  # 1-based
+
+
+ToolContent = ToolCallContent | DiffContent
+
+PlanEntryStatus = Literal["pending", "in_progress", "completed"]
+
+
+class PlanEntry(Outbound, frozen=True, kw_only=True):
+    content: str
+    priority: Literal["high", "medium", "low"]  # required by ACP: sent always
+    status: PlanEntryStatus
+
+
 class Update(Outbound, frozen=True, kw_only=True, tag_field="sessionUpdate"):
     """One ``session/update``."""
 
@@ -250,7 +362,8 @@ class ToolCall(Update, frozen=True, kw_only=True, tag="tool_call"):
     title: str
     kind: ToolKind  # required here though ACP defaults them: sent always, for every editor
     status: ToolCallStatus
-    content: list[ToolCallContent] = []
+    content: list[ToolContent] = []
+    locations: list[ToolCallLocation] = []
     raw_input: Any = None
     raw_output: Any = None
 
@@ -260,12 +373,71 @@ class ToolCallUpdate(Update, frozen=True, kw_only=True, tag="tool_call_update"):
     title: str | None = None
     kind: ToolKind | None = None
     status: ToolCallStatus | None = None
-    content: list[ToolCallContent] | None = None
+    content: list[ToolContent] | None = None
+    locations: list[ToolCallLocation] | None = None
     raw_input: Any = None
     raw_output: Any = None
 
 
-SessionUpdate = UserMessageChunk | AgentMessageChunk | AgentThoughtChunk | ToolCall | ToolCallUpdate
+class Plan(Update, frozen=True, kw_only=True, tag="plan"):
+    """The agent's plan, whole: each update replaces the one before."""
+
+    entries: list[PlanEntry]
+
+
+class Cost(Outbound, frozen=True, kw_only=True):
+    amount: float
+    currency: str = "USD"
+
+
+class UsageUpdate(Update, frozen=True, kw_only=True, tag="usage_update"):
+    """Tokens in the context (``used``) out of the model's window (``size``)."""
+
+    used: int
+    size: int
+    cost: Cost | None = None
+
+
+class SessionInfoUpdate(Update, frozen=True, kw_only=True, tag="session_info_update"):
+    title: str | None = None
+    updated_at: str | None = None
+
+
+class CurrentModeUpdate(Update, frozen=True, kw_only=True, tag="current_mode_update"):
+    current_mode_id: str
+
+
+class ConfigOptionUpdate(Update, frozen=True, kw_only=True, tag="config_option_update"):
+    config_options: list[ConfigOption]
+
+
+class CommandInput(Outbound, frozen=True, kw_only=True):
+    hint: str
+
+
+class AvailableCommand(Outbound, frozen=True, kw_only=True):
+    name: str
+    description: str
+    input: CommandInput | None = None
+
+
+class AvailableCommandsUpdate(Update, frozen=True, kw_only=True, tag="available_commands_update"):
+    available_commands: list[AvailableCommand]
+
+
+SessionUpdate = (
+    UserMessageChunk
+    | AgentMessageChunk
+    | AgentThoughtChunk
+    | ToolCall
+    | ToolCallUpdate
+    | Plan
+    | UsageUpdate
+    | SessionInfoUpdate
+    | CurrentModeUpdate
+    | ConfigOptionUpdate
+    | AvailableCommandsUpdate
+)
 
 
 class SessionNotification(Outbound, frozen=True, kw_only=True):
@@ -273,7 +445,7 @@ class SessionNotification(Outbound, frozen=True, kw_only=True):
     update: SessionUpdate
 
 
-def text_content(text: str) -> list[ToolCallContent]:
+def text_content(text: str) -> list[ToolContent]:
     return [ToolCallContent(content=TextContent(text=text))]
 
 
@@ -287,7 +459,8 @@ class PermissionToolCall(Outbound, frozen=True, kw_only=True):
     title: str | None = None
     kind: ToolKind | None = None
     status: ToolCallStatus | None = None
-    content: list[ToolCallContent] | None = None
+    content: list[ToolContent] | None = None
+    locations: list[ToolCallLocation] | None = None
     raw_input: Any = None
 
 

@@ -20,7 +20,19 @@ while it waits for the decision, ``in_progress`` once allowed, then what the ite
 reports; ``failed`` once refused, whatever follows. An approval without an item is
 a tool call of its own, keyed by its approval id, ``completed`` when allowed and
 ``failed`` otherwise. A decision allows when the agent said that option allows (an
-ACP agent's ``allow_*`` kinds), else when its first word does.
+ACP agent's ``allow_*`` kinds), else when its first word does; a question's
+answer is one of its labels, so any answer but ``decline`` or ``cancel`` resolves it.
+
+Rule 5: a tool call says what it is and what it did (``tools``): a human title,
+its kind, locations, diffs and output. Claude Code's todo list (``TodoWrite``) and a
+Codex plan (``turn.plan``) are ACP ``plan`` updates, never tool calls; a Codex
+``plan`` item (the plan it proposes in plan mode) is message text.
+
+Rule 6: what the daemon said rather than the user is not user text: a
+continuation (a ``submission`` with ``continuesSeq``, the daemon asking the agent to
+carry on after a restart cut its turn off) is a note (a thought). A conversation's
+history imported when the session adopted it (``message.imported``) is shown as it
+was: the user's messages as user text, the agent's as its messages.
 
 Pure: no I/O, no trio.
 """
@@ -32,24 +44,30 @@ from typing import Any
 import attrs
 
 from agentsctl.acp import schema as acp
+from agentsctl.acp import tools
 from agentsd_protocol.api.events import (
     ApprovalRequested,
     ApprovalResolved,
     ChildExited,
     ItemCompleted,
-    ItemFields,
     ItemStarted,
     ItemUpdated,
+    MessageImported,
+    SessionCreated,
+    SessionUpdated,
     Submission,
     ThreadSuperseded,
     TurnCompleted,
+    TurnPlan,
     TurnStarted,
+    UsageUpdated,
 )
 from agentsd_protocol.api.stream import DeltaNotification, JournalEvent
 
 _MESSAGE_TYPES: dict[str, type[acp.AgentMessageChunk | acp.AgentThoughtChunk]] = {
     "agentMessage": acp.AgentMessageChunk,
     "reasoning": acp.AgentThoughtChunk,
+    "plan": acp.AgentMessageChunk,  # Codex's proposed plan (plan mode): its text (Rule 5)
 }
 # An item status that means the tool did not run to the end: ACP's ``failed``.
 _FAILED_STATUSES = {
@@ -57,6 +75,7 @@ _FAILED_STATUSES = {
     *("interrupted", "incomplete", "aborted"),
 }
 _ALLOWING = ("accept", "allow", "approve", "yes")
+_REFUSING_ANSWERS = {"decline", "cancel"}  # a question's answers that refuse (Rule 4)
 
 
 @attrs.define
@@ -68,25 +87,41 @@ class _Item:
     described: bool = False  # its tool call has the agent's input and kind (Rule 4)
     asking: set[str] = attrs.field(factory=set)  # its approvals awaiting a decision (Rule 4)
     refused: bool = False  # an approval of it was refused: it stays failed (Rule 4)
+    plan: bool = False  # a todo list shown as a plan, not a tool call (Rule 5)
+    view: tools.ToolView | None = None  # what its tool call shows (Rule 5)
 
 
 class UpdateTranslator:
     """Translates one session's stream, in order; feed it every event and delta."""
 
-    def __init__(self) -> None:
+    def __init__(self, cwd: str | None = None) -> None:
         self.own_operations: set[str] = set()  # clientOperationIds of this bridge's prompts
+        self.cwd = cwd  # the session's; paths under it are shown relative in titles
         self._items: dict[str, _Item] = {}
         # Approvals announced, by approval id: the item each is about, or None when
         # the approval is a tool call of its own (Rule 4).
         self._approvals: dict[str, str | None] = {}
         # The options that allow, by approval id, where the agent described its options.
         self._allowing: dict[str, set[str]] = {}
+        self._questions: set[str] = set()  # approval ids of questions (Rule 4)
         self._turn_id: str | None = None  # the turn running, as far as this stream shows
 
     def event(self, journal_event: JournalEvent) -> list[acp.SessionUpdate]:
         match event := journal_event.event():
+            case Submission(continues_seq=int() as cut):
+                return self._notice(
+                    journal_event.seq,
+                    f"agentsd asked the agent to carry on with the turn a daemon restart "
+                    f"cut off (at #{cut}).",
+                )
             case Submission():
                 return self._submission(event)
+            case MessageImported(role=role, text=text) if text:
+                message_id = f"imported-{journal_event.seq}"
+                content = acp.TextContent(text=text)
+                if role == "user":
+                    return [acp.UserMessageChunk(content=content, message_id=message_id)]
+                return [acp.AgentMessageChunk(content=content, message_id=message_id)]
             case ItemStarted():
                 return self._item_started(event)
             case ItemUpdated(item_id=item_id, text=text):
@@ -109,6 +144,15 @@ class UpdateTranslator:
                     journal_event.seq,
                     f"The agent exited; its stderr ends:\n{tail}" if tail else None,
                 )
+            case TurnPlan(plan=steps):
+                return [acp.Plan(entries=tools.plan_entries([(s.step, s.status) for s in steps]))]
+            case UsageUpdated(last=last, model_context_window=window) if window:
+                used = last.get("totalTokens")
+                if isinstance(used, int) and not isinstance(used, bool):
+                    return [acp.UsageUpdate(used=used, size=window)]
+                return []
+            case SessionCreated(title=str() as title) | SessionUpdated(title=str() as title):
+                return [acp.SessionInfoUpdate(title=title)]
             case ThreadSuperseded(previous_handle=previous, handle=handle, reason=reason):
                 return self._notice(
                     journal_event.seq,
@@ -174,19 +218,26 @@ class UpdateTranslator:
         item = self._item(started.item_id, started.type, started.turn_id)
         if item.type in _MESSAGE_TYPES:
             return []
+        entries = tools.todo_plan(started)
+        if entries is not None and not item.announced:
+            item.plan = True
+            return [acp.Plan(entries=entries)]
         status: acp.ToolCallStatus = "pending" if item.asking else "in_progress"
         if item.refused:
             status = "failed"
+        view = item.view = tools.describe(started, self.cwd)
         if item.announced:
-            return [self._described(started, item, status=status)]
+            return [self._described(view, started.item_id, item, status=status)]
         item.announced = item.described = True
         return [
             acp.ToolCall(
                 tool_call_id=started.item_id,
-                title=_tool_title(started),
-                kind=acp.tool_kind(_tool_kind_hint(started)),
+                title=view.title,
+                kind=view.kind,
                 status=status,
-                raw_input=started.input,
+                content=view.content,
+                locations=view.locations,
+                raw_input=view.raw_input,
             )
         ]
 
@@ -196,50 +247,65 @@ class UpdateTranslator:
         del self._items[item_id]
         if item.type in _MESSAGE_TYPES:
             return self._text(item_id, item, done.text or "")
+        if item.plan:
+            return []  # its plan was shown when it started (Rule 5)
+        entries = tools.todo_plan(done)
+        if entries is not None and not item.announced:
+            return [acp.Plan(entries=entries)]
         failed = item.refused or str(done.status).lower() in _FAILED_STATUSES
         status: acp.ToolCallStatus = "failed" if failed else "completed"
-        content = acp.text_content(done.text) if done.text else None
-        reported = (("status", done.status), ("text", done.text))
-        output = {name: value for name, value in reported if value is not None} or None
+        view = tools.describe(done, self.cwd)
+        content = view.content + tools.output_content(done)
+        output = tools.raw_output(done)
         if item.announced and item.described:
             return [
                 acp.ToolCallUpdate(
-                    tool_call_id=item_id, status=status, content=content, raw_output=output
+                    tool_call_id=item_id,
+                    status=status,
+                    content=content or None,
+                    raw_output=output,
                 )
             ]
         if item.announced:
-            return [self._described(done, item, status=status, content=content, raw_output=output)]
+            return [
+                self._described(
+                    view, item_id, item, status=status, content=content, raw_output=output
+                )
+            ]
         return [
             acp.ToolCall(
                 tool_call_id=item_id,
-                title=_tool_title(done),
-                kind=acp.tool_kind(_tool_kind_hint(done)),
+                title=view.title,
+                kind=view.kind,
                 status=status,
-                content=content or [],
-                raw_input=done.input,
+                content=content,
+                locations=view.locations,
+                raw_input=view.raw_input,
                 raw_output=output,
             )
         ]
 
     def _described(
         self,
-        reported: ItemFields,
+        view: tools.ToolView,
+        item_id: str,
         item: _Item,
         *,
         status: acp.ToolCallStatus,
-        content: list[acp.ToolCallContent] | None = None,
+        content: list[acp.ToolContent] | None = None,
         raw_output: Any = None,
     ) -> acp.ToolCallUpdate:
         """The update of a tool call its approval announced (Rule 4), once the agent
-        says what the tool is: its input and kind; the title stays the question's."""
+        says what the tool is: its title, kind, locations, diffs and input."""
         item.described = True
-        kind = acp.tool_kind(_tool_kind_hint(reported))
         return acp.ToolCallUpdate(
-            tool_call_id=reported.item_id,
-            kind=None if kind == "other" else kind,
+            tool_call_id=item_id,
+            title=view.title,
+            kind=view.kind,
             status=status,
-            content=content,
-            raw_input=reported.input,
+            content=content if content is not None else (view.content or None),
+            locations=view.locations or None,
+            raw_input=view.raw_input,
             raw_output=raw_output,
         )
 
@@ -262,6 +328,8 @@ class UpdateTranslator:
         approval_id = asked.approval_id
         item_id = asked.item_id
         self._approvals[approval_id] = item_id
+        if asked.approval_kind == "question":
+            self._questions.add(approval_id)
         if asked.option_details:
             self._allowing[approval_id] = {
                 o.option_id for o in asked.option_details if (o.kind or "").startswith("allow")
@@ -299,6 +367,9 @@ class UpdateTranslator:
         allowing = self._allowing.pop(approval_id, None)
         if allowing is not None:  # the agent said which of its options allow
             allowed = decision in allowing
+        elif approval_id in self._questions:  # an answer is one of its labels
+            self._questions.discard(approval_id)
+            allowed = decision not in _REFUSING_ANSWERS
         else:
             allowed = decision.lower().startswith(_ALLOWING)
         outcome = {"decision": decision, "by": resolved.by}
@@ -318,40 +389,28 @@ class UpdateTranslator:
             item.refused = True
             return [acp.ToolCallUpdate(tool_call_id=item_id, status="failed", raw_output=outcome)]
         if item.asking:
-            return []  # another question about it is still open: it stays pending
+            # Another question about it is still open: it stays pending, and the update
+            # says so, which closes the editor's dialog for the one just answered (an
+            # editor replaces a tool call's pending permission on any status update).
+            return [acp.ToolCallUpdate(tool_call_id=item_id, status="pending")]
         return [acp.ToolCallUpdate(tool_call_id=item_id, status="in_progress")]
 
-
-def approval_tool_call(asked: ApprovalRequested) -> acp.PermissionToolCall:
-    """The ``toolCall`` of the permission request for an ``approval.requested``: the
-    tool call ``UpdateTranslator`` announced for it (its item's, Rule 4), by id, with
-    the question's fields again for an editor that missed the announcement."""
-    return acp.PermissionToolCall(
-        tool_call_id=asked.item_id or asked.approval_id,
-        title=asked.title or "Permission requested",
-        kind=acp.tool_kind(asked.approval_kind),
-        status="pending",
-        content=acp.text_content(asked.detail) if asked.detail else None,
-    )
-
-
-def _tool_title(item: ItemFields) -> str:
-    command = _command(item.input)
-    if command and item.name:
-        return f"{item.name}: {command}"
-    return command or item.name or item.type or "tool"
-
-
-def _tool_kind_hint(item: ItemFields) -> str | None:
-    if item.type == "toolCall":
-        return item.name
-    return item.type
-
-
-def _command(raw: object) -> str | None:
-    if not isinstance(raw, dict):
-        return None
-    command = raw.get("command")
-    if isinstance(command, list):
-        return " ".join(str(part) for part in command)
-    return command if isinstance(command, str) else None
+    def permission_tool_call(self, asked: ApprovalRequested) -> acp.PermissionToolCall:
+        """The ``toolCall`` of the permission request for an ``approval.requested``:
+        the tool call announced for it (its item's, Rule 4), by id, with the question's
+        fields again for an editor that missed the announcement, and the item's diffs
+        and locations where it showed them, so an edit is reviewed before it is
+        allowed."""
+        item = self._items.get(asked.item_id) if asked.item_id else None
+        view = item.view if item is not None else None
+        content = acp.text_content(asked.detail) if asked.detail else []
+        if view is not None and view.content:
+            content = view.content
+        return acp.PermissionToolCall(
+            tool_call_id=asked.item_id or asked.approval_id,
+            title=asked.title or "Permission requested",
+            kind=view.kind if view is not None else acp.tool_kind(asked.approval_kind),
+            status="pending",
+            content=content or None,
+            locations=(view.locations or None) if view is not None else None,
+        )

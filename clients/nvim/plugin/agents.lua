@@ -6,8 +6,6 @@ if vim.g.loaded_agents or vim.fn.has('nvim-0.7') == 0 then
 end
 vim.g.loaded_agents = 1
 
-local PROVIDERS = { 'mock', 'codex', 'claude', 'acp' }
-
 local function command(name, fn, opts)
   vim.api.nvim_create_user_command(name, fn, opts)
 end
@@ -28,7 +26,7 @@ end, {
   complete = function(lead)
     return vim.tbl_filter(function(p)
       return vim.startswith(p, lead)
-    end, PROVIDERS)
+    end, require('agents').providers())
   end,
 })
 
@@ -41,8 +39,54 @@ command('AgentsAttach', function(o)
 end, { nargs = '?', complete = complete_sessions, desc = 'Show a session in a buffer' })
 
 command('AgentsSend', function(o)
-  require('agents').send(optional(o.args))
-end, { nargs = '*', desc = 'Send a prompt to the current session' })
+  local opts = { source = vim.api.nvim_get_current_buf() }
+  if o.range > 0 then
+    opts.range = { buf = opts.source, first = o.line1, last = o.line2 }
+  end
+  require('agents').send(optional(o.args), nil, opts)
+end, {
+  nargs = '*',
+  range = true,
+  desc = 'Send a prompt (with a range: those lines as context; #buffer, @file expand)',
+})
+
+command('AgentsPrompt', function(o)
+  require('agents').prompt(optional(o.args))
+end, { nargs = '?', complete = complete_sessions, desc = 'Open the prompt buffer' })
+
+command('AgentsSessions', function()
+  require('agents').pick()
+end, { nargs = 0, desc = 'Pick a session by its status (what needs you first)' })
+
+command('AgentsDelete', function(o)
+  require('agents').delete(optional(o.args), o.bang)
+end, {
+  nargs = '?',
+  bang = true,
+  complete = complete_sessions,
+  desc = 'Delete a session and its history (! without asking)',
+})
+
+command('AgentsMode', function(o)
+  require('agents').mode(optional(o.args))
+end, { nargs = '?', desc = 'Pick the session mode (what the agent may do without asking)' })
+
+command('AgentsModel', function(o)
+  require('agents').model(optional(o.args))
+end, { nargs = '?', desc = "Pick the session's model" })
+
+command('AgentsEffort', function(o)
+  require('agents').model(optional(o.args), nil, 'effort')
+end, { nargs = '?', desc = "Pick the session's reasoning effort" })
+
+command('AgentsCommand', function(o)
+  local name, args = (o.args or ''):match('^/?(%S+)%s*(.*)$')
+  require('agents').command(name, args ~= '' and args or nil)
+end, { nargs = '*', desc = 'Run a command (compact, clear, the agent\'s own), or pick one' })
+
+command('AgentsCompact', function()
+  require('agents').command('compact')
+end, { nargs = 0, desc = 'Compact the conversation to free context' })
 
 command('AgentsInterrupt', function(o)
   require('agents').interrupt(optional(o.args))

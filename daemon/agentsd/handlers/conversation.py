@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import trio
 
+from agentsd.attachments import Prepared, block_types, prepare
 from agentsd.delivery import deliver, send_result
 from agentsd.operations import Provisional
 from agentsd.providers.base import Dispatch
@@ -46,6 +47,7 @@ from agentsd_protocol.display import excerpt
 from agentsd_protocol.errors import (
     AlreadyResolved,
     ApprovalNotFound,
+    ContentUnsupported,
     InvalidParams,
     InvalidState,
 )
@@ -59,27 +61,35 @@ INTERRUPT_WAIT_S = 15.0  # an interrupted turn ends within a second; past this i
 
 
 async def handle_send(call: Call, params: api.SendParams) -> api.SendResult:
-    """Journal the prompt, then deliver it by ``params.delivery``
-    (``api.SendParams``); the session's first prompt names an untitled session."""
+    """Check and keep the prompt's images and files (``agentsd.attachments``),
+    journal the prompt, then deliver it by ``params.delivery`` (``api.SendParams``);
+    the session's first prompt names an untitled session. A draining daemon refuses
+    it before journaling (``agentsd.drain`` Rule 1)."""
     supervisor = call.app.supervisor
     session = supervisor.get(params.session_id, params.expected_fence)
-    if len(params.text.encode()) > MAX_PROMPT_BYTES:
-        raise InvalidParams(f"Invalid params: text longer than {MAX_PROMPT_BYTES} bytes")
+    with supervisor.gate.admit():
+        return await _send(call, session, params)
+
+
+async def _send(call: Call, session: Session, params: api.SendParams) -> api.SendResult:
+    supervisor = call.app.supervisor
     if params.retry_unknown:
         return await _retry_unknown(call, session, params)
+    prompt = await _prepare(call, session, params)
     if params.delivery == "interrupt" and session.conversation.turn_open:
-        await _interrupt_for(session, params.text)
+        await _interrupt_for(session, prompt.text)
     convo = session.conversation
     if params.delivery == "queue" and (
         convo.turn_open or convo.undispatched or session.queue.prompts
     ):
-        return await _enqueue(call, session, params.text)
+        return await _enqueue(call, session, prompt)
     cmid = uuid.uuid4().hex
     operation = call.operation
     submission = SubmissionEvent(
         client_message_id=cmid,
-        text=params.text,
+        text=prompt.text,
         operation_id=None if operation is None else operation.op_id,
+        attachments=prompt.attachments,
     )
 
     provisional = None
@@ -88,9 +98,48 @@ async def handle_send(call: Call, params: api.SendParams) -> api.SendResult:
         provisional = Provisional(
             operation, lambda stored: send_result(cmid, stored[0].seq, pending)
         )
-    stored = await _journal_prompt(session, submission, params.text, provisional)
-    dispatch = await deliver(supervisor, session, cmid, params.text)
+    stored = await _journal_prompt(session, submission, prompt.text, provisional)
+    dispatch = await deliver(supervisor, session, cmid, prompt.text, prompt.attachments)
     return send_result(cmid, stored[0].seq, dispatch)
+
+
+async def _prepare(call: Call, session: Session, params: api.SendParams) -> Prepared:
+    """The prompt of ``params`` with its blocks checked against the provider, its
+    images read and kept (``agentsd.attachments`` Rules 1 and 2). Raises
+    ``InvalidParams``, ``ContentUnsupported`` or ``AttachmentRefused``; then nothing
+    was journaled."""
+    if len(params.text.encode()) > MAX_PROMPT_BYTES:
+        raise InvalidParams(f"Invalid params: text longer than {MAX_PROMPT_BYTES} bytes")
+    if not params.content:
+        if not params.text:
+            raise InvalidParams("Invalid params: a prompt needs text or content")
+        return Prepared(text=params.text, attachments=[], images={})
+    supervisor = call.app.supervisor
+    provider = supervisor.provider(session.row.provider)
+    types = block_types(params.content)
+    task = session.task
+    refused = provider.refused_content(types, None if task is None else task.adapter)
+    if refused is not None and (task is None or task.adapter is None):
+        # Some agents say what they take only in their handshake (ACP): ask it.
+        await supervisor.start(session)
+        task = session.task
+        refused = provider.refused_content(types, None if task is None else task.adapter)
+    if refused is not None:
+        raise ContentUnsupported(
+            f"the {session.row.provider} agent of this session cannot take {refused} blocks",
+            block=refused,
+            provider=session.row.provider,
+        )
+    private = [supervisor.state_dir, call.app.socket_path.parent]
+    prompt = await trio.to_thread.run_sync(
+        prepare, params.text, params.content, session.row.cwd, private
+    )
+    if len(prompt.text.encode()) > MAX_PROMPT_BYTES:
+        raise InvalidParams(f"Invalid params: text longer than {MAX_PROMPT_BYTES} bytes")
+    if not prompt.text and not prompt.attachments:
+        raise InvalidParams("Invalid params: a prompt needs text or content")
+    await trio.to_thread.run_sync(supervisor.blobs.keep, session.id, prompt.images)
+    return prompt
 
 
 async def _journal_prompt(
@@ -120,14 +169,15 @@ def title_from_prompt(text: str) -> str:
     return title
 
 
-async def _enqueue(call: Call, session: Session, text: str) -> api.SendResult:
-    """Hold ``text`` in the queue behind the running turn (``agentsd.prompt_queue``)."""
+async def _enqueue(call: Call, session: Session, prompt: Prepared) -> api.SendResult:
+    """Hold ``prompt`` in the queue behind the running turn (``agentsd.prompt_queue``)."""
     prompt_id = uuid.uuid4().hex
     operation = call.operation
     queued = PromptQueued(
         prompt_id=prompt_id,
-        text=text,
+        text=prompt.text,
         operation_id=None if operation is None else operation.op_id,
+        attachments=prompt.attachments,
     )
 
     def result(seq: int) -> api.SendResult:
@@ -142,7 +192,7 @@ async def _enqueue(call: Call, session: Session, text: str) -> api.SendResult:
     provisional = None
     if operation is not None:
         provisional = Provisional(operation, lambda stored: result(stored[0].seq))
-    stored = await _journal_prompt(session, queued, text, provisional)
+    stored = await _journal_prompt(session, queued, prompt.text, provisional)
     return result(stored[0].seq)
 
 
@@ -160,16 +210,17 @@ async def _interrupt_for(session: Session, text: str) -> None:
         )
 
 
-async def _interrupt(session: Session, turn_id: str | None) -> bool:
+async def _interrupt(session: Session, turn_id: str | None) -> tuple[int, bool]:
     """Journal the interrupt request, pausing a non-empty queue with it (a stop
-    returns queued prompts to the user's control), then interrupt the agent."""
+    returns queued prompts to the user's control), then interrupt the agent. The
+    seq of the ``interrupt.requested``, and whether the agent took the interrupt."""
     events: list[Event] = [InterruptRequested(turn_id=turn_id)]
     if session.queue.prompts and session.queue.paused is None:
         events.append(QueuePaused(reason="interrupted"))
-    await session.journal.append(events)
+    stored = await session.journal.append(events)
     task = session.task
     adapter = None if task is None else task.adapter
-    return adapter is not None and await adapter.interrupt(turn_id)
+    return stored[0].seq, adapter is not None and await adapter.interrupt(turn_id)
 
 
 async def _retry_unknown(call: Call, session: Session, params: api.SendParams) -> api.SendResult:
@@ -190,6 +241,9 @@ async def _retry_unknown(call: Call, session: Session, params: api.SendParams) -
         SubmissionDispatched, lambda event: event.client_message_id == cmid
     )
     outcome = "unknown" if dispatched is None else dispatched.outcome
+    journaled = await session.journal.latest(
+        SubmissionEvent, lambda event: event.client_message_id == cmid
+    )
     if outcome != "unknown":
         # Delivered or refused for certain: never re-sent.
         return api.SendResult(
@@ -198,7 +252,9 @@ async def _retry_unknown(call: Call, session: Session, params: api.SendParams) -
             dispatch=outcome,
             reason="not re-sent: the outcome is known",
         )
-    dispatch = await deliver(supervisor, session, previous.client_message_id, params.text)
+    text = params.text if journaled is None else journaled.text
+    attachments = [] if journaled is None else journaled.attachments
+    dispatch = await deliver(supervisor, session, cmid, text, attachments)
     return send_result(previous.client_message_id, previous.seq, dispatch)
 
 
@@ -216,9 +272,11 @@ async def handle_interrupt(call: Call, params: api.InterruptParams) -> api.Inter
         return api.InterruptResult(
             interrupted=False, reason=f"turn {params.turn_id} is not the running turn"
         )
-    interrupted = await _interrupt(session, convo.turn_id)
+    seq, interrupted = await _interrupt(session, convo.turn_id)
     return api.InterruptResult(
-        interrupted=interrupted, reason=None if interrupted else "the turn had already ended"
+        interrupted=interrupted,
+        reason=None if interrupted else "the turn had already ended",
+        seq=seq,
     )
 
 

@@ -7,6 +7,8 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from agentsd.providers import BUILTIN_PROVIDERS
+from agentsd.providers.acp_agents import acp_agents
 from agentsd_protocol.api import daemon as api
 
 if TYPE_CHECKING:
@@ -33,11 +35,13 @@ async def handle_status(call: Call, params: api.StatusParams) -> api.StatusResul
         recovery=app.recovery,
         agent_env=_agent_env(app.agent_env),
         storage=_storage(app.storage_unavailable()),
+        draining=app.draining,
         containment=api.Containment(
             mode=app.containment.mode,
             root=None if app.containment.root is None else str(app.containment.root.path),
             detail=app.containment.detail,
         ),
+        providers=sorted({*BUILTIN_PROVIDERS, *acp_agents(app.config.agents)}),
     )
 
 

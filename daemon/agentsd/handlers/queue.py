@@ -20,7 +20,12 @@ if TYPE_CHECKING:
 
 
 def _info(prompt: QueuedPrompt) -> api.QueuedPromptInfo:
-    return api.QueuedPromptInfo(prompt_id=prompt.prompt_id, text=prompt.text, seq=prompt.seq)
+    return api.QueuedPromptInfo(
+        prompt_id=prompt.prompt_id,
+        text=prompt.text,
+        seq=prompt.seq,
+        attachments=prompt.attachments,
+    )
 
 
 def _claim(session: Session, prompt_id: str | None, action: str) -> QueuedPrompt:

@@ -1,17 +1,19 @@
-"""``agentSession.create/get/list/start/close/delete/setOptions/setTitle``: the session record
+"""``agentSession.create/get/list/start/close/delete/setTitle``: the session record
 and its agent's life."""
 
 from __future__ import annotations
 
 import bisect
+import re
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-import trio
 
+from agentsd.config import Limits, check_config
+from agentsd.handlers.controls import check_title, handle_set_options
+from agentsd.resources import cached_resources, read_resources
 from agentsd_protocol.api import conversation as capi
 from agentsd_protocol.api import session as api
-from agentsd_protocol.api.events import SessionUpdated
 from agentsd_protocol.display import excerpt
 from agentsd_protocol.errors import InvalidParams, RpcError
 
@@ -21,17 +23,10 @@ if TYPE_CHECKING:
     from agentsd.supervisor import Supervisor
 
 MAX_TITLE_CHARS = 500  # a status-bar label, not a document
+# A Codex thread id or Claude session id (uuids); never a path or a flag.
+HANDLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 
 _encoder = msgspec.json.Encoder()
-
-
-def _check_title(title: str | None) -> None:
-    if title is not None and len(title) > MAX_TITLE_CHARS:
-        raise InvalidParams(
-            f"Invalid params: title longer than {MAX_TITLE_CHARS} characters "
-            f"({excerpt(title, 40)})",
-            limit="title",
-        )
 
 
 def _check_size(what: str, size: int, max_bytes: int) -> None:
@@ -50,7 +45,7 @@ def _check_create(params: api.CreateParams) -> None:
     if len(params.provider) > api.MAX_PROVIDER_CHARS:
         raise InvalidParams(f"Invalid params: unknown provider {excerpt(params.provider)}")
     _check_size("cwd", len(params.cwd.encode()), api.MAX_CWD_BYTES)
-    _check_title(params.title)
+    check_title(params.title)
     for key, value in params.env.items():
         if not key or "=" in key or "\0" in key or "\0" in value:
             raise InvalidParams(
@@ -71,15 +66,47 @@ def _check_create(params: api.CreateParams) -> None:
     _check_size("options", len(_encoder.encode(params.options)), api.MAX_OPTIONS_BYTES)
 
 
+def _own_limits(params: api.CreateParams) -> dict[str, Any] | None:
+    """The session's own limits, as stored, each checked against the range the
+    config's ``[limits]`` allow; None when it gives none."""
+    own = Limits(
+        memory_max_bytes=params.memory_max, pids_max=params.pids_max, cpu_max=params.cpu_max
+    )
+    wire = {"memory_max_bytes": "memoryMax", "pids_max": "pidsMax", "cpu_max": "cpuMax"}
+    for key, value, problem in check_config(own):
+        raise InvalidParams(f"Invalid params: {wire[key]} = {value!r}: {problem}", limit=wire[key])
+    if not own.controllers():
+        return None
+    limits = api.SessionLimits(
+        memory_max=params.memory_max, pids_max=params.pids_max, cpu_max=params.cpu_max
+    )
+    return msgspec.to_builtins(limits)  # type: ignore[no-any-return]
+
+
 async def handle_create(call: Call, params: api.CreateParams) -> api.CreateResult:
     """Store the session, then (``start``) start its agent. A start that fails
     raises its error with ``data.sessionId`` naming the stored session, so the id is
     never lost; a retry with the same ``clientOperationId`` replays the stored
     session (``phase`` stopped, ``error`` set)."""
     _check_create(params)
+    limits = _own_limits(params)
     supervisor = call.app.supervisor
-    supervisor.provider(params.provider)
+    provider = supervisor.provider(params.provider)
     cwd = supervisor.check_cwd(params.cwd)
+    resume_from = None if params.resume_from is None else params.resume_from.handle
+    if resume_from is not None:
+        if not provider.adopts:
+            raise InvalidParams(
+                f"Invalid params: a {params.provider} session cannot adopt a conversation"
+            )
+        if not params.start:
+            raise InvalidParams(
+                "Invalid params: resumeFrom needs start: the adoption is checked then"
+            )
+        if not HANDLE.fullmatch(resume_from):
+            raise InvalidParams(
+                f"Invalid params: resumeFrom.handle is not a conversation id: {excerpt(resume_from)}"
+            )
 
     def provisional(session_info: api.SessionInfo) -> Any:
         return api.CreateResult(
@@ -97,8 +124,11 @@ async def handle_create(call: Call, params: api.CreateParams) -> api.CreateResul
         options=params.options,
         env=params.env,
         command=params.command,
+        limits=limits,
+        created_by=call.connection.caller_session,
         operation=call.operation,
         provisional=provisional,
+        resume_from=resume_from,
     )
     if params.start:
         try:
@@ -122,36 +152,12 @@ async def handle_get(call: Call, params: api.GetParams) -> api.GetResult:
 
 
 async def _with_resources(supervisor: Supervisor, sessions: list[Session]) -> list[api.SessionInfo]:
-    """The sessions' infos with their agents' cgroup figures (cgroup mode), read in
-    one worker thread: cgroupfs is in memory, but a page holds many sessions."""
+    """The sessions' infos with their running agents' figures (``agentsd.resources``)."""
     root = supervisor.containment.root
-    infos = [session.info() for session in sessions]
-    if root is None:
-        return infos
-    cgroups = [
-        None
-        if session.child is None or session.lease is None
-        else root.for_token(session.lease.token)
-        for session in sessions
-    ]
-    if not any(cgroups):
-        return infos
-    figures = await trio.to_thread.run_sync(
-        lambda: [None if cgroup is None else cgroup.figures() for cgroup in cgroups]
-    )
-    out = []
-    for info, cgroup, found in zip(infos, cgroups, figures, strict=True):
-        if cgroup is not None and found is not None:
-            resources = api.Resources(
-                cgroup=str(cgroup.path),
-                cpu_us=found.cpu_us,
-                processes=found.processes,
-                memory_bytes=found.memory_bytes,
-                memory_peak_bytes=found.memory_peak_bytes,
-            )
-            info = msgspec.structs.replace(info, resources=resources)
-        out.append(info)
-    return out
+    figures = cached_resources(root, sessions)
+    if figures is None:
+        figures = await read_resources(root, sessions)
+    return [session.info(resources=found) for session, found in zip(sessions, figures, strict=True)]
 
 
 async def handle_list(call: Call, params: api.ListParams) -> api.ListResult:
@@ -226,21 +232,6 @@ async def handle_delete(call: Call, params: api.DeleteParams) -> api.DeleteResul
     return api.DeleteResult(session_id=session.id)
 
 
-async def handle_set_options(call: Call, params: capi.SetOptionsParams) -> capi.SetOptionsResult:
-    supervisor = call.app.supervisor
-    session = supervisor.get(params.session_id, params.expected_fence)
-    _check_title(params.title)
-    fields: dict[str, Any] = {}
-    if params.title is not None:
-        fields["title"] = params.title
-    if params.options is not None:
-        fields["options"] = params.options
-    if fields:
-        updated = SessionUpdated(title=params.title, options=params.options)
-        await session.journal.append([updated], **fields)
-    return capi.SetOptionsResult(session=session.info())
-
-
 async def handle_set_title(call: Call, params: capi.SetTitleParams) -> capi.SetOptionsResult:
     return await handle_set_options(
         call,
@@ -257,6 +248,5 @@ HANDLERS: dict[str, Any] = {
     "agentSession.start": handle_start,
     "agentSession.close": handle_close,
     "agentSession.delete": handle_delete,
-    "agentSession.setOptions": handle_set_options,
     "agentSession.setTitle": handle_set_title,
 }

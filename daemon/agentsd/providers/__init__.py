@@ -14,7 +14,10 @@ if TYPE_CHECKING:
     from agentsd.config import AgentConfig
     from agentsd.providers.base import Provider
 
-BUILTIN_PROVIDERS = ("mock", "codex", "claude")  # an [agents.NAME] cannot take these names
+# An [agents.NAME] cannot take these names (agentsd_protocol: clients know them too).
+from agentsd_protocol.providers import BUILTIN_PROVIDERS
+
+__all__ = ["BUILTIN_PROVIDERS", "provider_registry"]
 
 
 def provider_registry(agents: Mapping[str, AgentConfig] | None = None) -> dict[str, Provider]:

@@ -1,9 +1,6 @@
-"""ACP agents by name: the built-in registry, and the config's ``[agents.NAME]``.
-
-Each entry is what a user installs to get that agent, checked against the public
-ACP agent registry (agentclientprotocol/registry) and the agents' npm packages: the
-command it is started with, and where it comes from. ``[agents.NAME]`` in the
-config adds an agent or replaces a built-in one of the same name.
+"""ACP agents by name: the built-in registry (``agentsd_protocol.providers``, which
+clients share), and the config's ``[agents.NAME]``, which adds an agent or replaces a
+built-in one of the same name.
 """
 
 from __future__ import annotations
@@ -13,6 +10,7 @@ from collections.abc import Mapping
 import attrs
 
 from agentsd.config import AgentConfig
+from agentsd_protocol.providers import BUILTIN_ACP_AGENTS
 
 
 @attrs.frozen
@@ -30,17 +28,8 @@ class AcpAgent:
 
 
 BUILTIN_AGENTS: Mapping[str, AcpAgent] = {
-    agent.name: agent
-    for agent in (
-        AcpAgent("codex-acp", ("codex-acp",), "Codex (ACP)", "@zed-industries/codex-acp"),
-        AcpAgent(
-            "claude-agent-acp",
-            ("claude-agent-acp",),
-            "Claude Agent (ACP)",
-            "@zed-industries/claude-agent-acp",
-        ),
-        AcpAgent("gemini", ("gemini", "--acp"), "Gemini CLI", "@google/gemini-cli"),
-    )
+    entry.name: AcpAgent(entry.name, entry.command, entry.display_name, entry.npm)
+    for entry in BUILTIN_ACP_AGENTS
 }
 
 

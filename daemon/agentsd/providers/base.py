@@ -41,9 +41,16 @@ import trio
 from agentsd.providers.programs import Program
 from agentsd.store.journal import bounded_payload
 from agentsd.store.sessions import SessionRow
+from agentsd_protocol.api.controls import AppliesAt, OptionChoice
 from agentsd_protocol.api.conversation import DispatchOutcome
-from agentsd_protocol.api.events import ApprovalOption, BoundedPayload, Event, ThreadSuperseded
-from agentsd_protocol.errors import AgentProtocolError
+from agentsd_protocol.api.events import (
+    AgentCommand,
+    ApprovalOption,
+    BoundedPayload,
+    Event,
+    ThreadSuperseded,
+)
+from agentsd_protocol.errors import AgentProtocolError, InvalidParams, UnknownCommand
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a tool result can be big; a line past this is broken
 MAX_BAD_LINES = 32  # non-frame lines in a row: past this the output is not the protocol
@@ -69,14 +76,54 @@ class Resume:
 
     handle: str
     had_turns: bool
+    # The session adopts ``handle``, a conversation started outside the daemon
+    # (``create {resumeFrom}``): check it belongs to the session's cwd, and keep
+    # its history for ``Adapter.imported_history``. ``had_turns`` is then true.
+    adopt: bool = False
+
+
+@attrs.frozen
+class ImageInput:
+    """An image of a prompt: its bytes, read back from the session's copy."""
+
+    media_type: str
+    data: bytes
+
+
+@attrs.frozen
+class FileInput:
+    """A file reference of a prompt: the agent reads ``path`` (absolute) itself."""
+
+    path: str
+
+
+@attrs.frozen
+class OptionSpec:
+    """One option a provider has: where a change applies while its agent runs
+    (``applies_at``; ``nextStart`` when it does not run), the values it knows of
+    without asking the agent (``choices``), and whether others are accepted
+    (``open``; a closed option refuses a value outside its choices)."""
+
+    applies_at: AppliesAt
+    choices: tuple[str, ...] | None = None
+    open: bool = True
+    description: str | None = None
 
 
 @attrs.frozen
 class Submission:
-    """A prompt the daemon journaled (write-ahead) and now hands to the agent."""
+    """A prompt the daemon journaled (write-ahead) and now hands to the agent:
+    ``text``, then ``inputs`` in order."""
 
     client_message_id: str
     text: str
+    inputs: tuple[ImageInput | FileInput, ...] = ()
+
+    def file_note(self) -> str:
+        """The file references as text, for agents whose input has no file item:
+        the agent reads them with its own tools, as after an ``@path`` in its UI."""
+        paths = [i.path for i in self.inputs if isinstance(i, FileInput)]
+        return "".join(f"\n@{path}" for path in paths)
 
 
 @attrs.frozen
@@ -218,9 +265,15 @@ class LineLink:
 
 
 class Adapter(abc.ABC):
-    """Speaks to one running agent child."""
+    """Speaks to one running agent child. An adapter that cannot adopt a
+    conversation (``Resume.adopt``) refuses it in ``handshake`` with
+    ``ResumeFailed``."""
 
     __slots__ = ()  # a subclass may declare its own: one adapter lives per session
+
+    supports_compact: ClassVar[bool] = False
+    """Whether ``compact`` is the agent's own compaction (else an agent that offers a
+    ``compact`` command runs that, and one that offers none has no compaction)."""
 
     superseded: ThreadSuperseded | None = None
     """Set by ``handshake`` when the provider never saved ``resume.handle`` and a fresh
@@ -244,6 +297,12 @@ class Adapter(abc.ABC):
         return the provider handle to store. Raise an ``RpcError`` on failure:
         ``ResumeFailed`` when a conversation that had turns cannot be resumed."""
 
+    async def imported_history(self) -> list[Event]:
+        """After a handshake that adopted a conversation (``Resume.adopt``): its
+        earlier messages as ``message.imported`` events, oldest first, to journal
+        with ``child.ready``. Raises ``ResumeFailed`` when it cannot be read."""
+        return []
+
     @abc.abstractmethod
     async def run(self) -> None:
         """Read and translate frames until the agent's output ends. Raises
@@ -261,9 +320,53 @@ class Adapter(abc.ABC):
     async def answer_approval(self, native_id: str, decision: str) -> None:
         """Deliver a committed approval decision to the agent."""
 
+    # -- conversation controls: an adapter offers what its agent can do -------------
+
+    async def option_choices(self) -> Mapping[str, list[OptionChoice]]:
+        """The values the running agent offers for some options (its models, their
+        efforts), by option key; asked of the agent, within a deadline."""
+        return {}
+
+    async def apply_options(self, changes: Mapping[str, Any]) -> None:
+        """Apply ``changes`` (options whose ``OptionSpec`` applies ``now`` or
+        ``nextTurn``, each set to a value) to the running agent. Raises an
+        ``RpcError`` when the agent refused one; then the caller changes nothing."""
+        if changes:
+            raise InvalidParams(
+                f"Invalid params: this agent cannot change {', '.join(sorted(changes))} live"
+            )
+
+    async def agent_commands(self) -> list[AgentCommand]:
+        """The agent's own slash commands and skills, as its handshake or API lists them."""
+        return []
+
+    async def compact(self) -> Dispatch:
+        """Ask the agent to compact its conversation (a turn of its own)."""
+        raise UnknownCommand("this agent cannot compact its conversation", name="compact")
+
+    async def run_command(self, name: str, args: str | None) -> Dispatch:
+        """Run one of ``agent_commands`` (the caller checked ``name`` is one)."""
+        raise UnknownCommand(f"this agent has no command {name!r}", name=name)
+
+
+CONTINUATION_PROMPT = (
+    "Your previous turn was cut off before it finished: the daemon that runs this "
+    "session restarted. Continue the task from where you left off. Check the state of "
+    "anything you were in the middle of (files being edited, commands that were "
+    "running) before you repeat it."
+)
+
 
 class Provider(abc.ABC):
     name: str  # the session's provider name: a class attribute, or per instance (ACP agents)
+    # What ``agentSession.continue`` sends into the natively resumed conversation, as
+    # the user's next message (no provider has a native "carry on" request).
+    continuation_prompt: ClassVar[str] = CONTINUATION_PROMPT
+    # The content block types (``api.conversation.Content``) besides text that its
+    # agent takes; a send with another is refused before it is journaled.
+    content_types: ClassVar[frozenset[str]] = frozenset()
+    # Whether its adapter can adopt a conversation started elsewhere (``Resume.adopt``).
+    adopts: ClassVar[bool] = False
     # The agent program this provider runs, if it is a known one: its ``--version``
     # is asked when the handshake does not say (``agentsd.providers.versions``).
     program: ClassVar[Program | None] = None
@@ -277,6 +380,22 @@ class Provider(abc.ABC):
 
     @abc.abstractmethod
     def adapter(self, link: LineLink, sink: SessionSink, session: SessionRow) -> Adapter: ...
+
+    def option_specs(self) -> Mapping[str, OptionSpec] | None:
+        """The options this provider has, by key; None when it does not say (any key
+        is kept, and applies at the next start)."""
+        return None
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """Raise ``InvalidParams`` naming the first option the agent could not start
+        with (the launch checks the same). A provider without declared options
+        checks them only when its agent starts."""
+        return None
+
+    def refused_content(self, types: set[str], adapter: Adapter | None) -> str | None:
+        """The first of the block ``types`` its agent cannot take (``adapter`` is the
+        running one, if any: some agents say what they take in their handshake)."""
+        return next((t for t in sorted(types) if t not in self.content_types), None)
 
 
 def journal_payload(data: str | bytes, max_bytes: int) -> BoundedPayload:

@@ -38,8 +38,17 @@ from typing import Any
 
 import attrs
 
-from agentsd.providers.base import Adapter, LaunchSpec, LineLink, Provider, SessionSink
-from agentsd.providers.claude_adapter import MIN_VERSION, ClaudeAdapter
+from agentsd.providers.base import (
+    Adapter,
+    LaunchSpec,
+    LineLink,
+    OptionSpec,
+    Provider,
+    SessionSink,
+)
+from agentsd.providers.claude_adapter import MIN_VERSION, PERMISSION_MODE_FLAGS, ClaudeAdapter
+from agentsd.providers.claude_transcript import project_slug
+from agentsd.providers.mcp_servers import claude_mcp_config, parse_mcp_servers
 from agentsd.providers.programs import CLAUDE, find_program
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.errors import AgentNotFound, AgentStartFailed, InvalidParams
@@ -65,8 +74,6 @@ PERMISSION_MODES = (
     "dontAsk",
     "plan",
 )
-# Rule 3: the option's value as the command line spells it for every release.
-PERMISSION_MODE_FLAGS = {"manual": "default"}
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 
 
@@ -134,6 +141,10 @@ def option_flags(options: Mapping[str, Any]) -> list[str]:
             case "addDirs":
                 for directory in _strings(name, value):
                     flags += ["--add-dir", directory]
+            case "mcpServers":
+                servers = parse_mcp_servers(value)
+                if servers:
+                    flags += ["--mcp-config", claude_mcp_config(servers)]
             case _:
                 raise InvalidParams(
                     f"Invalid params: unknown claude option {name!r} (known: "
@@ -154,9 +165,39 @@ KNOWN_OPTIONS = frozenset(
         "appendSystemPrompt",
         "maxTurns",
         "addDirs",
+        "mcpServers",
     }
 )
 
+
+# The model and the permission mode change live (control requests ``set_model`` and
+# ``set_permission_mode``); the rest are command-line flags, taken at the next start.
+OPTION_SPECS: dict[str, OptionSpec] = {
+    "model": OptionSpec(applies_at="now", description="the model (an alias or a full name)"),
+    "permissionMode": OptionSpec(
+        applies_at="now",
+        choices=PERMISSION_MODES,
+        open=False,
+        description="what Claude Code may do without asking",
+    ),
+    "effort": OptionSpec(
+        applies_at="nextStart", choices=EFFORTS, open=False, description="reasoning effort"
+    ),
+    **{
+        name: OptionSpec(applies_at="nextStart")
+        for name in (
+            "allowedTools",
+            "disallowedTools",
+            "systemPrompt",
+            "appendSystemPrompt",
+            "maxTurns",
+            "addDirs",
+        )
+    },
+    "mcpServers": OptionSpec(
+        applies_at="nextStart", description="MCP servers the agent starts (ACP's shape)"
+    ),
+}
 
 # -- the transcript (Rule 2) -----------------------------------------------------------
 
@@ -193,11 +234,14 @@ class Launched:
     fence: int
     session_id: str
     replaces: str | None = None  # the session's id, which has no transcript (Rule 2)
+    transcript: Path | None = None  # where the resumed session's transcript is for this cwd
 
 
 class ClaudeProvider(Provider):
     name = "claude"
     program = CLAUDE
+    content_types = frozenset({"image", "file"})
+    adopts = True
     minimum_version = MIN_VERSION
 
     def __init__(self) -> None:
@@ -220,7 +264,10 @@ class ClaudeProvider(Provider):
             program = [found]
         handle = session.provider_handle
         if handle is not None and has_transcript(agent_env, handle):
-            chosen = Launched(session.fence, handle)
+            home = config_dir(agent_env)
+            own = None if home is None else home / "projects" / project_slug(session.cwd)
+            transcript = None if own is None else own / f"{handle}.jsonl"
+            chosen = Launched(session.fence, handle, transcript=transcript)
             flags += ["--resume", handle]
         else:
             chosen = Launched(session.fence, str(uuid.uuid4()), replaces=handle)
@@ -234,4 +281,16 @@ class ClaudeProvider(Provider):
             # Rule 1 broken: a bug, not the agent's doing. Refusing to guess keeps a
             # wrong id from ever becoming the provider handle.
             raise AgentStartFailed(f"claude for session {session.id} was not launched by agentsd")
-        return ClaudeAdapter(link, sink, session_id=launched.session_id, replaces=launched.replaces)
+        return ClaudeAdapter(
+            link,
+            sink,
+            session_id=launched.session_id,
+            replaces=launched.replaces,
+            transcript=launched.transcript,
+        )
+
+    def option_specs(self) -> Mapping[str, OptionSpec]:
+        return OPTION_SPECS
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        option_flags(options)

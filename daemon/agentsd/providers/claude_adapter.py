@@ -25,6 +25,10 @@ Messages API:
   with a ``result`` of its own. An interrupt leaves queued messages queued.
 - One ``assistant`` frame per content block, before that block's
   ``content_block_stop``; ``stream_event`` frames carry ``api_message_id``.
+- An interrupt leaves a message sent mid-turn and not yet taken up in the CLI's
+  queue (its answer lists it: ``still_queued``), and the CLI runs it as a turn of
+  its own once the interrupted one ended. ``cancel_async_message {message_uuid}``
+  drops such a message (``cancelled: true``), in both releases.
 - An interrupt ends the turn with ``result {subtype: error_during_execution}``; a
   pending ``can_use_tool`` is withdrawn with ``control_cancel_request``. A failed
   model call ends it with ``subtype: success, is_error: true`` and
@@ -53,48 +57,75 @@ that turn's end, past ``ACK_TIMEOUT_S``.
 Rule 5 (versions): the version the handshake reports is judged here (a known one
 below ``MIN_VERSION`` is refused); a handshake without one is accepted, and the
 daemon asks the binary (``agentsd.providers.versions``).
+
+Rule 6 (an interrupt starts nothing): before interrupting, every prompt of ours
+the CLI has not taken up is dropped from its queue, and again any its answer
+reports ``still_queued``; each one dropped is journaled ``submission.dispatched``
+``rejected`` (the user's text is theirs again, never run unasked).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import itertools
 import logging
 import uuid
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
 import msgspec
 import trio
 
-from agentsd.providers.base import Adapter, Dispatch, LineLink, Resume, SessionSink, Submission
+from agentsd.providers.base import (
+    Adapter,
+    Dispatch,
+    ImageInput,
+    LineLink,
+    Resume,
+    SessionSink,
+    Submission,
+)
 from agentsd.providers.claude_events import (
+    call_context_tokens,
     is_auth_retry,
     result_error_text,
     retry_error,
     turn_completed,
+    usage_updated,
 )
 from agentsd.providers.claude_items import Items
 from agentsd.providers.claude_permissions import Permissions
+from agentsd.providers.claude_transcript import transcript_history
 from agentsd.providers.programs import CLAUDE
 from agentsd.providers.versions import refuse_if_too_old
+from agentsd_protocol.api.controls import OptionChoice
 from agentsd_protocol.api.events import (
+    AgentCommand,
     AgentError,
     ErrorInfo,
+    Event,
+    SubmissionDispatched,
     ThreadSuperseded,
     TurnCompleted,
     TurnStarted,
 )
 from agentsd_protocol.errors import (
     AgentExited,
+    AgentNotRunning,
     AgentProtocolError,
     AgentStartFailed,
+    InvalidParams,
     ResumeFailed,
     RpcError,
 )
 
 log = logging.getLogger(__name__)
 
+# Rule 3 of ``claude``: the permission mode as every release spells it.
+PERMISSION_MODE_FLAGS = {"manual": "default"}
 MIN_VERSION = (2, 0, 0)  # the control protocol, --replay-user-messages, --session-id
 BARRIER = {"subtype": "mcp_status"}  # Rule 4: read-only, answered at once mid-turn
 ACK_TIMEOUT_S = 15.0  # an initialized CLI reports a prompt queued within milliseconds
@@ -136,13 +167,22 @@ class ClaudeAdapter(Adapter):
     wait for, a turn, a control request), and the question ``answer_approval``
     takes out of ``Permissions``."""
 
+    supports_compact = True
+
     def __init__(
-        self, link: LineLink, sink: SessionSink, *, session_id: str, replaces: str | None = None
+        self,
+        link: LineLink,
+        sink: SessionSink,
+        *,
+        session_id: str,
+        replaces: str | None = None,
+        transcript: Path | None = None,
     ) -> None:
         self._link = link
         self._sink = sink
         self.session_id = session_id  # chosen at launch; system/init must agree
         self._replaces = replaces  # the id without a transcript it was launched over
+        self._transcript = transcript  # the resumed session's, for this cwd
         self._ids = itertools.count(1)
         self._controls: dict[str, _Control] = {}
         self._closed = False
@@ -151,6 +191,7 @@ class ClaudeAdapter(Adapter):
         # CLI has not taken up yet (Rule 2).
         self._acks: dict[str, trio.Event] = {}
         self._delivered: set[str] = set()
+        self._cmids: dict[str, str] = {}  # our message uuid -> the submission it carries
         self._waiting: set[str] = set()
         # The running turn.
         self._turn_id: str | None = None
@@ -164,6 +205,13 @@ class ClaudeAdapter(Adapter):
         # reports prompts with command_lifecycle (Rule 4).
         self._version: str | None = None
         self._lifecycle = False
+        # From initialize's answer: the models and slash commands it offers.
+        self._models: list[OptionChoice] = []
+        self._commands: list[AgentCommand] = []
+        # Usage: the tokens of every turn since it started, and the size of the
+        # conversation as of the last model call.
+        self._usage_total: dict[str, int] = {}
+        self._context_tokens: int | None = None
 
     @property
     def agent_version(self) -> str | None:
@@ -216,6 +264,7 @@ class ClaudeAdapter(Adapter):
             raise AgentStartFailed(f"claude refused initialize: {control.error}")
         # Rule 5: an answered initialize is the feature that matters; the version,
         # when the release reports it, is checked against the minimum.
+        self._models, self._commands = _offered(_dict(control.response))
         reported = _dict(control.response).get("claude_code_version")
         if isinstance(reported, str) and reported:
             refuse_if_too_old(CLAUDE, reported, MIN_VERSION)
@@ -225,7 +274,19 @@ class ClaudeAdapter(Adapter):
     def _replace(self, resume: Resume) -> None:
         """Check ``resume`` against the launch: it resumes ``session_id``, or it has no
         transcript and was replaced (``claude`` Rule 2), which supersedes it when it
-        never had a turn. Raises ``ResumeFailed`` when it had turns."""
+        never had a turn. Raises ``ResumeFailed`` when it had turns, and when an
+        adopted session has no transcript for this cwd."""
+        if resume.adopt and (
+            resume.handle != self.session_id
+            or self._replaces is not None
+            or self._transcript is None
+            or not self._transcript.is_file()
+        ):
+            raise ResumeFailed(
+                f"claude has no session {resume.handle} to adopt for this directory "
+                "(no transcript of it under projects/ of its config directory for this cwd "
+                "and account)"
+            )
         if resume.handle == self.session_id and self._replaces is None:
             return
         if resume.handle != self._replaces:
@@ -244,6 +305,18 @@ class ClaudeAdapter(Adapter):
             reason=f"claude never saved session {resume.handle}, which had no turn: "
             "it has no transcript",
         )
+
+    async def imported_history(self) -> list[Event]:
+        """The adopted session's messages, from its transcript."""
+        path = self._transcript
+        if path is None:
+            return []
+        try:
+            return list(await trio.to_thread.run_sync(transcript_history, path))
+        except OSError as exc:
+            raise ResumeFailed(
+                f"claude's transcript of session {self.session_id} cannot be read: {exc.strerror}"
+            ) from None
 
     # -- the reader -------------------------------------------------------------------
 
@@ -291,6 +364,9 @@ class ClaudeAdapter(Adapter):
                 # A failed model call's prose comes as a synthetic assistant message;
                 # the turn's result carries it, with its kind.
                 if not frame.get("is_api_error_message"):
+                    context = call_context_tokens(frame.get("message"))
+                    if context is not None:
+                        self._context_tokens = context
                     await self._items.on_assistant(frame, self._turn_id)
             case "user":
                 if frame.get("isReplay"):
@@ -315,7 +391,9 @@ class ClaudeAdapter(Adapter):
 
     # -- prompts and turns (Rule 2) ---------------------------------------------------
 
-    def _taken_up(self, message_uuid: Any, *, picked: bool) -> None:
+    def _taken_up(self, message_uuid: Any, *, picked: bool, dropped: bool = False) -> None:
+        """``message_uuid`` reached the CLI; ``picked``: it no longer waits in its
+        queue, ``dropped``: because it was cancelled (Rule 6 journals that)."""
         if not isinstance(message_uuid, str):
             return
         event = self._acks.get(message_uuid)
@@ -324,10 +402,15 @@ class ClaudeAdapter(Adapter):
             event.set()
         if picked:
             self._waiting.discard(message_uuid)
+            if not dropped:
+                self._cmids.pop(message_uuid, None)
 
     def _on_lifecycle(self, frame: dict[str, Any]) -> None:
         self._lifecycle = True
-        self._taken_up(frame.get("command_uuid"), picked=frame.get("state") != "queued")
+        state = frame.get("state")
+        self._taken_up(
+            frame.get("command_uuid"), picked=state != "queued", dropped=state == "cancelled"
+        )
 
     def _open_turn(self) -> str:
         """Mint the next turn and make it the running one. Synchronous, so that a
@@ -338,18 +421,28 @@ class ClaudeAdapter(Adapter):
         return self._turn_id
 
     async def _end_turn(self, done: TurnCompleted) -> None:
+        # A prompt the CLI cancelled with the turn waits no more: forget its id.
+        self._cmids = {u: c for u, c in self._cmids.items() if u in self._waiting}
         self._turn_id = None
         self._interrupt_requested = False
         self._failure = None
         await self._sink.emit(done)
 
     async def send(self, submission: Submission) -> Dispatch:
+        return await self._send(submission, command=False)
+
+    async def _send(self, submission: Submission, *, command: bool) -> Dispatch:
+        """Write a user message. A ``command`` (``/NAME``) is run by the CLI itself:
+        2.1.197 never echoes it as taken up, so it does not wait to be (Rule 2): the
+        turn it runs ends with its result."""
         if self._closed:
             return Dispatch(outcome="rejected", reason="the agent is not running")
         message_uuid = str(uuid.uuid4())
         acked = trio.Event()
         self._acks[message_uuid] = acked
-        self._waiting.add(message_uuid)
+        if not command:
+            self._waiting.add(message_uuid)
+            self._cmids[message_uuid] = submission.client_message_id
         turn_id = self._turn_id
         gate: trio.Event | None = None
         if turn_id is None:
@@ -361,7 +454,7 @@ class ClaudeAdapter(Adapter):
                 await self._link.send(
                     {
                         "type": "user",
-                        "message": {"role": "user", "content": submission.text},
+                        "message": {"role": "user", "content": user_content(submission)},
                         "parent_tool_use_id": None,
                         "session_id": self.session_id,
                         "uuid": message_uuid,
@@ -370,6 +463,7 @@ class ClaudeAdapter(Adapter):
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._acks.pop(message_uuid, None)
                 self._waiting.discard(message_uuid)
+                self._cmids.pop(message_uuid, None)
                 if gate is not None and self._turn_id == turn_id:
                     self._turn_id = None  # it never started
                 return Dispatch(outcome="rejected", reason="the agent is not running")
@@ -398,16 +492,43 @@ class ClaudeAdapter(Adapter):
         return Dispatch(outcome="unknown", reason="claude did not confirm delivery")
 
     async def interrupt(self, turn_id: str | None) -> bool:
+        """Drop our prompts the CLI has not taken up (Rule 6), then interrupt."""
         if self._turn_id is None or self._closed:
             return False
         self._interrupt_requested = True
         try:
+            await self._drop_waiting(set(self._waiting))
             control = await self._control({"subtype": "interrupt"})
+            with trio.move_on_after(CONTROL_TIMEOUT_S):
+                await control.done.wait()
+            still = _dict(control.response).get("still_queued")
+            if isinstance(still, list):
+                await self._drop_waiting({u for u in still if u in self._waiting})
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return False
-        with trio.move_on_after(CONTROL_TIMEOUT_S):
-            await control.done.wait()
         return control.done.is_set() and control.error is None
+
+    async def _drop_waiting(self, uuids: set[str]) -> None:
+        """``cancel_async_message`` each of ``uuids``; journal each one dropped."""
+        for message_uuid in sorted(uuids):
+            control = await self._control(
+                {"subtype": "cancel_async_message", "message_uuid": message_uuid}
+            )
+            with trio.move_on_after(CONTROL_TIMEOUT_S):
+                await control.done.wait()
+            cmid = self._cmids.pop(message_uuid, None)
+            if _dict(control.response).get("cancelled") is not True:
+                continue  # already taken up: the interrupt ends it with the turn
+            self._waiting.discard(message_uuid)
+            if cmid is not None:
+                await self._sink.emit(
+                    SubmissionDispatched(
+                        client_message_id=cmid,
+                        outcome="rejected",
+                        reason="withdrawn unsent: the turn it was steered into was interrupted "
+                        "before claude took it up",
+                    )
+                )
 
     async def _on_result(self, frame: dict[str, Any]) -> None:
         turn_id = self._turn_id
@@ -419,6 +540,10 @@ class ClaudeAdapter(Adapter):
                     AgentError(error_kind="agent_error", message=result_error_text(frame))
                 )
             return
+        if isinstance(frame.get("usage"), dict):
+            await self._sink.emit(
+                usage_updated(frame, turn_id, self._usage_total, self._context_tokens)
+            )
         done = turn_completed(
             frame,
             turn_id,
@@ -488,3 +613,98 @@ class ClaudeAdapter(Adapter):
 
     async def answer_approval(self, native_id: str, decision: str) -> None:
         await self._permissions.answer(native_id, decision)
+
+    # -- conversation controls --------------------------------------------------------
+
+    async def option_choices(self) -> dict[str, list[OptionChoice]]:
+        return {"model": list(self._models)} if self._models else {}
+
+    async def apply_options(self, changes: Mapping[str, Any]) -> None:
+        """``set_model`` and ``set_permission_mode`` control requests, one per change,
+        each answered before the next. Raises ``InvalidParams`` with the CLI's words
+        when it refused one, ``AgentNotRunning`` when it is gone."""
+        for key, value in sorted(changes.items()):
+            match key:
+                case "model":
+                    request = {"subtype": "set_model", "model": value}
+                case "permissionMode":
+                    mode = PERMISSION_MODE_FLAGS.get(value, value)
+                    request = {"subtype": "set_permission_mode", "mode": mode}
+                case _:
+                    raise InvalidParams(f"Invalid params: claude cannot change {key!r} live")
+            try:
+                control = await self._control(request)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                raise AgentNotRunning("claude is not running") from None
+            with trio.move_on_after(CONTROL_TIMEOUT_S):
+                await control.done.wait()
+            if not control.done.is_set():
+                raise AgentProtocolError(
+                    f"claude did not answer {request['subtype']} within {CONTROL_TIMEOUT_S:g} s"
+                )
+            if control.error is not None:
+                raise InvalidParams(
+                    f"Invalid params: claude refused {key} {value!r}: {control.error}", option=key
+                )
+
+    async def agent_commands(self) -> list[AgentCommand]:
+        return list(self._commands)
+
+    async def compact(self) -> Dispatch:
+        """``/compact`` as a prompt: Claude Code runs its slash commands from its input."""
+        return await self.run_command("compact", None)
+
+    async def run_command(self, name: str, args: str | None) -> Dispatch:
+        text = f"/{name} {args}" if args else f"/{name}"
+        submission = Submission(client_message_id=uuid.uuid4().hex, text=text)
+        return await self._send(submission, command=True)
+
+
+def _offered(answer: dict[str, Any]) -> tuple[list[OptionChoice], list[AgentCommand]]:
+    """The models (``value``, ``displayName``, ``description``) and slash commands
+    (``name``, ``description``, ``argumentHint``) of initialize's answer."""
+    models = [
+        OptionChoice(
+            value=m["value"],
+            label=m.get("displayName") if isinstance(m.get("displayName"), str) else None,
+            description=m.get("description") if isinstance(m.get("description"), str) else None,
+            default=m["value"] == "default",
+        )
+        for m in answer.get("models") or []
+        if isinstance(m, dict) and isinstance(m.get("value"), str)
+    ]
+    commands = [
+        AgentCommand(
+            name=c["name"].lstrip("/"),
+            description=c.get("description") if isinstance(c.get("description"), str) else None,
+            hint=c.get("argumentHint") if isinstance(c.get("argumentHint"), str) else None,
+        )
+        for c in answer.get("commands") or []
+        if isinstance(c, dict) and isinstance(c.get("name"), str) and c["name"].strip("/")
+    ]
+    return models, commands
+
+
+def user_content(submission: Submission) -> str | list[dict[str, Any]]:
+    """A prompt as the content of Claude Code's ``user`` message: its text alone
+    (file references as ``@path`` lines, as Claude Code's UI writes them), or, with
+    images, the Messages API's blocks: each image as base64 (the bytes the daemon
+    kept), then the text (the order the Messages API advises)."""
+    text = submission.text + submission.file_note()
+    images = [i for i in submission.inputs if isinstance(i, ImageInput)]
+    if not images:
+        return text
+    blocks: list[dict[str, Any]] = [
+        {
+            "type": "image",
+            "source": {
+                "type": "base64",
+                "media_type": image.media_type,
+                "data": base64.b64encode(image.data).decode(),
+            },
+        }
+        for image in images
+    ]
+    if text:
+        blocks.append({"type": "text", "text": text})
+    return blocks

@@ -25,7 +25,13 @@ from typing import Any
 import msgspec
 
 from agentsd.providers.base import journal_payload
-from agentsd_protocol.api.events import AgentError, BoundedPayload, ErrorInfo, TurnCompleted
+from agentsd_protocol.api.events import (
+    AgentError,
+    BoundedPayload,
+    ErrorInfo,
+    TurnCompleted,
+    UsageUpdated,
+)
 
 MAX_OUTPUT_BYTES = 64 * 1024  # per tool output: the head a reader needs, not a log file
 MAX_INPUT_BYTES = 16 * 1024  # per tool input: a Write of a whole file is cut here
@@ -210,4 +216,46 @@ def turn_completed(
     )
     return replace(
         done, outcome="failed", error=ErrorInfo(kind=kind, message=result_error_text(result))
+    )
+
+
+def usage_updated(
+    frame: dict[str, Any], turn_id: str | None, total: dict[str, int], context_tokens: int | None
+) -> UsageUpdated:
+    """``usage.updated`` of a turn's ``result``: its ``usage`` (the turn's tokens,
+    every model call summed) in Codex's names, added into ``total`` (the agent's
+    since it started), the context window of the model it used (``modelUsage``),
+    and ``context_tokens``: what the turn's last model call read and wrote."""
+    usage = _dict(frame.get("usage"))
+    read = sum(
+        _int(usage.get(key)) or 0
+        for key in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    )
+    written = _int(usage.get("output_tokens")) or 0
+    last = {"inputTokens": read, "outputTokens": written, "totalTokens": read + written}
+    if context_tokens is not None:
+        last["contextTokens"] = context_tokens
+    for key in ("inputTokens", "outputTokens", "totalTokens"):
+        total[key] = total.get(key, 0) + last[key]
+    windows = [
+        _int(_dict(model).get("contextWindow")) for model in _dict(frame.get("modelUsage")).values()
+    ]
+    window = max((w for w in windows if w), default=None)
+    return UsageUpdated(turn_id=turn_id, total=dict(total), last=last, model_context_window=window)
+
+
+def call_context_tokens(message: Any) -> int | None:
+    """What one model call read and wrote (an ``assistant`` frame's ``usage``): the
+    size of the conversation as of that call."""
+    usage = _dict(_dict(message).get("usage"))
+    if not usage:
+        return None
+    return sum(
+        _int(usage.get(key)) or 0
+        for key in (
+            "input_tokens",
+            "cache_read_input_tokens",
+            "cache_creation_input_tokens",
+            "output_tokens",
+        )
     )

@@ -32,7 +32,9 @@ protocol's refusal or an error (``codex_approvals``).
 
 from __future__ import annotations
 
+import base64
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,8 +45,10 @@ from agentsd.providers.base import (
     MAX_BAD_LINES,
     Adapter,
     Dispatch,
+    ImageInput,
     LaunchSpec,
     LineLink,
+    OptionSpec,
     Provider,
     Resume,
     SessionSink,
@@ -68,15 +72,26 @@ from agentsd.providers.codex_events import (
     turn_id_of,
     turn_plan,
     usage_updated,
+    user_text,
 )
-from agentsd.providers.codex_options import MIN_VERSION, parse_options, parse_version
+from agentsd.providers.codex_options import (
+    MIN_VERSION,
+    OPTION_SPECS,
+    parse_options,
+    parse_version,
+)
 from agentsd.providers.codex_rpc import Call, Garbage, RpcPeer, clip, error_message
+from agentsd.providers.imported import imported, latest
 from agentsd.providers.programs import CODEX, find_program
 from agentsd.providers.versions import refuse_if_too_old
 from agentsd.store.sessions import SessionRow
+from agentsd_protocol.api.controls import OptionChoice
 from agentsd_protocol.api.events import (
+    AgentCommand,
     AgentError,
     AgentWarning,
+    Event,
+    MessageImported,
     ThreadStatus,
     ThreadSuperseded,
     TurnDiff,
@@ -85,10 +100,12 @@ from agentsd_protocol.api.events import (
 from agentsd_protocol.errors import (
     AgentExited,
     AgentNotFound,
+    AgentNotRunning,
     AgentProtocolError,
     AgentStartFailed,
     ResumeFailed,
     RpcError,
+    UnknownCommand,
 )
 
 log = logging.getLogger(__name__)
@@ -96,6 +113,13 @@ log = logging.getLogger(__name__)
 NO_ROLLOUT = "no rollout found for thread id "  # codex-rs thread-store read_thread.rs
 ACK_TIMEOUT_S = 20.0  # turn/start answers in milliseconds; past this delivery is unknown
 INTERRUPT_TIMEOUT_S = 10.0  # codex answers once the turn stopped; it may never answer
+LIST_TIMEOUT_S = 10.0  # model/list and skills/list read local catalogs: milliseconds
+MAX_MODEL_PAGES = 10  # model/list pages: a catalog is a few dozen models
+REVIEW = AgentCommand(
+    name="review",
+    description="review the working tree's changes (or what the instructions say)",
+    hint="[instructions]",
+)
 DELTA_METHODS = frozenset(
     {"item/agentMessage/delta", "item/reasoning/summaryTextDelta", "item/plan/delta"}
 )
@@ -128,6 +152,8 @@ def never_saved(error: Any) -> bool:
 class CodexProvider(Provider):
     name = "codex"
     program = CODEX
+    content_types = frozenset({"image", "file"})
+    adopts = True
     minimum_version = MIN_VERSION
 
     def launch(self, session: SessionRow, state_dir: Any, env: Mapping[str, str]) -> LaunchSpec:
@@ -145,15 +171,27 @@ class CodexProvider(Provider):
     def adapter(self, link: LineLink, sink: SessionSink, session: SessionRow) -> Adapter:
         return CodexAdapter(link, sink, session)
 
+    def option_specs(self) -> Mapping[str, OptionSpec]:
+        return OPTION_SPECS
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        parse_options(options)
+
 
 class CodexAdapter(Adapter):
     """Speaks to one ``codex app-server`` (see the module's rules)."""
+
+    supports_compact = True
 
     def __init__(self, link: LineLink, sink: SessionSink, session: SessionRow) -> None:
         self._rpc = RpcPeer(link)
         self._sink = sink
         self._session = session
-        self._options = parse_options(session.options)
+        self._raw_options = dict(session.options)
+        self._options = parse_options(self._raw_options)
+        self._live: set[str] = set()  # options changed live: turn/start overrides them
+        self._skills: dict[str, str] = {}  # name -> path, from the last skills/list
+        self._imported: list[MessageImported] = []  # an adopted thread's history
         self._thread_id: str | None = None
         self._turn_id: str | None = None
         self._requests: dict[str, ServerRequest] = {}  # approvals not yet answered
@@ -217,6 +255,8 @@ class CodexAdapter(Adapter):
 
         params = {"cwd": self._session.cwd, **self._options.thread_params()}
         superseded_because = None
+        if resume is not None and resume.adopt:
+            await self._read_adopted(resume.handle)
         if resume is None:
             call = await self._start_thread(params)
         else:
@@ -233,6 +273,32 @@ class CodexAdapter(Adapter):
             )
         self._thread_id = thread_id
         return thread_id
+
+    async def _read_adopted(self, thread_id: str) -> None:
+        """``thread/read`` of a thread the session adopts: it must exist in this
+        ``CODEX_HOME`` and belong to the session's cwd; its turns become the history
+        to import. Raises ``ResumeFailed`` otherwise."""
+        call = await self._handshake_call(
+            "thread/read", {"threadId": thread_id, "includeTurns": True}
+        )
+        if call.error is not None:
+            raise ResumeFailed(
+                f"codex has no thread {thread_id} to adopt (in this CODEX_HOME): "
+                f"{error_message(call.error)}"
+            )
+        thread = call.result.get("thread") if isinstance(call.result, dict) else None
+        if not isinstance(thread, dict):
+            raise AgentProtocolError(f"codex answered thread/read with {clip(call.result)}")
+        cwd = thread.get("cwd")
+        if not isinstance(cwd, str) or not same_dir(cwd, self._session.cwd):
+            raise ResumeFailed(
+                f"codex thread {thread_id} belongs to {cwd}, not to {self._session.cwd}; "
+                "adopt it from a session in that directory"
+            )
+        self._imported = thread_history(thread.get("turns"))
+
+    async def imported_history(self) -> list[Event]:
+        return list(self._imported)
 
     async def _start_thread(self, params: dict[str, Any]) -> Call:
         call = await self._handshake_call("thread/start", params)
@@ -299,7 +365,11 @@ class CodexAdapter(Adapter):
                 await self._on_notification(method, params)
         elif "id" in frame and ("result" in frame or "error" in frame):
             call = self._rpc.resolve(frame)
-            if call is not None and call.method == "turn/start" and call.error is None:
+            if (
+                call is not None
+                and call.method in ("turn/start", "review/start")
+                and call.error is None
+            ):
                 # Here, in frame order, so a turn that completes at once is never
                 # marked running by a late waiter.
                 result = call.result if isinstance(call.result, dict) else {}
@@ -442,10 +512,21 @@ class CodexAdapter(Adapter):
     # -- from RPC handlers ------------------------------------------------------------
 
     def _user_input(self, submission: Submission) -> dict[str, Any]:
+        """The prompt as Codex's ``UserInput`` items: its text (file references as
+        ``@path`` lines, as Codex's own UI writes them), then each image as a data
+        URL (the bytes the daemon kept, not a path that may have changed since)."""
+        text = submission.text + submission.file_note()
+        items: list[dict[str, Any]] = []
+        if text or not submission.inputs:
+            items.append({"type": "text", "text": text, "text_elements": []})
+        for item in submission.inputs:
+            if isinstance(item, ImageInput):
+                url = f"data:{item.media_type};base64,{base64.b64encode(item.data).decode()}"
+                items.append({"type": "image", "url": url})
         return {
             "threadId": self._thread_id,
             "clientUserMessageId": submission.client_message_id,
-            "input": [{"type": "text", "text": submission.text, "text_elements": []}],
+            "input": items,
         }
 
     async def send(self, submission: Submission) -> Dispatch:
@@ -462,12 +543,16 @@ class CodexAdapter(Adapter):
                 if dispatch.outcome != "rejected" or self._rpc.closed:
                     return dispatch
                 log.info("codex refused a steer (%s); starting a turn instead", dispatch.reason)
-            params = self._user_input(submission)
-            if self._options.effort is not None:
-                params["effort"] = self._options.effort
-            return await self._acknowledged(await self._rpc.request("turn/start", params))
+            return await self._start_turn(self._user_input(submission))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return Dispatch(outcome="rejected", reason="codex is not running")
+
+    async def _start_turn(self, params: dict[str, Any]) -> Dispatch:
+        """``turn/start`` with the options changed live as its overrides."""
+        if self._options.effort is not None:
+            params["effort"] = self._options.effort
+        params.update(self._options.turn_overrides(self._live))
+        return await self._acknowledged(await self._rpc.request("turn/start", params))
 
     async def _acknowledged(self, call: Call) -> Dispatch:
         if not await call.wait(ACK_TIMEOUT_S):
@@ -478,7 +563,11 @@ class CodexAdapter(Adapter):
         if call.error is not None:
             return Dispatch(outcome="rejected", reason=error_message(call.error))
         result = call.result if isinstance(call.result, dict) else {}
-        turn_id = turn_id_of(result) if call.method == "turn/start" else result.get("turnId")
+        turn_id = (
+            turn_id_of(result)
+            if call.method in ("turn/start", "review/start")
+            else result.get("turnId")
+        )
         return Dispatch(outcome="accepted", turn_id=turn_id if isinstance(turn_id, str) else None)
 
     async def interrupt(self, turn_id: str | None) -> bool:
@@ -497,6 +586,129 @@ class CodexAdapter(Adapter):
         answered = await call.wait(INTERRUPT_TIMEOUT_S)
         return not answered or call.error is None
 
+    # -- conversation controls --------------------------------------------------------
+
+    async def _list_call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """A read-only request answered from Codex's catalogs; ``AgentNotRunning``
+        when Codex is gone, ``AgentProtocolError`` when it refused or was silent."""
+        try:
+            call = await self._rpc.request(method, params)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise AgentNotRunning("codex is not running") from None
+        if not await call.wait(LIST_TIMEOUT_S):
+            raise AgentProtocolError(f"codex did not answer {method} within {LIST_TIMEOUT_S:g} s")
+        if call.error is not None:
+            raise AgentProtocolError(f"codex refused {method}: {error_message(call.error)}")
+        return call.result if isinstance(call.result, dict) else {}
+
+    async def option_choices(self) -> Mapping[str, list[OptionChoice]]:
+        """``model/list`` (every page): the models, and the efforts of the current
+        model (else of the default one)."""
+        models: list[dict[str, Any]] = []
+        cursor = None
+        for _ in range(MAX_MODEL_PAGES):
+            page = await self._list_call("model/list", {"cursor": cursor})
+            models += [m for m in page.get("data") or [] if isinstance(m, dict)]
+            cursor = page.get("nextCursor")
+            if not isinstance(cursor, str):
+                break
+        choices = [
+            OptionChoice(
+                value=str(m.get("model") or m.get("id")),
+                label=m.get("displayName") if isinstance(m.get("displayName"), str) else None,
+                description=m.get("description") if isinstance(m.get("description"), str) else None,
+                default=m.get("isDefault") is True,
+            )
+            for m in models
+            if m.get("hidden") is not True
+        ]
+        current = next(
+            (m for m in models if m.get("model") == self._options.model),
+            next((m for m in models if m.get("isDefault") is True), None),
+        )
+        efforts = [] if current is None else current.get("supportedReasoningEfforts") or []
+        default_effort = None if current is None else current.get("defaultReasoningEffort")
+        effort_choices = [
+            OptionChoice(
+                value=str(e.get("reasoningEffort")),
+                description=e.get("description") if isinstance(e.get("description"), str) else None,
+                default=e.get("reasoningEffort") == default_effort,
+            )
+            for e in efforts
+            if isinstance(e, dict)
+        ]
+        found: dict[str, list[OptionChoice]] = {"model": choices}
+        if effort_choices:
+            found["effort"] = effort_choices
+        return found
+
+    async def apply_options(self, changes: Mapping[str, Any]) -> None:
+        """Per-turn overrides: kept here and sent with every later ``turn/start``
+        (Codex keeps them for the turns after it too)."""
+        raw = {**self._raw_options, **changes}
+        self._options = parse_options(raw)
+        self._raw_options = raw
+        self._live |= set(changes)
+
+    async def agent_commands(self) -> list[AgentCommand]:
+        """``review``, and the skills ``skills/list`` finds for the session's cwd."""
+        result = await self._list_call("skills/list", {"cwds": [self._session.cwd]})
+        skills: dict[str, str] = {}
+        commands = [REVIEW]
+        for entry in result.get("data") or []:
+            for skill in (entry.get("skills") or []) if isinstance(entry, dict) else []:
+                if not isinstance(skill, dict) or skill.get("enabled") is False:
+                    continue
+                name, path = skill.get("name"), skill.get("path")
+                if isinstance(name, str) and isinstance(path, str) and name not in skills:
+                    skills[name] = path
+                    description = skill.get("description")
+                    commands.append(
+                        AgentCommand(
+                            name=name,
+                            description=description if isinstance(description, str) else None,
+                        )
+                    )
+        self._skills = skills
+        return commands
+
+    async def compact(self) -> Dispatch:
+        """``thread/compact/start``: Codex compacts the thread in a turn of its own
+        (its ``turn/started`` and ``contextCompaction`` item follow)."""
+        try:
+            call = await self._rpc.request("thread/compact/start", {"threadId": self._thread_id})
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return Dispatch(outcome="rejected", reason="codex is not running")
+        return await self._acknowledged(call)
+
+    async def run_command(self, name: str, args: str | None) -> Dispatch:
+        """``review`` by ``review/start`` (inline, on this thread: the working tree's
+        changes, or ``args`` as instructions); a skill as a turn whose input names it."""
+        try:
+            if name == REVIEW.name:
+                target: dict[str, Any] = (
+                    {"type": "custom", "instructions": args}
+                    if args
+                    else {"type": "uncommittedChanges"}
+                )
+                call = await self._rpc.request(
+                    "review/start", {"threadId": self._thread_id, "target": target}
+                )
+                return await self._acknowledged(call)
+            path = self._skills.get(name)
+            if path is None:
+                raise UnknownCommand(f"codex has no skill {name!r}", name=name)
+            params: dict[str, Any] = {
+                "threadId": self._thread_id,
+                "input": [
+                    {"type": "skill", "name": name, "path": path},
+                    {"type": "text", "text": args or "", "text_elements": []},
+                ],
+            }
+            return await self._start_turn(params)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return Dispatch(outcome="rejected", reason="codex is not running")
+
     async def answer_approval(self, native_id: str, decision: str) -> None:
         """Answer Codex's request ``native_id``. A request Codex already withdrew,
         or a child that has exited, makes this a no-op: the child's end (or the
@@ -506,3 +718,31 @@ class CodexAdapter(Adapter):
             log.info("no open codex request %s to answer (withdrawn or answered)", native_id)
             return
         await self._rpc.respond(request.request_id, response(request, decision))
+
+
+def same_dir(a: str, b: str) -> bool:
+    """Whether two paths name the same directory (symlinks resolved)."""
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def thread_history(turns: Any) -> list[MessageImported]:
+    """The user and agent messages of a thread's turns, oldest first."""
+    messages: list[MessageImported] = []
+    for turn in turns if isinstance(turns, list) else []:
+        if not isinstance(turn, dict):
+            continue
+        turn_id = turn.get("id") if isinstance(turn.get("id"), str) else None
+        for item in turn.get("items") or []:
+            if not isinstance(item, dict):
+                continue
+            if item.get("type") == "userMessage":
+                text = user_text(item.get("content"))
+                role = "user"
+            elif item.get("type") == "agentMessage":
+                text = str(item.get("text") or "")
+                role = "assistant"
+            else:
+                continue
+            if text:
+                messages.append(imported(role, text, turn_id))
+    return latest(messages)

@@ -84,10 +84,11 @@ def user_text(content: Any) -> str:
 
 
 def item_completed(params: dict[str, Any]) -> ItemCompleted:
-    """``item.completed`` of an ``item/completed`` notification."""
+    """``item.completed`` of an ``item/completed`` notification: what its start said
+    (``item_started``) and how it ended."""
     item = _dict(params.get("item"))
     started = item_started(params)
-    done = ItemCompleted(item_id=started.item_id, turn_id=started.turn_id, type=started.type)
+    done = ItemCompleted(**msgspec.structs.asdict(started))
     replace = msgspec.structs.replace
     match started.type:
         case "agentMessage" | "plan":
@@ -99,22 +100,56 @@ def item_completed(params: dict[str, Any]) -> ItemCompleted:
         case "commandExecution":
             return replace(
                 done,
-                command=_str(item.get("command")),
-                cwd=_str(item.get("cwd")),
                 status=_str(item.get("status")),
                 exit_code=_int(item.get("exitCode")),
                 duration_ms=_int(item.get("durationMs")),
                 output=bounded(item.get("aggregatedOutput")),
             )
         case "fileChange":
-            changes = [_dict(c) for c in _list(item.get("changes"))]
-            diff = "".join(str(c.get("diff") or "") for c in changes)
+            return replace(done, status=_str(item.get("status")))
+        case "mcpToolCall":
             return replace(
                 done,
                 status=_str(item.get("status")),
+                result=bounded(item.get("result")),
+                error=bounded(item.get("error")),
+            )
+        case "dynamicToolCall":
+            return replace(
+                done, status=_str(item.get("status")), result=bounded(item.get("contentItems"))
+            )
+        case _:
+            return done
+
+
+def item_started(params: dict[str, Any]) -> ItemStarted:
+    """``item.started``: the item's identity and what it is about (a command, the
+    files a change touches with their diffs, an MCP tool and its arguments), so a
+    client can show a tool call before it ends; its outcome comes with
+    ``item.completed`` (and streamed text with deltas)."""
+    item = _dict(params.get("item"))
+    started = ItemStarted(
+        item_id=_str(item.get("id")) or "",
+        turn_id=_str(params.get("turnId")),
+        type=_str(item.get("type")) or "unknown",
+    )
+    replace = msgspec.structs.replace
+    match started.type:
+        case "agentMessage" | "plan" | "userMessage" | "reasoning":
+            return started
+        case "commandExecution":
+            return replace(started, command=_str(item.get("command")), cwd=_str(item.get("cwd")))
+        case "fileChange":
+            changes = [_dict(c) for c in _list(item.get("changes"))]
+            diff = "".join(str(c.get("diff") or "") for c in changes)
+            return replace(
+                started,
                 changes=[
                     FileChange(
-                        path=_str(c.get("path")), kind=_str(_dict(c.get("kind")).get("type"))
+                        path=_str(c.get("path")),
+                        kind=_str(_dict(c.get("kind")).get("type")),
+                        move_path=_str(_dict(c.get("kind")).get("move_path")),
+                        diff=bounded(c.get("diff")) if c.get("diff") else None,
                     )
                     for c in changes
                 ],
@@ -122,36 +157,20 @@ def item_completed(params: dict[str, Any]) -> ItemCompleted:
             )
         case "mcpToolCall":
             return replace(
-                done,
+                started,
                 server=_str(item.get("server")),
                 tool=_str(item.get("tool")),
-                status=_str(item.get("status")),
                 arguments=bounded(item.get("arguments")),
-                result=bounded(item.get("result")),
-                error=bounded(item.get("error")),
             )
         case "dynamicToolCall":
             return replace(
-                done,
-                tool=_str(item.get("tool")),
-                status=_str(item.get("status")),
-                arguments=bounded(item.get("arguments")),
-                result=bounded(item.get("contentItems")),
+                started, tool=_str(item.get("tool")), arguments=bounded(item.get("arguments"))
             )
         case _:
-            rest = {k: v for k, v in item.items() if k not in ("id", "type")}
-            return replace(done, detail=bounded(rest, MAX_DETAIL_BYTES) if rest else None)
-
-
-def item_started(params: dict[str, Any]) -> ItemStarted:
-    """``item.started``: the identity of the item only; its content comes with
-    ``item.completed`` (and streamed text with deltas)."""
-    item = _dict(params.get("item"))
-    return ItemStarted(
-        item_id=_str(item.get("id")) or "",
-        turn_id=_str(params.get("turnId")),
-        type=_str(item.get("type")) or "unknown",
-    )
+            rest = {
+                k: v for k, v in item.items() if k not in ("id", "type", "status") and v is not None
+            }
+            return replace(started, detail=bounded(rest, MAX_DETAIL_BYTES) if rest else None)
 
 
 def turn_id_of(params: dict[str, Any]) -> str | None:

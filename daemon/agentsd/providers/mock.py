@@ -4,7 +4,9 @@ misbehave on purpose (see ``mock_agent``)."""
 
 from __future__ import annotations
 
+import base64
 import sys
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,15 +18,21 @@ from agentsd.providers.base import (
     MAX_BAD_LINES,
     Adapter,
     Dispatch,
+    FileInput,
+    ImageInput,
     LaunchSpec,
     LineLink,
+    OptionSpec,
     Provider,
     Resume,
     SessionSink,
     Submission,
 )
+from agentsd.providers.mock_agent import MODELS, OPTION_NAMES
 from agentsd.store.sessions import SessionRow
+from agentsd_protocol.api.controls import OptionChoice
 from agentsd_protocol.api.events import (
+    AgentCommand,
     AgentError,
     ItemCompleted,
     ItemStarted,
@@ -32,7 +40,12 @@ from agentsd_protocol.api.events import (
     TurnOutcome,
     TurnStarted,
 )
-from agentsd_protocol.errors import AgentExited, AgentProtocolError
+from agentsd_protocol.errors import (
+    AgentExited,
+    AgentNotRunning,
+    AgentProtocolError,
+    InvalidParams,
+)
 
 ACK_TIMEOUT_S = 10.0  # the mock acks at once; past this the dispatch is unknown
 _OUTCOMES: dict[str | None, TurnOutcome] = {
@@ -46,8 +59,19 @@ def _str(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
+# The model changes live (``set_model``), among the mock's own models only; every
+# misbehaviour option applies when the mock agent starts.
+OPTION_SPECS: dict[str, OptionSpec] = {
+    "model": OptionSpec(
+        applies_at="now", choices=tuple(MODELS), open=False, description="the mock's model"
+    ),
+    **{name: OptionSpec(applies_at="nextStart") for name in OPTION_NAMES},
+}
+
+
 class MockProvider(Provider):
     name = "mock"
+    content_types = frozenset({"image", "file"})
 
     def launch(self, session: SessionRow, state_dir: Any, env: Mapping[str, str]) -> LaunchSpec:
         argv = list(session.command or [sys.executable, "-m", "agentsd.providers.mock_agent"])
@@ -60,13 +84,21 @@ class MockProvider(Provider):
     def adapter(self, link: LineLink, sink: SessionSink, session: SessionRow) -> Adapter:
         return MockAdapter(link, sink)
 
+    def option_specs(self) -> Mapping[str, OptionSpec]:
+        return OPTION_SPECS
+
 
 class MockAdapter(Adapter):
+    supports_compact = True
+
     __slots__ = (
         "_acked_turns",
         "_acks",
         "_bad_lines",
+        "_commands",
+        "_exited",
         "_link",
+        "_model_set",
         "_open_items",
         "_sink",
         "_starting",
@@ -83,6 +115,9 @@ class MockAdapter(Adapter):
         # Items that streamed text, as a dict: an empty set costs four empty dicts.
         self._open_items: dict[str, None] = {}
         self._bad_lines = 0  # in a row (base Rule 3)
+        self._commands: list[AgentCommand] = []  # from the handshake
+        self._model_set: dict[str, trio.Event] = {}  # set_model requests, by model
+        self._exited = False  # its output ended: nothing it said after counts
 
     async def handshake(self, resume: Resume | None) -> str:
         # The mock resumes any handle: one it never saved starts empty.
@@ -94,6 +129,12 @@ class MockAdapter(Adapter):
         if reply.get("type") != "initialized" or not isinstance(reply.get("handle"), str):
             raise AgentProtocolError(f"unexpected handshake reply from the mock agent: {reply!r}")
         handle: str = reply["handle"]
+        commands = reply.get("commands")
+        self._commands = [
+            AgentCommand(name=str(c["name"]), description=c.get("description"), hint=c.get("hint"))
+            for c in (commands if isinstance(commands, list) else [])
+            if isinstance(c, dict) and isinstance(c.get("name"), str)
+        ]
         if resume_handle is not None and handle != resume_handle:
             raise AgentProtocolError(
                 f"the mock agent resumed {handle!r} instead of {resume_handle!r}"
@@ -127,6 +168,13 @@ class MockAdapter(Adapter):
                 for waiter in waiters:
                     waiter.set()
             self._starting.clear()
+            self._exited = True
+            # Not acked, and no ack can come now: their senders learn it at once
+            # (the agent may or may not have read them: ``_dispatch``).
+            for event in self._acks.values():
+                event.set()
+            for event in self._model_set.values():
+                event.set()
 
     async def _translate(self, frame: dict[str, Any]) -> None:
         sink = self._sink
@@ -203,6 +251,10 @@ class MockAdapter(Adapter):
                     else ["accept", "decline"],
                     item_id=tool_id if isinstance(tool_id, str) else None,
                 )
+            case "model_set":
+                event = self._model_set.pop(str(frame.get("model")), None)
+                if event is not None:
+                    event.set()
             case "interrupt_result":
                 pass  # the mock's answer to an interrupt with no turn running: nothing to do
             case "error":
@@ -213,22 +265,61 @@ class MockAdapter(Adapter):
                 )
 
     async def send(self, submission: Submission) -> Dispatch:
+        return await self._dispatch(submission.client_message_id, prompt_frame(submission))
+
+    async def _dispatch(self, frame_id: str, frame: dict[str, Any]) -> Dispatch:
+        """Write a frame the mock acks (a prompt, a command) and wait for its ack."""
         acked = trio.Event()
-        self._acks[submission.client_message_id] = acked
+        self._acks[frame_id] = acked
         try:
-            await self._link.send(
-                {"type": "prompt", "id": submission.client_message_id, "text": submission.text}
-            )
+            await self._link.send(frame)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self._acks.pop(submission.client_message_id, None)
+            self._acks.pop(frame_id, None)
             return Dispatch(outcome="rejected", reason="the agent is not running")
         with trio.move_on_after(ACK_TIMEOUT_S):
-            await acked.wait()
-            turn_id = self._acked_turns.pop(submission.client_message_id, self._turn_id)
-            return Dispatch(outcome="accepted", turn_id=turn_id)
-        self._acks.pop(submission.client_message_id, None)
-        self._acked_turns.pop(submission.client_message_id, None)
+            if not self._exited:
+                await acked.wait()
+            # Its ack takes it out of ``_acks``; still there, the reading stopped first.
+            if frame_id not in self._acks:
+                turn_id = self._acked_turns.pop(frame_id, self._turn_id)
+                return Dispatch(outcome="accepted", turn_id=turn_id)
+        self._acks.pop(frame_id, None)
+        self._acked_turns.pop(frame_id, None)
+        if self._exited:
+            return Dispatch(
+                outcome="unknown", reason="the agent stopped before it confirmed delivery"
+            )
         return Dispatch(outcome="unknown", reason="the agent did not confirm delivery")
+
+    async def option_choices(self) -> Mapping[str, list[OptionChoice]]:
+        return {"model": [OptionChoice(value=m, default=m == MODELS[0]) for m in MODELS]}
+
+    async def apply_options(self, changes: Mapping[str, Any]) -> None:
+        for key, value in changes.items():
+            if key != "model":
+                raise InvalidParams(f"Invalid params: the mock cannot change {key!r} live")
+            answered = self._model_set[str(value)] = trio.Event()
+            try:
+                await self._link.send({"type": "set_model", "model": value})
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                raise AgentNotRunning("the mock agent is not running") from None
+            with trio.move_on_after(ACK_TIMEOUT_S):
+                await answered.wait()
+            if self._exited:
+                raise AgentNotRunning("the mock agent exited before it confirmed its model")
+            if not answered.is_set():
+                raise AgentProtocolError("the mock agent did not confirm its model")
+
+    async def agent_commands(self) -> list[AgentCommand]:
+        return list(self._commands)
+
+    async def compact(self) -> Dispatch:
+        return await self.run_command("compact", None)
+
+    async def run_command(self, name: str, args: str | None) -> Dispatch:
+        frame_id = uuid.uuid4().hex
+        frame = {"type": "command", "id": frame_id, "name": name, "args": args}
+        return await self._dispatch(frame_id, frame)
 
     async def interrupt(self, turn_id: str | None) -> bool:
         if self._turn_id is None:
@@ -240,3 +331,23 @@ class MockAdapter(Adapter):
         await self._link.send(
             {"type": "approval_response", "requestId": native_id, "decision": decision}
         )
+
+
+def prompt_frame(submission: Submission) -> dict[str, Any]:
+    """The mock agent's ``prompt`` frame, with images (base64) and files when any."""
+    frame: dict[str, Any] = {
+        "type": "prompt",
+        "id": submission.client_message_id,
+        "text": submission.text,
+    }
+    images = [
+        {"mediaType": i.media_type, "data": base64.b64encode(i.data).decode()}
+        for i in submission.inputs
+        if isinstance(i, ImageInput)
+    ]
+    files = [i.path for i in submission.inputs if isinstance(i, FileInput)]
+    if images:
+        frame["images"] = images
+    if files:
+        frame["files"] = files
+    return frame

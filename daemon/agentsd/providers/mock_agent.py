@@ -17,14 +17,19 @@ cgroup), ``crashAfterS`` (``os._exit(3)``),
 ``chunkDelayS`` (0.01), ``replyText``, ``stateDir`` (conversations for resume),
 ``ackDelayS`` (0: wait this long before taking each prompt, its ack and its turn;
 nothing else is handled meanwhile; opens the window between a send's commit and its
-delivery for crash tests).
+delivery for crash tests), ``termBarrierDir`` with ``termBarrierCount`` (a SIGTERM is
+not obeyed at once: the agent records its pid in that directory, waits until
+``termBarrierCount`` agents have, then exits with ``BARRIER_EXIT_CODE``; an agent
+whose supervisor ends agents one at a time never sees the count reached).
 
 Frames in (one JSON object per line) and what answers them:
 
 - ``initialize {handle}`` -> ``initialized {handle, agent, version, history}``;
   a null handle starts a conversation, a given one resumes
   ``<stateDir>/<handle>.json`` (history = number of earlier messages).
-- ``prompt {id, text}`` -> ``ack {id, turnId}`` at once; if no turn runs:
+- ``prompt {id, text, images?, files?}`` -> ``ack {id, turnId}`` at once (each
+  image ``{mediaType, data}`` (base64) and file path is recorded as a line after
+  the text: ``[image MEDIA_TYPE SHA256 LENGTH]``, ``[file PATH]``); if no turn runs:
   ``turn_started``, ``delta``s, ``message`` (the full text: the deltas joined),
   ``turn_completed {outcome: "completed"}``. While a turn runs, a prompt steers it:
   its reply is appended to the running turn. The word ``approve`` first raises an
@@ -37,6 +42,13 @@ Frames in (one JSON object per line) and what answers them:
 - ``interrupt {turnId}`` ends the running turn (``message`` with what was streamed,
   then ``outcome: "interrupted"``); with no turn running ``interrupt_result
   {running: false}``.
+- ``set_model {model}`` -> ``model_set {model}``; a prompt ``which model`` is
+  answered with the model's name (``mock-fast`` until one is set).
+- ``command {id, name, args}`` runs a command as a turn of its own (``ack`` and a
+  turn as for a prompt): ``compact`` forgets the conversation's messages but a
+  summary and answers ``Compacted N messages.``; ``greet`` answers ``Hello, ARGS!``.
+  An unknown name -> ``error {message}``. The ``initialized`` frame lists the
+  ``models`` and ``commands``.
 - ``shutdown`` or stdin EOF -> exit 0. Anything else -> ``error {message}``.
 
 Every output line is flushed on its own. Only the main thread writes stdout; a
@@ -58,11 +70,31 @@ from typing import Any
 
 OPTIONS_ENV = "AGENTSD_MOCK_OPTIONS"
 CRASH_EXIT_CODE = 3
+BARRIER_EXIT_CODE = 4  # every agent of a termBarrier got its SIGTERM while this one lived
 _HANDLE = re.compile(r"[A-Za-z0-9_-]{1,128}")  # a handle names a file: no "/" or ".."
 _APPROVE = re.compile(r"\bapprove\b", re.IGNORECASE)
 _APPROVAL_COMMAND = "ls -la"
 _ASK = re.compile(r"\bask\b", re.IGNORECASE)
 _QUESTION_OPTIONS = ["Red", "Blue", "decline"]
+# The options this agent reads (the daemon's mock provider declares them).
+OPTION_NAMES = (
+    "ignoreSigterm",
+    "ignoreEof",
+    "hangHandshake",
+    "spawnGrandchild",
+    "holdPipes",
+    "spawnEscapee",
+    "crashAfterS",
+    "floodStdout",
+    "invalidOutput",
+    "chunks",
+    "chunkDelayS",
+    "ackDelayS",
+    "replyText",
+    "stateDir",
+)
+MODELS = ["mock-fast", "mock-deep"]  # the first is the default
+COMMANDS = [{"name": "greet", "description": "Say hello to someone", "hint": "NAME"}]
 
 Frame = dict[str, Any]
 
@@ -85,6 +117,8 @@ class Options:
         self.ack_delay_s = max(0.0, _get(raw, "ackDelayS", float, 0.0))
         self.reply_text = _get(raw, "replyText", str, "Hello from the mock agent.")
         self.state_dir = _get(raw, "stateDir", str, None)
+        self.term_barrier_dir = _get(raw, "termBarrierDir", str, None)
+        self.term_barrier_count = _get(raw, "termBarrierCount", int, 1)
 
 
 def _get(raw: dict[str, Any], key: str, kind: type, default: Any) -> Any:
@@ -139,6 +173,7 @@ class Agent:
         self.turn: Turn | None = None
         self.turns = 0
         self.requests = 0
+        self.model = MODELS[0]
 
     def run(self, inbox: queue.Queue[bytes | None]) -> int:
         while True:
@@ -179,6 +214,10 @@ class Agent:
             self._approval_response(frame)
         elif kind == "interrupt":
             self._interrupt(frame)
+        elif kind == "set_model":
+            self._set_model(frame)
+        elif kind == "command":
+            self._command(frame)
         else:
             self.out.write({"type": "error", "message": f"unknown frame type {kind}"})
 
@@ -206,12 +245,37 @@ class Agent:
                 "agent": "mock",
                 "version": 1,
                 "history": len(self.messages),
+                "models": MODELS,
+                "commands": COMMANDS,
             }
         )
         if self.options.invalid_output:
             self.out.write_line("this line is not JSON {")
 
-    def _prompt(self, frame: Frame) -> None:
+    def _set_model(self, frame: Frame) -> None:
+        model = frame.get("model")
+        if model not in MODELS:
+            self.out.write({"type": "error", "message": f"unknown model {model!r}"})
+            return
+        self.model = model
+        self.out.write({"type": "model_set", "model": model})
+
+    def _command(self, frame: Frame) -> None:
+        name, args = frame.get("name"), frame.get("args")
+        if self.handle is None or self.turn is not None:
+            self.out.write({"type": "error", "message": "a command needs an idle conversation"})
+            return
+        if name == "compact":
+            reply = f"Compacted {len(self.messages)} messages."
+            self.messages = [{"role": "summary", "text": reply}]
+        elif name == "greet":
+            reply = f"Hello, {args or 'world'}!"
+        else:
+            self.out.write({"type": "error", "message": f"unknown command {name!r}"})
+            return
+        self._prompt({"id": frame.get("id"), "text": f"echo {reply}"}, record=False)
+
+    def _prompt(self, frame: Frame, *, record: bool = True) -> None:
         text = frame.get("text")
         if self.handle is None:
             self.out.write({"type": "error", "message": "prompt before initialize"})
@@ -219,9 +283,18 @@ class Agent:
         if not isinstance(text, str):
             self.out.write({"type": "error", "message": "prompt text must be a string"})
             return
+        attached = _attached(frame)
+        if attached is None:
+            self.out.write({"type": "error", "message": "images and files must be lists"})
+            return
+        text += attached
         if self.options.ack_delay_s:
             time.sleep(self.options.ack_delay_s)
-        self.messages.append({"role": "user", "text": text})
+        if record:
+            self.messages.append({"role": "user", "text": text})
+            # Kept at once, as Codex and Claude Code record a prompt when its turn
+            # starts: a turn cut off by a crash is resumed with the prompt in its history.
+            self._save()
         turn = self.turn
         steering = turn is not None
         if turn is None:
@@ -270,6 +343,8 @@ class Agent:
         self._maybe_finish()
 
     def _reply_for(self, text: str) -> str:
+        if text.strip().lower() == "which model":
+            return f"I am {self.model}."
         return text[len("echo ") :] if text.startswith("echo ") else self.options.reply_text
 
     def _approval_response(self, frame: Frame) -> None:
@@ -454,6 +529,37 @@ def _read_stdin(inbox: queue.Queue[bytes | None]) -> None:
         inbox.put(None)
 
 
+def _attached(frame: Frame) -> str | None:
+    """What a prompt's images and files add to its text, as the mock records them:
+    a line per image naming its media type, the sha256 of the bytes it received
+    and their length (so a test sees the bytes themselves arrived), and a line per
+    file reference. None when they are malformed."""
+    images = frame.get("images", [])
+    files = frame.get("files", [])
+    if not isinstance(images, list) or not isinstance(files, list):
+        return None
+    import base64
+    import hashlib
+
+    lines = []
+    for image in images:
+        data = base64.b64decode(image.get("data", "")) if isinstance(image, dict) else b""
+        media_type = image.get("mediaType") if isinstance(image, dict) else None
+        lines.append(f"[image {media_type} {hashlib.sha256(data).hexdigest()} {len(data)}]")
+    lines.extend(f"[file {path}]" for path in files)
+    return "".join("\n" + line for line in lines)
+
+
+def _term_barrier(directory: str, count: int) -> None:
+    """On SIGTERM: record this pid, wait until ``count`` agents have, then exit."""
+    signal.sigwait({signal.SIGTERM})
+    with open(os.path.join(directory, str(os.getpid())), "x"):
+        pass
+    while len(os.listdir(directory)) < count:
+        time.sleep(0.01)
+    os._exit(BARRIER_EXIT_CODE)
+
+
 def main() -> int:
     raw = json.loads(os.environ.get(OPTIONS_ENV) or "{}")
     if not isinstance(raw, dict):
@@ -467,6 +573,14 @@ def main() -> int:
         _spawn_escapee()
     if options.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if options.term_barrier_dir is not None:
+        # Blocked in every thread (threads inherit the mask), taken by sigwait in one.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        threading.Thread(
+            target=_term_barrier,
+            args=(options.term_barrier_dir, options.term_barrier_count),
+            daemon=True,
+        ).start()
     if options.crash_after_s is not None:
         crash = threading.Timer(options.crash_after_s, os._exit, args=(CRASH_EXIT_CODE,))
         crash.daemon = True

@@ -39,6 +39,7 @@ __all__ = [
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "WAL_AUTOCHECKPOINT_PAGES",
+    "WAL_SIZE_LIMIT_BYTES",
     "SchemaTooNew",
     "StoreConnection",
     "open_database",
@@ -59,6 +60,15 @@ BUSY_TIMEOUT_MS = 5000
 # the new WAL first reaches that size, commits grow the file, which makes each
 # fdatasync flush metadata too (a lone commit then costs ~1.5x).
 WAL_AUTOCHECKPOINT_PAGES = 4000
+
+# What SQLite cuts the WAL file back to when it starts it over after a checkpoint
+# (``journal_size_limit``). Without it the file keeps the largest size it ever
+# reached: a reader that held an old snapshot while writes went on lets it grow
+# past the autocheckpoint size, and that space would never return to the disk.
+# The size the log has when it checkpoints (a 32-byte header, then per frame a
+# 24-byte header and a 4 KiB page), so the usual cycle (grow to it, start over)
+# keeps its file and commits keep not extending it.
+WAL_SIZE_LIMIT_BYTES = 32 + WAL_AUTOCHECKPOINT_PAGES * (24 + 4096)
 
 
 class SchemaTooNew(Exception):
@@ -204,15 +214,25 @@ def _migrate_2_to_3(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _migrate_3_to_4(conn: sqlite3.Connection) -> None:
+    # A session's own limits (memory, pids, cpu) given at create, as JSON in the
+    # wire's names; NULL: the daemon's defaults apply (every older session). And the
+    # session whose agent created it (``agent_allowance = ["sessions"]``); NULL: the
+    # user did.
+    conn.execute("ALTER TABLE sessions ADD COLUMN limits TEXT")
+    conn.execute("ALTER TABLE sessions ADD COLUMN created_by TEXT")
+
+
 # MIGRATIONS[n] takes a database from version n to n + 1. Append only: a released
 # migration is never edited, because files in the field already ran it.
 MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (
     _migrate_0_to_1,
     _migrate_1_to_2,
     _migrate_2_to_3,
+    _migrate_3_to_4,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def _ro_uri(path: Path, *, immutable: bool) -> str:
@@ -268,7 +288,8 @@ def open_database(path: Path, *, readonly: bool = False) -> StoreConnection:
 
     Read-write: creates the parent directory (mode 0700) and the file (mode 0600,
     which SQLite copies to ``-wal``/``-shm``), switches to WAL with
-    ``synchronous=FULL`` and checkpoints every ``WAL_AUTOCHECKPOINT_PAGES``, enables
+    ``synchronous=FULL``, checkpoints every ``WAL_AUTOCHECKPOINT_PAGES`` and cuts a
+    restarted WAL back to ``WAL_SIZE_LIMIT_BYTES``, enables
     foreign keys, applies pending migrations and counts the ledger's rows into the
     connection's memory.
 
@@ -327,6 +348,7 @@ def open_database(path: Path, *, readonly: bool = False) -> StoreConnection:
                 raise sqlite3.OperationalError(f"cannot switch {path} to WAL (got {mode!r})")
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES:d}")
+            conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT_BYTES:d}")
             _migrate(conn, path)
             conn.memory.load_operation_rows(conn)
     except BaseException:

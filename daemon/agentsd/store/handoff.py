@@ -44,6 +44,13 @@ class Request(Generic[T]):
         self.value = None
         self.error = error
 
+    def reset(self) -> None:
+        """Forget the outcome of a run whose transaction was rolled back as a whole,
+        before the op runs again."""
+        self.ok = False
+        self.value = None
+        self.error = None
+
     def finish(self) -> None:
         self.finished = True
         task, self.task = self.task, None

@@ -22,7 +22,6 @@ import sqlite3
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
-import attrs
 import msgspec
 
 from agentsd.store.database import StoreConnection
@@ -105,12 +104,16 @@ def insert_rows(conn: sqlite3.Connection, params: list[object]) -> None:
         start = end
 
 
-@attrs.frozen
-class Append:
+class Append(msgspec.Struct, frozen=True):
     """Append ``items`` (kind, encoded body) to a session's journal, as one op.
 
     Called as an op (``op(conn)``) it inserts its rows at once; the writer instead
     calls ``reserve`` and inserts the rows of consecutive appends in one go.
+
+    A msgspec Struct, like ``StoredEvent``: one is built in trio's thread for every
+    ``Store.append``, and a frozen attrs instance cost four times as much there
+    (about 2 us against 0.5 on this machine), time the writer's thread waits for
+    when every appender is in the batch it committed.
     """
 
     session_id: str

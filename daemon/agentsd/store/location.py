@@ -25,7 +25,7 @@ from pathlib import Path
 
 import attrs
 
-__all__ = ["FileId", "Location"]
+__all__ = ["FileId", "Location", "wal_bytes"]
 
 
 @attrs.frozen
@@ -51,6 +51,22 @@ class Location:
     path: Path
     database: FileId
     wal: FileId | None  # None: no log existed when the database was opened
+    # What ``problem`` checks, as the syscalls take it: it runs twice per batch,
+    # and building paths and ``FileId``s cost more than its four syscalls.
+    _checks: tuple[str, tuple[int, int], str, tuple[int, int] | None, str] = attrs.field(
+        init=False, repr=False, eq=False
+    )
+
+    def __attrs_post_init__(self) -> None:
+        wal = None if self.wal is None else (self.wal.dev, self.wal.ino)
+        checks = (
+            str(self.path),
+            (self.database.dev, self.database.ino),
+            str(_wal_path(self.path)),
+            wal,
+            str(self.path.parent),
+        )
+        object.__setattr__(self, "_checks", checks)
 
     @classmethod
     def of(cls, path: Path) -> Location:
@@ -64,23 +80,40 @@ class Location:
     def problem(self) -> str | None:
         """Why a commit made now might not survive a restart; None when it would.
         Never raises."""
+        database, database_id, wal, wal_id, directory = self._checks
         try:
-            if FileId.of(self.path) != self.database:
+            if _file_id(database) != database_id:
                 return (
                     f"{self.path} no longer names the database this daemon opened: "
                     "its state directory was deleted or moved, or the file replaced"
                 )
-            wal = _wal_path(self.path)
-            if self.wal is not None and FileId.of(wal) != self.wal:
+            if wal_id is not None and _file_id(wal) != wal_id:
                 return f"the write-ahead log {wal} was deleted or replaced"
             # The mode bit too: root's access() ignores it, but a directory made
             # read-only by its owner is meant to be left alone.
-            mode = os.stat(self.path.parent).st_mode
-            if not mode & stat.S_IWUSR or not os.access(self.path.parent, os.W_OK):
-                return f"the state directory {self.path.parent} is not writable (read-only)"
+            mode = os.stat(directory).st_mode
+            if not mode & stat.S_IWUSR or not os.access(directory, os.W_OK):
+                return f"the state directory {directory} is not writable (read-only)"
         except OSError as exc:
-            return f"the state directory {self.path.parent} cannot be checked: {exc.strerror}"
+            return f"the state directory {directory} cannot be checked: {exc.strerror}"
         return None
+
+
+def _file_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def wal_bytes(path: Path) -> int:
+    """The size of the write-ahead log of the database at ``path`` (0 if there is
+    none, or it cannot be read)."""
+    try:
+        return os.stat(_wal_path(path)).st_size
+    except OSError:
+        return 0
 
 
 def _wal_path(path: Path) -> Path:

@@ -42,11 +42,13 @@ class SessionRow:
     head_seq: int = 0
     last_exit: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
+    limits: dict[str, Any] | None = None  # its own limits, in the wire's names
+    created_by: str | None = None  # the session whose agent created it; None: the user
 
 
 _STORED_COLUMNS = (
     "id, host_id, provider, cwd, title, options, env, command, provider_handle, "
-    "created_at, updated_at, fence, last_exit, error"
+    "created_at, updated_at, fence, last_exit, error, limits, created_by"
 )
 
 # The stored columns in SessionRow's order, head_seq and updated_at derived from the
@@ -58,7 +60,7 @@ _SELECT_SESSIONS = (
     " ORDER BY seq DESC LIMIT 1), 0)),"
     " fence,"
     " (SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = sessions.id),"
-    " last_exit, error FROM sessions"
+    " last_exit, error, limits, created_by FROM sessions"
 )
 
 
@@ -87,6 +89,8 @@ def _row_to_session(row: tuple[Any, ...]) -> SessionRow:
         head_seq=row[12],
         last_exit=load_json(row[13]),
         error=load_json(row[14]),
+        limits=load_json(row[15]),
+        created_by=row[16],
     )
 
 
@@ -108,7 +112,7 @@ def append(
 
 def insert_session(conn: StoreConnection, row: SessionRow, events: Events) -> list[StoredEvent]:
     conn.execute(
-        f"INSERT INTO sessions ({_STORED_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        f"INSERT INTO sessions ({_STORED_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (
             row.id,
             row.host_id,
@@ -124,6 +128,8 @@ def insert_session(conn: StoreConnection, row: SessionRow, events: Events) -> li
             row.fence,
             _json_or_none(row.last_exit),
             _json_or_none(row.error),
+            _json_or_none(row.limits),
+            row.created_by,
         ),
     )
     conn.memory.session_created(row.id)

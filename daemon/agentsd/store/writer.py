@@ -43,6 +43,22 @@ task, which lets every task woken by that batch submit before it cuts the next
 batch, so concurrent writers keep sharing commits (Rule 1) instead of one of them
 splitting off into a commit of its own each round. Order is kept: the direct path
 is taken only when no op is pending at all.
+
+Rule 8: the WAL never keeps the disk full by itself (DESIGN.md invariant 8). Its
+file only grows until a checkpoint (every ``WAL_AUTOCHECKPOINT_PAGES``, 16 MB,
+postponed while a read's snapshot needs the log), so on a small or nearly full disk
+the log alone can take every free byte. Giving its space back is a
+``wal_checkpoint(TRUNCATE)``: it copies every committed frame into the database and
+cuts the log to zero bytes (not while a read's snapshot still needs the log). The
+writer does that
+- after a commit that grew the log file to as much as the filesystem has left, so
+  the database still has room to take the log's pages (the checkpoint needs it:
+  the log cannot be cut before its pages are in the database); a read in progress
+  makes it skip this, the next commit that grows the log tries again;
+- after a batch failed because the disk is full, waiting at most
+  ``FULL_CHECKPOINT_BUSY_MS`` for a read in progress; when the log did shrink, the
+  batch runs once more from the start (its first run left nothing behind: Rule 3,
+  Rule 6).
 """
 
 from __future__ import annotations
@@ -50,6 +66,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -58,11 +75,11 @@ from typing import Any, TypeVar, cast
 
 import trio
 
-from agentsd.store.database import StoreConnection, open_database
+from agentsd.store.database import BUSY_TIMEOUT_MS, StoreConnection, open_database
 from agentsd.store.failures import batch_failed, translate
 from agentsd.store.handoff import Request, WriterThread
 from agentsd.store.journal import Append, StoredEvent, insert_rows
-from agentsd.store.location import Location
+from agentsd.store.location import Location, wal_bytes
 from agentsd_protocol.errors import ShuttingDown, StorageUnavailable
 
 __all__ = [
@@ -96,6 +113,11 @@ WRITER_STALL_S = 20.0
 # (at most QUEUE_CAPACITY ops, a handful of batches) before the rest is refused.
 CLOSE_DRAIN_S = 10.0
 
+# How long the checkpoint after a disk-full failure (Rule 8) waits for a read in
+# progress to end. Reads take milliseconds; a longer one makes the checkpoint give
+# up and the next failed batch try again, rather than hold up the writer.
+FULL_CHECKPOINT_BUSY_MS = 250
+
 # How long closing a connection (the last one checkpoints the WAL) may hold up
 # shutdown before its worker thread is abandoned to finish on its own.
 CLOSE_CONNECTION_S = 5.0
@@ -119,6 +141,12 @@ class Store:
         self._location = location
         # What the last batch found wrong with the location (writer thread only).
         self._misplaced: str | None = None
+        # Why the last batch's transaction failed, if it did (writer thread only).
+        self._batch_failure: BaseException | None = None
+        # The WAL file's size after the last commit, and why it last could not give
+        # its space back (Rule 8; writer thread only).
+        self._wal_size = wal_bytes(location.path)
+        self._wal_problem: str | None = None
         self._read_conn = read_conn
         self._send, self._receive = trio.open_memory_channel[Request[Any]](QUEUE_CAPACITY)
         # A dedicated limiter: the reader never waits for a token of trio's shared
@@ -355,9 +383,85 @@ class Store:
         self._receive.close()
 
     def _run_batch(self, batch: list[Request[Any]]) -> int | None:
-        """Run one batch in one transaction (writer thread). Returns how many ops
+        """Run one batch in one transaction (writer thread), once more if the disk
+        was full and checkpointing gave space back (Rule 8). Returns how many ops
         committed, or None when the transaction failed and every request in the
         batch was failed with ``StorageUnavailable``."""
+        committed = self._run_transaction(batch)
+        if (
+            committed is None
+            and self._disk_was_full()
+            and self._give_back_wal(FULL_CHECKPOINT_BUSY_MS)
+        ):
+            for request in batch:
+                request.reset()
+            committed = self._run_transaction(batch)
+        if committed is not None:
+            self._keep_wal_within_free_space()
+        return committed
+
+    def _disk_was_full(self) -> bool:
+        code = getattr(self._batch_failure, "sqlite_errorcode", None)
+        return code is not None and code & 0xFF == sqlite3.SQLITE_FULL
+
+    def _give_back_wal(self, busy_ms: int) -> bool:
+        """Checkpoint the whole WAL into the database and truncate it (Rule 8),
+        waiting at most ``busy_ms`` for a read in progress. True when the log
+        shrank."""
+        conn = self._write_conn
+        before = wal_bytes(self._location.path)
+        if not before or conn.in_transaction:
+            return False
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {busy_ms:d}")
+            try:
+                busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS:d}")
+        except sqlite3.Error as exc:
+            # The checkpoint had to grow the database and found no room either.
+            self._note_wal(f"checkpointing it failed: {exc}")
+            return False
+        after = self._wal_size = wal_bytes(self._location.path)
+        if after < before:
+            self._note_wal(None)
+            log.debug("the WAL gave back %d bytes", before - after)
+            return True
+        self._note_wal("a read in progress kept it from being truncated" if busy else "it stayed")
+        return False
+
+    def _note_wal(self, problem: str | None) -> None:
+        """Log why the WAL could not give its space back, once, and when it could
+        again."""
+        if problem == self._wal_problem:
+            return
+        if problem is None:
+            log.warning("the disk is nearly full: the WAL gave its space back again")
+        else:
+            log.warning("the disk is nearly full: the WAL cannot give its space back: %s", problem)
+        self._wal_problem = problem
+
+    def _keep_wal_within_free_space(self) -> None:
+        """After a commit that grew the WAL file: if it now takes as much space as
+        the filesystem has left, give that space back (Rule 8). A log that only
+        reuses its file takes no new space and costs one ``stat``."""
+        path = self._location.path
+        size = wal_bytes(path)
+        grew, self._wal_size = size > self._wal_size, size
+        if not grew:
+            return
+        try:
+            fs = os.statvfs(path.parent)
+        except OSError:
+            return
+        if size >= fs.f_bavail * fs.f_frsize:
+            # Nothing failed yet: no waiting for a read; the next commit that grows
+            # the log tries again.
+            self._give_back_wal(busy_ms=0)
+
+    def _run_transaction(self, batch: list[Request[Any]]) -> int | None:
+        """``_run_batch``'s one attempt; records why it failed in ``_batch_failure``."""
+        self._batch_failure = None
         conn = self._write_conn
         memory = conn.memory
         # A transaction left over from a batch whose ROLLBACK failed would make
@@ -459,8 +563,8 @@ class Store:
         with contextlib.suppress(sqlite3.Error):
             self._write_conn.execute("ROLLBACK")
 
-    @staticmethod
-    def _fail_batch(batch: list[Request[Any]], cause: BaseException) -> None:
+    def _fail_batch(self, batch: list[Request[Any]], cause: BaseException) -> None:
+        self._batch_failure = cause
         # A fresh exception per caller: one instance raised in many tasks would
         # share (and scramble) its traceback.
         for request in batch:

@@ -34,7 +34,8 @@ NoticeKind = Literal["turn", "approval"]
 class Notice(Result, frozen=True, kw_only=True):
     """A turn completion (``outcome``) or an approval request (``approvalId``) at
     ``seq``; ``text`` is a short line to show (the start of the reply, why the turn
-    failed, or the approval's title)."""
+    failed, or the approval's title). ``cut_off``: a daemon restart or stop ended
+    the turn, and ``agentSession.continue`` carries it on."""
 
     session_id: str
     seq: int
@@ -44,6 +45,7 @@ class Notice(Result, frozen=True, kw_only=True):
     outcome: TurnOutcome | None = None
     approval_id: str | None = None
     ts: float = 0.0
+    cut_off: bool = False
 
 
 class CompletionsResult(Result, frozen=True, kw_only=True):

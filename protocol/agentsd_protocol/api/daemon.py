@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from agentsd_protocol.api.base import Empty, MutationParams, Result
 
@@ -19,13 +19,49 @@ class StatusParams(Empty, frozen=True, kw_only=True):
     pass
 
 
+class CutOffTurn(Result, frozen=True, kw_only=True):
+    """A session whose last turn a daemon restart or stop cut off: ``seq`` is its
+    ``turn.completed`` (``interrupted``, ``reason`` ``daemon-restart`` after a crash,
+    ``shutdown`` after a stop). ``continued``: ``agentSession.continue`` has since
+    carried it on."""
+
+    session_id: str
+    title: str | None = None
+    provider: str = ""
+    seq: int
+    reason: str = ""
+    continued: bool = False
+
+
+class RecoveryFailure(Result, frozen=True, kw_only=True):
+    """A session recovery could not settle, or whose continuation failed, and why."""
+
+    session_id: str
+    reason: str
+
+
 class RecoveryReport(Result, frozen=True, kw_only=True):
-    """What the daemon's start-up recovery did before it began serving."""
+    """What the daemon found at start-up and what became of it (the reconciliation
+    report; ``continued`` and the ``cut_off`` entries follow ``agentSession.continue``
+    while the daemon runs).
+
+    ``sessions_running``: sessions whose agent a previous daemon left running (it
+    crashed or was killed); ``turns_cut_off``: sessions whose last turn a daemon
+    restart or stop cut off and nobody carried on, listed in ``cut_off``;
+    ``failed``: sessions recovery could not settle (their agent could not be proven
+    gone) or whose continuation failed; ``lost``: turns that were running and are
+    accounted for nowhere (neither cut off nor failed): always 0, or a bug."""
 
     sessions_recovered: int = 0
     orphans_ended: int = 0
     unproven: int = 0
     summary: str = ""
+    sessions_running: int = 0
+    turns_cut_off: int = 0
+    continued: int = 0
+    lost: int = 0
+    cut_off: list[CutOffTurn] = []
+    failed: list[RecoveryFailure] = []
 
 
 class SessionCounts(Result, frozen=True, kw_only=True):
@@ -88,6 +124,33 @@ class Containment(Result, frozen=True, kw_only=True):
     detail: str = ""
 
 
+class RestartParams(MutationParams, frozen=True, kw_only=True):
+    """Restart the daemon. With ``drain`` (``turn``: the only kind yet) it first
+    takes no new turn (sends get ``draining``) and waits until no turn runs, or
+    ``timeout_s`` passed (None: no bound), then restarts: under a service manager
+    by exiting with ``EXIT_RESTART`` for it to start the new daemon (the unit says
+    ``RestartForceExitStatus=``), otherwise by executing itself again. Without
+    ``drain`` running turns are cut off at once (``agentSession.continue`` carries
+    them on)."""
+
+    drain: Literal["turn"] | None = None
+    timeout_s: float | None = None
+
+
+class RestartResult(Result, frozen=True, kw_only=True):
+    """``turns_running``: turns running when the drain began; ``turns_finished`` of
+    them ended while it waited, ``turns_cut_off`` still ran and are cut off by the
+    restart. ``how``: ``service-manager`` or ``re-exec``."""
+
+    drained: bool
+    turns_running: int = 0
+    turns_finished: int = 0
+    turns_cut_off: int = 0
+    waited_s: float = 0.0
+    timed_out: bool = False
+    how: str
+
+
 class StatusResult(Result, frozen=True, kw_only=True):
     version: str
     pid: int
@@ -100,6 +163,11 @@ class StatusResult(Result, frozen=True, kw_only=True):
     containment: Containment = Containment()
     agent_env: AgentEnv | None = None
     storage: Storage = Storage()
+    # Every name ``agentSession.create`` takes as its provider, sorted: the native
+    # providers and every ACP agent (the built-in registry and the config's
+    # ``[agents.NAME]``).
+    providers: list[str] = []
+    draining: bool = False  # a drained restart is waiting for running turns
 
 
 class ShutdownParams(Empty, frozen=True, kw_only=True):

@@ -37,7 +37,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from agentsd_protocol.api.conversation import DispatchOutcome
+from agentsd_protocol.api.conversation import Attachment, DispatchOutcome
 from agentsd_protocol.api.session import ExitCause
 
 TurnOutcome = Literal["completed", "interrupted", "failed", "unknown"]
@@ -72,10 +72,14 @@ class ErrorInfo(Value, frozen=True, kw_only=True):
 
 class FileChange(Value, frozen=True, kw_only=True):
     """One file of a Codex ``fileChange`` item; ``kind`` is ``add``, ``delete`` or
-    ``update``."""
+    ``update``. ``diff`` is Codex's for this file: a unified diff of an update, the
+    whole content of an added or deleted file (absent in rows older than it);
+    ``move_path`` where an update renames the file."""
 
     path: str | None = None
     kind: str | None = None
+    diff: BoundedPayload | None = None
+    move_path: str | None = None
 
 
 class ApprovalOption(Value, frozen=True, kw_only=True):
@@ -119,9 +123,16 @@ class EventStruct(
 
 
 class SessionCreated(EventStruct, tag="session.created", frozen=True, kw_only=True):
+    """``by``: the session whose agent created it (allowed by the config's
+    ``agent_allowance``); None: the user did."""
+
     provider: str
     cwd: str
     title: str | None = None
+    by: str | None = None
+    # The provider conversation (Codex thread, Claude session) the session adopts
+    # (``create {resumeFrom}``): its first start resumes it and imports its history.
+    resume_from: str | None = None
 
 
 class SessionUpdated(EventStruct, tag="session.updated", frozen=True, kw_only=True):
@@ -140,6 +151,11 @@ class Submission(EventStruct, tag="submission", frozen=True, kw_only=True):
     client_message_id: str
     text: str
     operation_id: str | None = None  # the send's clientOperationId
+    # Set on a continuation (``agentSession.continue``): the seq of the
+    # ``turn.completed`` that cut the turn off. ``text`` is then the daemon's
+    # request to carry on, not a prompt the user wrote.
+    continues_seq: int | None = None
+    attachments: list[Attachment] = []  # images and file references, after the text
 
 
 class SubmissionDispatched(EventStruct, tag="submission.dispatched", frozen=True, kw_only=True):
@@ -299,7 +315,9 @@ class ChildExited(EventStruct, tag="child.exited", frozen=True, kw_only=True):
     """The child is proven gone and its lease released. ``detail`` says how the
     proof was had (recovery); ``error`` is the failure that ended it;
     ``stderr_tail`` is the end of what the agent wrote to stderr (at most 4 KiB), kept
-    when it exited unexpectedly or failed, the words that say why."""
+    when it exited unexpectedly or failed, the words that say why. ``oom_kills`` is
+    its cgroup's ``memory.events`` ``oom_kill`` count when the memory controller was
+    on for it (None otherwise); cause ``oom`` when it ended by itself after one."""
 
     cause: ExitCause
     returncode: int | None = None
@@ -307,6 +325,7 @@ class ChildExited(EventStruct, tag="child.exited", frozen=True, kw_only=True):
     detail: str | None = None
     error: ErrorInfo | None = None
     stderr_tail: str | None = None
+    oom_kills: int | None = None
 
 
 class ExitUnproven(EventStruct, tag="exit.unproven", frozen=True, kw_only=True):
@@ -379,6 +398,7 @@ class PromptQueued(EventStruct, tag="prompt.queued", frozen=True, kw_only=True):
     prompt_id: str
     text: str
     operation_id: str | None = None  # the send's clientOperationId
+    attachments: list[Attachment] = []  # images and file references, after the text
 
 
 class PromptEdited(EventStruct, tag="prompt.edited", frozen=True, kw_only=True):
@@ -421,11 +441,41 @@ class CommandsUpdated(EventStruct, tag="commands.updated", frozen=True, kw_only=
     commands: list[AgentCommand] = []
 
 
+class CommandRun(EventStruct, tag="command.run", frozen=True, kw_only=True):
+    """A client ran command ``name`` (``agentSession.command``): agentsd's own
+    (``compact``, ``clear``) or one of the agent's slash commands, with ``args``."""
+
+    name: str
+    args: str | None = None
+    operation_id: str | None = None  # the command's clientOperationId
+
+
+class ConversationCleared(EventStruct, tag="conversation.cleared", frozen=True, kw_only=True):
+    """The marker of ``clear``: the provider conversation ``previous_handle`` ended
+    here and the agent starts blank; the next ``child.ready`` carries the fresh
+    conversation's handle. The journal before it stays readable."""
+
+    previous_handle: str | None = None
+
+
 class ThreadStatus(EventStruct, tag="thread.status", frozen=True, kw_only=True):
     """The agent's own thread status (Codex), journaled when it changes."""
 
     status: str
     active_flags: list[str] = []
+
+
+class MessageImported(EventStruct, tag="message.imported", frozen=True, kw_only=True):
+    """One message of a conversation started outside the daemon, imported when the
+    session adopted it (``create {resumeFrom}``): history the agent already has,
+    never sent again. ``role`` is ``user`` or ``assistant``; ``turn_id`` the
+    provider's own id of its turn, when it has one; ``text`` at most the import
+    bound, ``truncated`` when cut."""
+
+    role: str
+    text: str
+    turn_id: str | None = None
+    truncated: bool = False
 
 
 Event = (
@@ -462,6 +512,9 @@ Event = (
     | SessionAcknowledged
     | AgentRequest
     | CommandsUpdated
+    | CommandRun
+    | ConversationCleared
+    | MessageImported
 )
 """Every event the daemon writes."""
 

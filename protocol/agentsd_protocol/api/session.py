@@ -28,7 +28,11 @@ MAX_LIST_LIMIT = 1000  # sessions per page a client may ask for
 
 Phase = Literal["stopped", "starting", "running", "stopping", "exit-unproven"]
 Status = Literal["idle", "working", "attention"]
-ExitCause = Literal["requested", "unexpected", "shutdown", "daemon-restart", "idle", "failed"]
+# "oom": it ended by itself and the kernel's OOM killer had killed in its cgroup
+# (``memory.events`` ``oom_kill``): its memory limit was reached.
+ExitCause = Literal[
+    "requested", "unexpected", "oom", "shutdown", "daemon-restart", "idle", "failed"
+]
 
 
 class ChildInfo(Result, frozen=True, kw_only=True):
@@ -62,15 +66,50 @@ class SessionError(Result, frozen=True, kw_only=True):
 
 
 class Resources(Result, frozen=True, kw_only=True):
-    """What a running agent and everything it started use, from its own cgroup's
-    files (cgroup mode only). Memory is reported where the memory controller is
-    enabled for the cgroup, else None."""
+    """What a running agent and everything it started use.
 
-    cgroup: str  # the cgroup directory
+    With a cgroup (``cgroup`` set): its own files. ``cpuUs`` is ``cpu.stat``
+    ``usage_usec`` (all that ever ran in it), ``processes`` counts ``cgroup.procs``,
+    memory is ``memory.current`` / ``memory.peak`` where the memory controller is
+    enabled for it, else None.
+
+    In the fallback (``processGroup`` set): what ``/proc`` says of the agent's
+    process group: its live members, and their CPU time with that of the children
+    they waited for. Memory is None (resident sizes summed over processes count
+    shared pages many times), and a process that left the group is not counted."""
+
+    cgroup: str | None = None  # the cgroup directory
+    process_group: int | None = None  # the process group, in the fallback
     cpu_us: int | None = None  # CPU time used, user and system, in microseconds
     processes: int = 0  # processes in it now
     memory_bytes: int | None = None  # memory.current
     memory_peak_bytes: int | None = None  # memory.peak
+
+
+class SessionLimits(Result, frozen=True, kw_only=True):
+    """A session's own limits, given at create: each one set replaces the daemon's
+    default (the config's ``[limits]``) for every agent of the session; None: the
+    default applies."""
+
+    memory_max: int | None = None  # bytes, cgroup memory.max
+    pids_max: int | None = None  # processes, cgroup pids.max
+    cpu_max: float | None = None  # CPUs (1.5: one and a half), cgroup cpu.max
+
+
+class TokenUsage(Result, frozen=True, kw_only=True):
+    """Tokens of the session's current provider conversation, as far as its agent
+    reports them (None: not reported). ``turn_tokens``: the last turn's;
+    ``total_tokens``: every turn's since the conversation began (Codex) or since its
+    agent last started (Claude Code reports per turn); ``context_tokens``: what the
+    conversation holds now, of ``context_window``, leaving ``context_left``."""
+
+    turn_tokens: int | None = None
+    total_tokens: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    context_window: int | None = None
+    context_tokens: int | None = None
+    context_left: int | None = None
 
 
 class SessionInfo(Result, frozen=True, kw_only=True):
@@ -93,10 +132,28 @@ class SessionInfo(Result, frozen=True, kw_only=True):
     error: SessionError | None = None
     queued: int = 0  # prompts held behind the running turn (``agentSession.queue``)
     queue_paused: str | None = None  # why they wait for a client to resume them
-    resources: Resources | None = None  # while its agent runs in a cgroup
+    resources: Resources | None = None  # while its agent runs (see `Resources`)
+    limits: SessionLimits | None = None  # its own limits, if it was given any
+    created_by: str | None = None  # the session whose agent created it; None: the user
+    tokens: TokenUsage | None = None  # once its agent reported usage
+
+
+class ResumeFrom(Params, frozen=True, kw_only=True):
+    """A provider conversation started elsewhere (a terminal): a Codex thread id or
+    a Claude Code session id."""
+
+    handle: str
 
 
 class CreateParams(MutationParams, frozen=True, kw_only=True):
+    """``resume_from`` adopts an existing conversation: the create starts the agent
+    (``start`` must stay true), which resumes it after checking it exists for this
+    ``cwd`` and this account home (``CODEX_HOME``, ``CLAUDE_CONFIG_DIR`` or ``HOME``
+    in ``env`` or the daemon's environment); its earlier messages are journaled as
+    ``message.imported``, and the next prompt continues it natively. One that does
+    not exist there fails the create with ``resume_failed`` (the session is kept,
+    stopped, with the error, as any failed start)."""
+
     provider: str
     cwd: str
     title: str | None = None
@@ -104,6 +161,13 @@ class CreateParams(MutationParams, frozen=True, kw_only=True):
     env: dict[str, str] = {}
     command: list[str] | None = None
     start: bool = True
+    # Limits for this session's agents (see `SessionLimits`): each needs its cgroup
+    # controller enabled where the daemon makes session cgroups, or the create fails
+    # with ``limit_unavailable`` and nothing is stored.
+    memory_max: int | None = None
+    pids_max: int | None = None
+    cpu_max: float | None = None
+    resume_from: ResumeFrom | None = None
 
 
 class CreateResult(Result, frozen=True, kw_only=True):

@@ -16,7 +16,7 @@ from agentsd_protocol.api.events import (
     encode_body,
     kind_of,
 )
-from agentsd_protocol.api.session import Phase, Status
+from agentsd_protocol.api.session import Phase, Resources, Status, TokenUsage
 
 
 class JournalEvent(Result, frozen=True, kw_only=True):
@@ -118,10 +118,15 @@ class SessionStatus(Result, frozen=True, kw_only=True):
     last_reply: str | None = None
     model: str | None = None
     usage: dict[str, Any] | None = None  # the agent's token counts, passed through
+    tokens: TokenUsage | None = None  # the same, read: per turn, in all, context left
     updated_at: float = 0.0
     unseen: bool = False
     acknowledged_seq: int = 0
     attention_seq: int = 0
+    # The running agent's figures, sampled every few seconds while anyone watches
+    # (a new sample is sent like streaming text: at most once a second); None
+    # while no agent runs and until the first sample.
+    resources: Resources | None = None
 
 
 class WatchResult(Result, frozen=True, kw_only=True):

@@ -1,7 +1,10 @@
 // Drives `agentsctl acp` with the official ACP TypeScript SDK's client side, the way
 // an editor does. Run by tests/clients/test_acp.py:
 //
-//   node driver.mjs '{"scenario": "conversation" | "kill" | "permission", "python": ..., "socket": ..., "cwd": ...}'
+//   node driver.mjs '{"scenario": "conversation" | "kill" | "permission" | "review", "python": ..., "socket": ..., "cwd": ...}'
+//
+// "review" also takes "provider" (codex, claude or testacp): what an editor reviews of
+// that agent's turns (test_acp_review.py scripts the fake model servers first).
 //
 // Each scenario asserts as it goes (node:assert) and prints one JSON report line on
 // stdout; any failure exits 1 with the reason on stderr. Every wait is bounded by
@@ -107,6 +110,32 @@ class Bridge {
       case "tool_call_update":
         assert.ok(this.announced.has(update.toolCallId), `update of unannounced tool call ${update.toolCallId}`);
         break;
+      case "plan":
+        assert.ok(Array.isArray(update.entries), "a plan has entries");
+        for (const entry of update.entries) {
+          assert.ok(["high", "medium", "low"].includes(entry.priority), "each entry has a priority");
+          assert.ok(["pending", "in_progress", "completed"].includes(entry.status));
+        }
+        break;
+      case "usage_update":
+        assert.ok(Number.isInteger(update.used) && Number.isInteger(update.size));
+        break;
+      case "session_info_update":
+        break;
+      case "available_commands_update":
+        for (const command of update.availableCommands) {
+          assert.equal(typeof command.name, "string");
+          assert.equal(typeof command.description, "string");
+        }
+        break;
+      case "current_mode_update":
+        assert.equal(typeof update.currentModeId, "string");
+        break;
+      case "config_option_update":
+        for (const option of update.configOptions) {
+          assert.ok(option.options.some((o) => o.value === option.currentValue), "the current value is a choice");
+        }
+        break;
       default:
         assert.fail(`unexpected session update ${update.sessionUpdate}`);
     }
@@ -150,6 +179,11 @@ class Bridge {
     assert.deepEqual(exit, { code: 0, signal: null }, `${this.name} exits 0 when the editor leaves:\n${this.stderr}`);
   }
 }
+
+// What a replay repeats: not the editor's own prompts (it had them), nor the
+// session's state (modes, config options, commands), sent as it is when it changes.
+const STATE_UPDATES = new Set(["available_commands_update", "current_mode_update", "config_option_update"]);
+const historical = (u) => u.sessionUpdate !== "user_message_chunk" && !STATE_UPDATES.has(u.sessionUpdate);
 
 const textOf = (updates, kind) => updates
   .filter((u) => u.sessionUpdate === kind)
@@ -400,7 +434,155 @@ async function permission() {
   return report;
 }
 
-const scenarios = { conversation, kill, permission };
+function runCli(...args) {
+  return new Promise((resolve, reject) => {
+    const child = spawn(config.python, ["-m", "agentsctl.cli", "--socket", config.socket, "--no-start", ...args], { stdio: "ignore" });
+    child.once("error", reject);
+    child.once("exit", (code) => (code === 0 ? resolve() : reject(new Error(`agentsctl ${args.join(" ")} exited ${code}`))));
+  });
+}
+
+function toolHistory(updates) {
+  // Each tool call's updates by id, the announcement first.
+  const byId = new Map();
+  for (const u of updates) {
+    if (u.sessionUpdate === "tool_call") byId.set(u.toolCallId, [u]);
+    else if (u.sessionUpdate === "tool_call_update") byId.get(u.toolCallId).push(u);
+  }
+  return byId;
+}
+
+const last = (history, field) => history.findLast((u) => field in u)?.[field];
+
+function merged(updates) {
+  // Consecutive chunks of one message as one: deltas cut text anywhere.
+  const out = [];
+  for (const u of updates) {
+    const prev = out.at(-1);
+    if (u.sessionUpdate.endsWith("_chunk") && prev?.sessionUpdate === u.sessionUpdate && prev.messageId === u.messageId) {
+      prev.content = { ...prev.content, text: prev.content.text + u.content.text };
+    } else {
+      out.push(structuredClone(u));
+    }
+  }
+  return out;
+}
+
+async function approveElsewhere(a, sessionId) {
+  // The editor's dialog stays open until the tool call's update closes it (or the
+  // SDK's $/cancel_request handling aborts it); the answer comes from the CLI.
+  let closedBy = null;
+  let handled;
+  const closed = new Promise((resolve) => { handled = resolve; });
+  a.onPermission = async ({ params, signal }) => {
+    const toolCallId = params.toolCall.toolCallId;
+    const mark = a.mark();
+    const decision = params.options.some((o) => o.optionId === "accept") ? "accept" : "allow";
+    await runCli("approve", "--decision", decision, sessionId, params._meta.agentsd.approvalId);
+    const updated = a.until(() => a.since(mark).some((u) => u.toolCallId === toolCallId && u.status && u.status !== "pending"), "the tool call's update");
+    await Promise.race([updated.then(() => { closedBy ??= "update"; }), waitAborted(signal).catch(() => { closedBy ??= "cancel_request"; })]);
+    await updated;
+    handled();
+    return { outcome: { outcome: "cancelled" } };
+  };
+  const result = await withTimeout(a.prompt(sessionId, "Do it"), "prompt answered from the CLI");
+  assert.equal(result.stopReason, "end_turn");
+  // The turn may end before the CLI's process does: the dialog closes when the
+  // update reaches the editor, whenever that is.
+  await withTimeout(closed, "the editor's dialog closed");
+  assert.ok(closedBy, "the editor's dialog was closed");
+  return closedBy;
+}
+
+async function review() {
+  const report = {};
+  const a = new Bridge("bridge-1", ["--provider", config.provider]);
+  const initialized = await withTimeout(a.agent.request(methods.agent.initialize, { protocolVersion: 0, clientCapabilities: {} }), "initialize 0");
+  assert.equal(initialized.protocolVersion, 1, "an unknown version is answered with the newest spoken");
+  const { sessionId } = await withTimeout(a.agent.request(methods.agent.session.new, { cwd: config.cwd, mcpServers: [] }), "session/new");
+  report.session = sessionId;
+  let mark = a.mark();
+  if (config.provider === "codex") {
+    assert.equal((await withTimeout(a.prompt(sessionId, "Edit a.py"), "edit")).stopReason, "end_turn");
+    const [edit] = [...toolHistory(a.since(mark)).values()].filter((h) => h[0].kind === "edit");
+    assert.equal(edit[0].title, "Edit a.py");
+    assert.deepEqual(edit[0].content.filter((c) => c.type === "diff"), [
+      { type: "diff", path: `${config.cwd}/a.py`, oldText: "two\nthree\nfour\n", newText: "two\nTHREE\nfour\n" },
+    ]);
+    assert.deepEqual(edit[0].locations, [{ path: `${config.cwd}/a.py`, line: 2 }]);
+    assert.equal(last(edit, "status"), "completed");
+    report.closedBy = await approveElsewhere(a, sessionId);
+  } else if (config.provider === "claude") {
+    assert.equal((await withTimeout(a.prompt(sessionId, "Say it"), "command")).stopReason, "end_turn");
+    const [bash] = [...toolHistory(a.since(mark)).values()].filter((h) => h[0].kind === "execute");
+    assert.equal(bash[0].title, "echo claude-out");
+    assert.equal(last(bash, "status"), "completed");
+    assert.deepEqual(last(bash, "content"), [{ type: "content", content: { type: "text", text: "claude-out" } }]);
+    let asked = null;
+    a.onPermission = async ({ params }) => {
+      asked = params;
+      return { outcome: { outcome: "selected", optionId: "Blue" } };
+    };
+    mark = a.mark();
+    assert.equal((await withTimeout(a.prompt(sessionId, "Ask me"), "question")).stopReason, "end_turn");
+    assert.deepEqual(asked.options.map((o) => [o.optionId, o.kind]), [["Red", "allow_once"], ["Blue", "allow_once"], ["decline", "reject_once"]]);
+    const question = toolHistory(a.since(mark)).get(asked.toolCall.toolCallId);
+    const statuses = question.filter((u) => u.status).map((u) => u.status);
+    assert.equal(statuses.at(-1), "completed", "an answered question is a success");
+    assert.ok(!statuses.includes("failed"));
+    report.closedBy = await approveElsewhere(a, sessionId);
+  } else {
+    assert.equal((await withTimeout(a.prompt(sessionId, "hello"), "plan")).stopReason, "end_turn");
+    const plans = a.since(mark).filter((u) => u.sessionUpdate === "plan");
+    assert.deepEqual(plans, [{ sessionUpdate: "plan", entries: [{ content: "echo", priority: "medium", status: "in_progress" }] }]);
+  }
+  const live = merged(a.since(0).filter(historical));
+  await a.close();
+
+  // session/load replays what was shown live.
+  const b = new Bridge("bridge-2");
+  await b.initialize();
+  await withTimeout(b.agent.request(methods.agent.session.load, { sessionId, cwd: config.cwd, mcpServers: [] }), "session/load");
+  assert.deepEqual(merged(b.since(0).filter(historical)), live, "the replay shows what was shown live");
+  await b.close();
+  return report;
+}
+
+async function controls() {
+  // A mode switch, a model switch, a slash command and an image prompt; the test
+  // checks what reached the model server (test_acp_sdks.py).
+  const a = new Bridge("bridge-1", ["--provider", config.provider]);
+  const initialized = await a.initialize();
+  assert.equal(initialized.agentCapabilities.promptCapabilities.image, true, "image prompts are advertised");
+  const created = await withTimeout(a.agent.request(methods.agent.session.new, { cwd: config.cwd, mcpServers: [] }), "session/new");
+  const { sessionId } = created;
+  assert.ok(created.modes.availableModes.some((m) => m.id === config.mode), "the mode is offered");
+  const byId = Object.fromEntries(created.configOptions.map((o) => [o.id, o]));
+  assert.equal(byId.mode.currentValue, created.modes.currentModeId);
+  assert.equal(byId.model.category, "model");
+  const commandNames = () => {
+    const lists = a.since(0).filter((u) => u.sessionUpdate === "available_commands_update");
+    return lists.length ? lists.at(-1).availableCommands.map((c) => c.name) : [];
+  };
+  await a.until(() => commandNames().includes("compact"), "available commands");
+  const prompt = (blocks, what) => withTimeout(a.agent.request(methods.agent.session.prompt, { sessionId, prompt: blocks }), what);
+  assert.equal((await prompt([{ type: "text", text: "Before the switch" }], "prompt before")).stopReason, "end_turn");
+  let mark = a.mark();
+  await withTimeout(a.agent.request(methods.agent.session.setMode, { sessionId, modeId: config.mode }), "session/set_mode");
+  await a.until(() => a.since(mark).some((u) => u.sessionUpdate === "current_mode_update" && u.currentModeId === config.mode), "current_mode_update");
+  const answer = await withTimeout(a.agent.request(methods.agent.session.setConfigOption, { sessionId, configId: "model", value: config.model }), "session/set_config_option");
+  const current = Object.fromEntries(answer.configOptions.map((o) => [o.id, o.currentValue]));
+  assert.equal(current.mode, config.mode);
+  assert.equal(current.model, config.model);
+  assert.equal((await prompt([{ type: "text", text: "Use the new settings" }], "prompt")).stopReason, "end_turn");
+  assert.equal((await prompt([{ type: "text", text: "/compact" }], "/compact")).stopReason, "end_turn");
+  const image = { type: "image", data: config.png, mimeType: "image/png" };
+  assert.equal((await prompt([{ type: "text", text: "What is this?" }, image], "image prompt")).stopReason, "end_turn");
+  await a.close();
+  return { session: sessionId };
+}
+
+const scenarios = { conversation, kill, permission, review, controls };
 
 try {
   const report = await scenarios[config.scenario]();

@@ -28,6 +28,8 @@ M.defaults = {
     send = 'i', -- prompt for text and send it
     interrupt = '<C-c>', -- interrupt the running turn
     close = 'q', -- close the window (the session keeps running)
+    diff = 'gd', -- review the edit under the cursor in a diff tab
+    prompt = 'p', -- open the prompt buffer (multi-line; :w or <C-s> sends it)
   },
 }
 

@@ -70,6 +70,7 @@ function M.disconnect()
         view.follow:stop()
       end
     end
+    require('agents.status').stop()
     state.client:close()
     state.client = nil
   end
@@ -106,6 +107,8 @@ local function mutate(method, params, what, on_result, on_error)
     end
   end, { retry = true })
 end
+
+M.mutate = mutate
 
 --- The session commands act on when none is named.
 ---@return string|nil
@@ -201,38 +204,75 @@ function M.list(on_choice)
 end
 
 --- Show the session's buffer (streaming it from the start of its journal).
---- Without an id: pick one with `vim.ui.select`.
+--- Without an id: pick one with `vim.ui.select`. An id the daemon does not know is
+--- an error (`[session_not_found]`), and no buffer is made for it; a session whose
+--- buffer exists is shown at once (an ended one says so).
 ---@param session_id string|nil
 ---@param how string|nil 'split', 'vsplit', 'tab' or 'current' (default `config.open`)
----@return agents.View|nil
 function M.attach(session_id, how)
   if not session_id then
     M.list()
-    return nil
+    return
   end
-  state.current = session_id
-  local view = require('agents.view').get(M.client(), session_id)
-  view:show(how)
-  return view
+  local views = require('agents.view').views
+  local known = views[session_id]
+  local function show()
+    state.current = session_id
+    require('agents.view').get(M.client(), session_id):show(how)
+  end
+  if known and vim.api.nvim_buf_is_valid(known.buf) then
+    show()
+    return
+  end
+  M.client():request('agentSession.get', { sessionId = session_id }, function(err)
+    if err then
+      rpc.notify_error('attaching ' .. session_id, err)
+      return
+    end
+    show()
+  end, { retry = true })
 end
 
---- Send a prompt. Without text: ask for it with `vim.ui.input`.
+--- Send a prompt. Without text: ask for it with `vim.ui.input`. `opts.range`
+--- (`{ buf, first, last }`, 1-based lines) attaches those lines as context;
+--- `#buffer` and `@file` mentions are expanded (see `agents.prompt`); `opts.images`
+--- (`{ type = 'image', path = ... }` content blocks) go with the text.
 ---@param text string|nil
 ---@param session_id string|nil
-function M.send(text, session_id)
+---@param opts { range: table|nil, source: integer|nil, images: table[]|nil }|nil
+function M.send(text, session_id, opts)
   local id = resolve(session_id)
   if not id then
     return
   end
+  opts = opts or {}
   if not text or text == '' then
     vim.ui.input({ prompt = 'Send to ' .. id .. ': ' }, function(input)
       if input and input ~= '' then
-        M.send(input, id)
+        M.send(input, id, opts)
       end
     end)
     return
   end
-  mutate('agentSession.send', { sessionId = id, text = text }, 'sending to ' .. id, function(result)
+  if opts.source or opts.range then
+    local prompt = require('agents.prompt')
+    local source = opts.source
+    if source and vim.b[source].agents_session_id then
+      source = vim.fn.bufnr('#') -- from a session buffer, #buffer is the one before
+    end
+    local images
+    text, images = prompt.expand(text, source)
+    opts.images = vim.list_extend(vim.list_extend({}, opts.images or {}), images)
+    if opts.range then
+      local r = opts.range
+      text = text .. '\n\n' .. prompt.selection(r.buf, r.first, r.last)
+    end
+  end
+  local params = { sessionId = id, text = text }
+  if opts.images and #opts.images > 0 then
+    params.content = opts.images
+  end
+  mutate('agentSession.send', params, 'sending to ' .. id, function(result)
     if result.dispatch == 'rejected' then
       vim.notify('agents: not delivered: ' .. tostring(result.reason), vim.log.levels.WARN)
     end
@@ -278,6 +318,133 @@ function M.close(session_id)
   mutate('agentSession.close', { sessionId = id }, 'closing ' .. id, function()
     vim.notify('agents: closed session ' .. id)
   end)
+end
+
+--- Delete the session: its record, its journal and its agent. Asks first with
+--- `vim.ui.select` unless `force`.
+---@param session_id string|nil
+---@param force boolean|nil
+function M.delete(session_id, force)
+  local id = resolve(session_id)
+  if not id then
+    return
+  end
+  local function delete()
+    mutate('agentSession.delete', { sessionId = id }, 'deleting ' .. id, function()
+      if state.current == id then
+        state.current = nil
+      end
+      vim.notify('agents: deleted session ' .. id)
+    end)
+  end
+  if force then
+    delete()
+    return
+  end
+  vim.ui.select({ 'Delete', 'Keep' }, {
+    prompt = 'Delete session ' .. id .. ' and its history?',
+  }, function(choice)
+    if choice == 'Delete' then
+      delete()
+    end
+  end)
+end
+
+--- Open the prompt buffer of the session (multi-line; `:w` or `<C-s>` sends it).
+---@param session_id string|nil
+function M.prompt(session_id)
+  local id = resolve(session_id)
+  if id then
+    require('agents.prompt').open(id)
+  end
+end
+
+--- The providers the daemon knows (its agents' programs, and the built-in mock),
+--- for completion; the built-in ones when it does not answer in time.
+---@return string[]
+function M.providers()
+  local result = M.client():request_sync('daemon.status', vim.empty_dict(), 500)
+  local programs = result and result.agentEnv and result.agentEnv.programs
+  if type(programs) ~= 'table' then
+    return { 'claude', 'codex', 'mock' }
+  end
+  local out = { 'mock' }
+  for _, program in ipairs(programs) do
+    if not vim.tbl_contains(out, program.provider) then
+      table.insert(out, program.provider)
+    end
+  end
+  table.sort(out)
+  return out
+end
+
+--- Pick the session's mode (`agents.controls`), or set `choice`.
+---@param choice string|nil
+---@param session_id string|nil
+function M.mode(choice, session_id)
+  local id = resolve(session_id)
+  if id then
+    require('agents.controls').mode(id, choice)
+  end
+end
+
+--- Pick the session's model (or another option: `key`), or set `choice`.
+---@param choice string|nil
+---@param session_id string|nil
+---@param key string|nil default `model`
+function M.model(choice, session_id, key)
+  local id = resolve(session_id)
+  if id then
+    require('agents.controls').option(id, key or 'model', choice)
+  end
+end
+
+--- Run a command (`compact`, `clear`, the agent's own), or pick one.
+---@param name string|nil
+---@param args string|nil
+---@param session_id string|nil
+function M.command(name, args, session_id)
+  local id = resolve(session_id)
+  if id then
+    require('agents.controls').command(id, name, args)
+  end
+end
+
+--- A statusline component: the current session's state, and how many sessions
+--- need you or have news you have not seen (`agents.status`). Starts watching on
+--- first call; never waits. Use as `%{v:lua.require'agents'.statusline()}`.
+---@return string
+function M.statusline()
+  local status = require('agents.status')
+  status.start(M.client())
+  return status.statusline(M.current_session())
+end
+
+--- Pick a session from the status summaries (state, title, what needs you, the
+--- start of the last reply; unseen ones marked `*`) and attach to it.
+function M.pick()
+  local status = require('agents.status')
+  status.start(M.client())
+  local function show()
+    local sessions = status.list()
+    if #sessions == 0 then
+      vim.notify('agents: no sessions (create one with :AgentsNew)')
+      return
+    end
+    vim.ui.select(sessions, { prompt = 'agents', format_item = status.describe }, function(s)
+      if s then
+        M.attach(s.sessionId)
+      end
+    end)
+  end
+  if next(status.sessions) then
+    show()
+  else -- the first snapshot is on its way
+    vim.wait(1000, function()
+      return next(status.sessions) ~= nil
+    end, 10)
+    show()
+  end
 end
 
 --- Session ids for command-line completion (asks the daemon, briefly).

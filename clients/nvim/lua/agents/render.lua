@@ -128,6 +128,9 @@ end
 
 function render.message(e)
   local text = item_text(e)
+  if text == '' and e.skip then
+    return {} -- the rest of a split reply, empty so far (transcript Rule 3)
+  end
   local lines = text == '' and { '...' } or split_lines(text)
   if e.truncated then
     table.insert(lines, string.format('[truncated: %d characters in all]', e.length or 0))
@@ -211,6 +214,75 @@ end
 
 function render.notice(e)
   return split_lines(e.text)
+end
+
+--- Each hunk of a unified diff as its old and new text (context in both).
+---@param diff string
+---@return string, string
+local function hunk_texts(diff)
+  local old, new, seen = {}, {}, false
+  for _, line in ipairs(split_lines(diff)) do
+    if line:match('^@@') then
+      if seen then
+        table.insert(old, '...')
+        table.insert(new, '...')
+      end
+      seen = true
+    elseif seen and not line:match('^\\') then
+      local mark, rest = line:sub(1, 1), line:sub(2)
+      if mark == '-' then
+        table.insert(old, rest)
+      elseif mark == '+' then
+        table.insert(new, rest)
+      elseif mark == ' ' then
+        table.insert(old, rest)
+        table.insert(new, rest)
+      end
+    end
+  end
+  return table.concat(old, '\n'), table.concat(new, '\n')
+end
+
+--- The edits a tool item made, as `{ path, old, new }` (old `nil`: a new file), for
+--- reviewing them side by side: a Codex file change per file (an added or deleted
+--- file's content, an update's hunks), Claude Code's `Edit`, `MultiEdit` and
+--- `Write` from their input. Empty for any other item. Pure.
+---@param b table the item's fields
+---@return table[]
+function M.edits(b)
+  local out = {}
+  if b.type == 'fileChange' then
+    for _, change in ipairs(type(b.changes) == 'table' and b.changes or {}) do
+      local text = payload_text(change.diff)
+      if type(change.path) == 'string' and text then
+        if change.kind == 'add' then
+          table.insert(out, { path = change.path, new = text })
+        elseif change.kind == 'delete' then
+          table.insert(out, { path = change.path, old = text, new = '' })
+        else
+          local old, new = hunk_texts(text)
+          table.insert(out, { path = change.movePath or change.path, old = old, new = new })
+        end
+      end
+    end
+  elseif b.type == 'toolCall' and type(b.input) == 'table' and not b.inputTruncated then
+    local input, path = b.input, b.input.file_path
+    if type(path) ~= 'string' then
+      return out
+    end
+    if b.name == 'Edit' and type(input.old_string) == 'string' then
+      table.insert(out, { path = path, old = input.old_string, new = input.new_string or '' })
+    elseif b.name == 'MultiEdit' and type(input.edits) == 'table' then
+      for _, e in ipairs(input.edits) do
+        if type(e) == 'table' and type(e.old_string) == 'string' then
+          table.insert(out, { path = path, old = e.old_string, new = e.new_string or '' })
+        end
+      end
+    elseif b.name == 'Write' and type(input.content) == 'string' then
+      table.insert(out, { path = path, new = input.content })
+    end
+  end
+  return out
 end
 
 return M

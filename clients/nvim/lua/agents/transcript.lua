@@ -15,6 +15,12 @@
 --- (or an earlier delta) already showed is dropped. `item.completed` is final.
 --- Offsets count characters (code points), as the daemon does.
 ---
+--- Rule 3 (a prompt mid-turn): a prompt sent while an agent message streams comes
+--- after what the message showed so far. The message entry keeps its text up to
+--- there; the rest of that item's text (an agent that answers a steering prompt in
+--- the same item, as the mock does) goes into a new entry after the prompt, so a
+--- reply never flows back above the prompt it answers.
+---
 --- Event kinds it does not know are ignored, so a newer daemon never breaks it.
 
 local render = require('agents.render')
@@ -60,7 +66,9 @@ end
 local function rendered(entry)
   if not entry.lines then
     entry.lines = render.kinds[entry.kind](entry)
-    table.insert(entry.lines, '')
+    if #entry.lines > 0 then -- an entry with nothing to show takes no line at all
+      table.insert(entry.lines, '')
+    end
   end
   return entry.lines
 end
@@ -170,11 +178,69 @@ Transcript['on_session_updated'] = function(self, body)
   end
 end
 
+--- Rule 3: the agent messages still streaming, which a prompt now splits.
+---@return table<string, table> itemId -> entry
+function Transcript:streaming_messages()
+  local out = {}
+  for item_id, entry in pairs(self.items) do
+    if entry.kind == 'message' and not entry.completed and entry.chars > 0 then
+      out[item_id] = entry
+    end
+  end
+  return out
+end
+
+--- Rule 3: each of `streaming` keeps what it showed; the rest of its item's text
+--- goes to a new entry (after the prompt just added).
+function Transcript:split(streaming)
+  for item_id, entry in pairs(streaming) do
+    entry.text = render.item_text(entry)
+    entry.completed = true
+    local rest = self:add({ kind = 'message', text = '', pending = {}, chars = 0 })
+    rest.skip = entry.chars + (entry.skip or 0)
+    self.items[item_id] = rest
+  end
+end
+
+--- The part of an item's `text` an entry shows: all of it, or (after a split) what
+--- follows the characters shown above the prompt (Rule 3).
+local function own_text(entry, text)
+  if entry.skip then
+    return drop_chars(text, entry.skip)
+  end
+  return text
+end
+
 Transcript['on_submission'] = function(self, body)
+  local streaming = self:streaming_messages()
+  if body.continuesSeq then
+    -- The daemon's request to carry on after a restart cut the turn off: not the
+    -- user's words.
+    self:notice(
+      '[agentsd asked the agent to carry on with the turn cut off at #' .. body.continuesSeq .. ']'
+    )
+    self:split(streaming)
+    return
+  end
   local entry = self:add({ kind = 'prompt', text = tostring(body.text or '') })
   if body.clientMessageId then
     self.prompts[body.clientMessageId] = entry
   end
+  self:split(streaming)
+end
+
+--- History of a conversation the session adopted: shown as it was.
+Transcript['on_message_imported'] = function(self, body)
+  local text = tostring(body.text or '')
+  if body.role == 'user' then
+    self:add({ kind = 'prompt', text = text })
+  else
+    self:add({ kind = 'message', text = text, pending = {}, chars = chars(text), completed = true })
+  end
+end
+
+Transcript['on_command_run'] = function(self, body)
+  self:notice('[/' .. tostring(body.name) .. (body.args and (' ' .. body.args) or '') .. ']')
 end
 
 Transcript['on_submission_dispatched'] = function(self, body)
@@ -223,7 +289,7 @@ Transcript['on_item_updated'] = function(self, body)
     return
   end
   if type(body.text) == 'string' then
-    self:snapshot(entry, body.text)
+    self:snapshot(entry, own_text(entry, body.text))
   end
   if body.truncated then
     entry.truncated, entry.length = true, body.length
@@ -238,7 +304,8 @@ Transcript['on_item_completed'] = function(self, body)
   end
   if entry.kind == 'message' then
     if type(body.text) == 'string' then
-      entry.text, entry.pending, entry.chars = body.text, {}, chars(body.text)
+      local text = own_text(entry, body.text)
+      entry.text, entry.pending, entry.chars = text, {}, chars(text)
     end
   else
     entry.body = vim.tbl_extend('force', entry.body, body)
@@ -318,6 +385,11 @@ function Transcript:delta(item_id, offset, text)
   local entry = self:item(item_id)
   if not entry or entry.completed or entry.kind ~= 'message' then
     return -- the final text is in already
+  end
+  offset = offset - (entry.skip or 0) -- Rule 3: offsets count the item's whole text
+  if offset < 0 then
+    text = drop_chars(text, -offset)
+    offset = 0
   end
   local n = chars(text)
   if offset + n <= entry.chars then

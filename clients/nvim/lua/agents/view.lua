@@ -5,6 +5,9 @@
 --- shows it again. A view owns a `agents.follow` (the subscription) and an
 --- `agents.transcript` (the lines); it renders at most every `RENDER_DELAY_MS`.
 ---
+--- A buffer shown in a window acknowledges what it shows (`agentSession.acknowledge`):
+--- the user has seen it, so status bars stop flagging the session unseen.
+---
 --- The last line carries a status as virtual text (working, approval pending,
 --- reconnecting, session deleted); it is not part of the transcript.
 ---
@@ -23,6 +26,7 @@ local transcript = require('agents.transcript')
 local M = {}
 
 local RENDER_DELAY_MS = 15 -- coalesces a burst of deltas into one redraw
+local ACK_DELAY_MS = 300 -- coalesces acknowledgements of a streaming session into one
 local NAMESPACE = vim.api.nvim_create_namespace('agents')
 
 ---@type table<string, agents.View>
@@ -81,7 +85,8 @@ end
 
 ---@return string|nil
 local function key_hint()
-  local keys = describe_keys({ 'accept', 'decline', 'choose', 'send', 'interrupt', 'close' })
+  local keys =
+    describe_keys({ 'accept', 'decline', 'choose', 'send', 'prompt', 'diff', 'interrupt', 'close' })
   return keys and ('keys: ' .. keys)
 end
 
@@ -194,6 +199,8 @@ local ACTIONS = {
   send = { 'Send a prompt', 'prompt_send' },
   interrupt = { 'Interrupt the turn', 'interrupt' },
   close = { 'Close the window', 'close_window' },
+  diff = { 'Review the edit in a diff', 'review_diff' },
+  prompt = { 'Open the prompt buffer', 'open_prompt' },
 }
 
 ---@param buf integer
@@ -230,6 +237,7 @@ function View:show(how)
   vim.wo.wrap = true
   vim.wo.linebreak = true
   self:follow_cursor(vim.api.nvim_get_current_win())
+  self:acknowledge()
 end
 
 function View:close_window()
@@ -280,6 +288,35 @@ function View:render()
     end
   end
   self:render_status()
+  self:acknowledge()
+end
+
+--- The user sees what a window shows: record it (`agentSession.acknowledge`, up to
+--- the last event shown), so the session is not flagged unseen for what they saw.
+--- A hidden buffer acknowledges nothing. At most one request per `ACK_DELAY_MS`.
+function View:acknowledge()
+  local seq = self.follow and self.follow.last_seq or 0
+  if self.ended or self.ack_pending or seq <= (self.acked_seq or 0) then
+    return
+  end
+  if #vim.fn.win_findbuf(self.buf) == 0 then
+    return
+  end
+  self.ack_pending = true
+  vim.defer_fn(function()
+    self.ack_pending = false
+    local upto = self.follow and self.follow.last_seq or seq
+    if self.ended or #vim.fn.win_findbuf(self.buf) == 0 then
+      return
+    end
+    self.acked_seq = upto
+    local params = { sessionId = self.session_id, seq = upto }
+    require('agents').client():request('agentSession.acknowledge', params, function(err)
+      if err then
+        self.acked_seq = 0 -- say it again with the next render
+      end
+    end)
+  end, ACK_DELAY_MS)
 end
 
 --- One line saying what the session is doing now.
@@ -382,6 +419,50 @@ function View:choose()
       require('agents').respond(self.session_id, entry.approval_id, choice)
     end
   end)
+end
+
+--- Review the edit of the tool entry under the cursor: a new tab with its old and
+--- new text side by side in diff mode (scratch buffers; the file is not touched).
+--- An item with several edits shows them one after another in both buffers.
+---@return boolean shown
+function View:review_diff()
+  local line = vim.api.nvim_win_get_cursor(0)[1] - 1
+  local entry = self.transcript:entry_at(line)
+  local edits = entry and entry.kind == 'tool' and require('agents.render').edits(entry.body)
+    or {}
+  if #edits == 0 then
+    vim.notify('agents: no edit under the cursor', vim.log.levels.INFO)
+    return false
+  end
+  local old, new, paths = {}, {}, {}
+  for _, e in ipairs(edits) do
+    -- A file's last newline ends its last line; it is not a line of its own.
+    vim.list_extend(old, vim.split((e.old or ''):gsub('\n$', ''), '\n', { plain = true }))
+    vim.list_extend(new, vim.split((e.new:gsub('\n$', '')), '\n', { plain = true }))
+    paths[e.path] = true
+  end
+  local name = table.concat(vim.tbl_keys(paths), ', ')
+  local item = tostring(entry.body.itemId or entry.index)
+  vim.cmd('tabnew')
+  local function side(lines, label)
+    local buf = vim.api.nvim_get_current_buf()
+    vim.bo[buf].buftype = 'nofile'
+    vim.bo[buf].bufhidden = 'wipe'
+    vim.bo[buf].swapfile = false
+    vim.api.nvim_buf_set_lines(buf, 0, -1, false, lines)
+    vim.bo[buf].modifiable = false
+    pcall(vim.api.nvim_buf_set_name, buf, 'agents-diff://' .. item .. '/' .. label)
+    vim.b[buf].agents_diff_path = name
+    vim.cmd('diffthis')
+  end
+  side(old, 'before')
+  vim.cmd('vertical rightbelow new')
+  side(new, 'after')
+  return true
+end
+
+function View:open_prompt()
+  require('agents.prompt').open(self.session_id)
 end
 
 function View:prompt_send()

@@ -291,6 +291,15 @@ function M.stub_select(choose)
   end
 end
 
+--- The items the stubbed vim.ui.select showed, once a picker showed them (pickers
+--- that ask the daemon first show them later).
+function M.wait_selected(timeout_ms)
+  wait(timeout_ms, function()
+    return M.selected ~= nil
+  end, 'a picker')
+  return M.selected
+end
+
 --- Replace vim.ui.input: answer with `text`.
 function M.stub_input(text)
   vim.ui.input = function(_, on_confirm)
@@ -311,6 +320,120 @@ function M.globals()
   end
   table.sort(names)
   return names
+end
+
+--- Command-line completions of `line` (as typed after ':').
+function M.completions(line)
+  return vim.fn.getcompletion(line, 'cmdline')
+end
+
+--- Names of listed or unlisted buffers starting with `prefix`.
+function M.buffers_named(prefix)
+  local out = {}
+  for _, buf in ipairs(vim.api.nvim_list_bufs()) do
+    local name = vim.api.nvim_buf_get_name(buf)
+    if vim.startswith(name, prefix) then
+      table.insert(out, name)
+    end
+  end
+  return out
+end
+
+--- Open a file buffer with `lines` (written to `path`) and make it current.
+function M.edit_file(path, lines)
+  vim.fn.writefile(lines, path)
+  vim.cmd('edit ' .. vim.fn.fnameescape(path))
+  return vim.api.nvim_get_current_buf()
+end
+
+--- Fill the current buffer (a prompt buffer) with `lines`.
+function M.set_lines(lines)
+  vim.api.nvim_buf_set_lines(0, 0, -1, false, lines)
+end
+
+function M.current_lines()
+  return vim.api.nvim_buf_get_lines(0, 0, -1, false)
+end
+
+--- Put the cursor of the session's window on the first line containing `text`, and
+--- type `keys` there (normal mode, buffer-local mappings apply).
+function M.press_on(session_id, text, keys)
+  local v = view(session_id)
+  v:show('current')
+  for i, line in ipairs(vim.api.nvim_buf_get_lines(v.buf, 0, -1, false)) do
+    if line:find(text, 1, true) then
+      vim.api.nvim_win_set_cursor(0, { i, 0 })
+      vim.cmd('normal ' .. keys)
+      return i
+    end
+  end
+  error('no line contains ' .. text .. ':\n' .. table.concat(M.lines(session_id), '\n'), 0)
+end
+
+--- The windows of the current tab: each one's buffer name, lines and 'diff'.
+function M.tab_windows()
+  local out = {}
+  for _, win in ipairs(vim.api.nvim_tabpage_list_wins(0)) do
+    local buf = vim.api.nvim_win_get_buf(win)
+    table.insert(out, {
+      name = vim.api.nvim_buf_get_name(buf),
+      lines = vim.api.nvim_buf_get_lines(buf, 0, -1, false),
+      diff = vim.wo[win].diff,
+    })
+  end
+  return out
+end
+
+--- The statusline component, once `predicate(text)` holds for it (a Lua pattern
+--- it must match), else a timeout.
+function M.wait_statusline(pattern, timeout_ms)
+  local text
+  wait(timeout_ms, function()
+    text = require('agents').statusline()
+    return text:find(pattern) ~= nil
+  end, 'a statusline matching ' .. pattern)
+  return text
+end
+
+--- Wait until an agent message of the session has shown some of its text while
+--- its turn still runs.
+function M.wait_streaming(session_id, timeout_ms)
+  wait(timeout_ms, function()
+    local t = view(session_id).transcript
+    for _, entry in ipairs(t.entries) do
+      if entry.kind == 'message' and not entry.completed and entry.chars > 0 then
+        return t.turn_running
+      end
+    end
+    return false
+  end, 'a reply streaming', session_id)
+end
+
+--- Wait until the status summary of `session_id` shows a completed turn and says
+--- `unseen` is `want`.
+function M.wait_unseen(session_id, want, timeout_ms)
+  wait(timeout_ms, function()
+    require('agents').statusline() -- starts the watch
+    local summary = require('agents.status').sessions[session_id]
+    return summary ~= nil and summary.outcome == 'completed' and summary.unseen == want
+  end, 'unseen = ' .. tostring(want) .. ' for ' .. session_id, session_id)
+end
+
+--- Wait until the current buffer shows session `session_id`.
+function M.wait_current_session(session_id, timeout_ms)
+  wait(timeout_ms, function()
+    return vim.b.agents_session_id == session_id
+  end, 'the buffer of ' .. session_id, session_id)
+end
+
+--- The line index (1-based) of the first line equal to `line`, or nil.
+function M.line_index(session_id, line)
+  for i, l in ipairs(M.lines(session_id)) do
+    if l == line then
+      return i
+    end
+  end
+  return nil
 end
 
 return M

@@ -310,6 +310,98 @@ local function transcript_exit_and_supersede()
   }, 'exit and supersede lines')
 end
 
+--- The edits a tool item made, for the diff review (render.edits).
+local function edits_of_tool_items()
+  local edits = require('agents.render').edits
+  eq(
+    edits({
+      type = 'fileChange',
+      changes = {
+        {
+          path = '/w/a.py',
+          kind = 'update',
+          diff = { text = '@@ -2,3 +2,3 @@\n two\n-three\n+THREE\n four\n@@ -9 +9 @@\n-x\n+y\n' },
+        },
+        { path = '/w/new.txt', kind = 'add', diff = { text = 'hello\n' } },
+      },
+    }),
+    {
+      { path = '/w/a.py', old = 'two\nthree\nfour\n...\nx', new = 'two\nTHREE\nfour\n...\ny' },
+      { path = '/w/new.txt', new = 'hello\n' },
+    },
+    'a codex file change'
+  )
+  eq(
+    edits({
+      type = 'toolCall',
+      name = 'Edit',
+      input = { file_path = '/w/b.py', old_string = 'a = 1', new_string = 'a = 2' },
+    }),
+    { { path = '/w/b.py', old = 'a = 1', new = 'a = 2' } },
+    "claude's Edit"
+  )
+  eq(edits({ type = 'toolCall', name = 'Bash', input = { command = 'ls' } }), {}, 'no edit')
+end
+
+--- #buffer and @file mentions become context blocks after the text.
+local function prompt_mentions()
+  local prompt = require('agents.prompt')
+  local dir = vim.fn.tempname()
+  vim.fn.mkdir(dir, 'p')
+  vim.fn.writefile({ 'print(1)' }, dir .. '/a.py')
+  local buf = vim.api.nvim_create_buf(true, false)
+  vim.api.nvim_buf_set_name(buf, dir .. '/b.lua')
+  vim.api.nvim_buf_set_lines(buf, 0, -1, false, { 'local x = 1', 'return x' })
+  local text = prompt.expand('fix @' .. dir .. '/a.py using #buffer, mail me@host', buf)
+  eq(
+    text,
+    'fix '
+      .. dir
+      .. '/a.py using the buffer '
+      .. dir
+      .. '/b.lua, mail me@host\n\n'
+      .. '<context uri="file://'
+      .. dir
+      .. '/b.lua">\nlocal x = 1\nreturn x\n</context>\n\n'
+      .. '<context uri="file://'
+      .. dir
+      .. '/a.py">\nprint(1)\n</context>',
+    'mentions expanded'
+  )
+  eq(prompt.expand('see @no/such/file', buf), 'see @no/such/file', 'a mention of nothing')
+  eq(
+    prompt.selection(buf, 2, 2),
+    '<context uri="file://' .. dir .. '/b.lua" lines="2-2">\nreturn x\n</context>',
+    'a selection'
+  )
+  vim.api.nvim_buf_delete(buf, { force = true })
+  vim.fn.delete(dir, 'rf')
+end
+
+--- A prompt in the middle of a streaming message splits it (transcript Rule 3).
+local function transcript_prompt_mid_turn()
+  local t = transcript.new('s1')
+  t:apply({ seq = 1, kind = 'submission', body = { clientMessageId = 'm1', text = 'first' } })
+  t:apply({ seq = 2, kind = 'item.started', body = { itemId = 'i', type = 'agentMessage' } })
+  t:delta('i', 0, 'Hello ')
+  t:apply({ seq = 3, kind = 'submission', body = { clientMessageId = 'm2', text = 'second' } })
+  t:delta('i', 0, 'Hello wor') -- overlaps what the first entry shows
+  t:delta('i', 9, 'ld')
+  t:apply({ seq = 4, kind = 'item.completed', body = { itemId = 'i', type = 'agentMessage', text = 'Hello world!' } })
+  eq(t:lines(), {
+    'agents session s1',
+    '',
+    '> first',
+    '',
+    'Hello ',
+    '',
+    '> second',
+    '',
+    'world!',
+    '',
+  }, 'the reply after the prompt')
+end
+
 function M.run()
   failures = {}
   for name, fn in pairs({
@@ -320,6 +412,9 @@ function M.run()
     transcript_exit_and_supersede = transcript_exit_and_supersede,
     option_picking = option_picking,
     socket_path = socket_path,
+    edits_of_tool_items = edits_of_tool_items,
+    prompt_mentions = prompt_mentions,
+    transcript_prompt_mid_turn = transcript_prompt_mid_turn,
   }) do
     local ok, err = pcall(fn)
     if not ok then

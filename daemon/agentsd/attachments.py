@@ -1,0 +1,327 @@
+"""The images and file references of a prompt: read within bounds, kept by digest.
+
+Rule 1 (refused before journaled): a prompt's blocks are checked, and its images
+read and kept, before anything of it is journaled; whatever is wrong with one
+(``AttachmentRefused``) leaves the journal as it was.
+
+Rule 2 (the bytes live with the session): an image's bytes are written to
+``<state>/blobs/<session id>/<sha256>`` (0600, in 0700 directories) and fsynced
+before the prompt naming them is journaled; the journal keeps the digest, media
+type, length and source path, never the bytes. The agent gets them from there when
+the prompt is delivered, also after a queue or a daemon restart; a copy that is gone
+or no longer matches its digest makes that delivery ``rejected``, never a different
+image. Deleting the session removes its copies.
+
+Rule 3 (what a path may name): the daemon reads a path as the user, and the
+client asking may be one of its own agents (``agentsd.caller`` lets an agent send to
+its own session). So only a regular file is read (never a FIFO, device, socket or
+directory; opened without blocking), at most ``MAX_IMAGE_BYTES`` of it, and never
+one under ``/proc``, ``/sys`` or ``/dev`` (``/proc/self`` is the daemon's own memory
+and environment), nor one on the file systems of ``/proc`` or ``/sys`` mounted
+elsewhere, nor one under the daemon's private directories. The place is checked on
+the resolved path before opening and again on the opened file's own path, so a
+symlink swapped in between does not lead elsewhere. File references are checked
+the same way but never read: the agent reads them with its own tools.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hashlib
+import os
+import shutil
+import stat
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import attrs
+
+from agentsd.providers.base import FileInput, ImageInput
+from agentsd_protocol.api.conversation import (
+    Attachment,
+    Content,
+    FileBlock,
+    ImageBlock,
+    TextBlock,
+)
+from agentsd_protocol.errors import AttachmentRefused, InvalidParams
+
+# The Anthropic API's bound per image (Codex takes larger ones): one bound for every
+# provider, so a prompt that works with one agent works with the others.
+MAX_IMAGE_BYTES = 5 * 1024 * 1024
+# Base64 of the largest image, with padding: longer inline data is refused undecoded.
+MAX_INLINE_CHARS = 4 * ((MAX_IMAGE_BYTES + 2) // 3)
+MAX_ATTACHMENTS = 16  # images and files per prompt: what a person attaches, not a bulk upload
+FORBIDDEN_ROOTS = ("/proc", "/sys", "/dev")  # kernel and device files: never the user's data
+
+_MAGIC: tuple[tuple[bytes, int, str], ...] = (
+    (b"\x89PNG\r\n\x1a\n", 0, "image/png"),
+    (b"\xff\xd8\xff", 0, "image/jpeg"),
+    (b"GIF87a", 0, "image/gif"),
+    (b"GIF89a", 0, "image/gif"),
+)
+
+
+@attrs.frozen
+class Prepared:
+    """A prompt ready to journal: its ``text``, what the journal keeps of its
+    images and files (``attachments``, in order) and the images' bytes by digest."""
+
+    text: str
+    attachments: list[Attachment]
+    images: dict[str, bytes]
+
+
+def block_types(content: Sequence[Content]) -> set[str]:
+    """The types of a prompt's blocks other than text."""
+    return {str(type(block).__struct_config__.tag) for block in content} - {"text"}
+
+
+def sniff(data: bytes) -> str | None:
+    """The image type of ``data`` from its first bytes, or None if not one we know."""
+    for magic, offset, media_type in _MAGIC:
+        if data[offset : offset + len(magic)] == magic:
+            return media_type
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return None
+
+
+def prepare(text: str, content: Sequence[Content], cwd: str, private: Iterable[Path]) -> Prepared:
+    """Check and read a prompt's blocks (Rules 1 and 3); relative paths are taken
+    from ``cwd``. Blocking: run in a worker thread. Raises ``AttachmentRefused``."""
+    texts = [text] if text else []
+    attachments: list[Attachment] = []
+    images: dict[str, bytes] = {}
+    private_roots = [os.path.realpath(p) for p in private]
+    if sum(not isinstance(b, TextBlock) for b in content) > MAX_ATTACHMENTS:
+        raise AttachmentRefused(
+            f"a prompt takes at most {MAX_ATTACHMENTS} images and files",
+            reason="too_many",
+            limit=MAX_ATTACHMENTS,
+        )
+    for block in content:
+        match block:
+            case TextBlock():
+                if block.text:
+                    texts.append(block.text)
+            case ImageBlock():
+                attachment, data = _image(block, cwd, private_roots)
+                attachments.append(attachment)
+                images[attachment.sha256 or ""] = data
+            case FileBlock():
+                attachments.append(_file(block.path, cwd, private_roots))
+    return Prepared(text="\n\n".join(texts), attachments=attachments, images=images)
+
+
+def _image(block: ImageBlock, cwd: str, private: list[str]) -> tuple[Attachment, bytes]:
+    if (block.path is None) == (block.data is None):
+        raise InvalidParams("Invalid params: an image block takes either path or data")
+    path = None
+    if block.path is not None:
+        path = _absolute(block.path, cwd)
+        data = _read_bounded(path, private)
+    else:
+        data = _decode(block.data or "", block.media_type)
+    media_type = sniff(data)
+    if media_type is None:
+        where = path or "the inline data"
+        raise AttachmentRefused(
+            f"{where} is not a PNG, JPEG, GIF or WebP image", reason="not_an_image", path=path
+        )
+    if block.media_type is not None and block.media_type != media_type:
+        raise AttachmentRefused(
+            f"the image is {media_type}, not {block.media_type}", reason="not_an_image", path=path
+        )
+    attachment = Attachment(
+        type="image",
+        sha256=hashlib.sha256(data).hexdigest(),
+        byte_length=len(data),
+        media_type=media_type,
+        path=path,
+    )
+    return attachment, data
+
+
+def _decode(data: str, media_type: str | None) -> bytes:
+    if media_type is None:
+        raise InvalidParams("Invalid params: inline image data needs its mediaType")
+    if len(data) > MAX_INLINE_CHARS:
+        raise _too_large("the inline image")
+    try:
+        decoded = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise AttachmentRefused(
+            "the inline image data is not base64", reason="bad_base64"
+        ) from None
+    if len(decoded) > MAX_IMAGE_BYTES:
+        raise _too_large("the inline image")
+    return decoded
+
+
+def _too_large(what: str) -> AttachmentRefused:
+    return AttachmentRefused(
+        f"{what} is larger than {MAX_IMAGE_BYTES} bytes", reason="too_large", limit=MAX_IMAGE_BYTES
+    )
+
+
+def _absolute(path: str, cwd: str) -> str:
+    if not path or "\0" in path:
+        raise InvalidParams("Invalid params: a path must be non-empty and without NUL")
+    return os.path.normpath(os.path.join(cwd, path))
+
+
+def _check_place(real: str, shown: str, private: list[str]) -> None:
+    """Refuse a resolved path under the kernel's trees or the daemon's own (Rule 3)."""
+    for root in (*FORBIDDEN_ROOTS, *private):
+        if real == root or real.startswith(root.rstrip("/") + "/"):
+            raise AttachmentRefused(
+                f"{shown} resolves into {root}, which the daemon does not read for a prompt",
+                reason="forbidden_path",
+                path=shown,
+            )
+
+
+def _kernel_devices() -> set[int]:
+    """The devices of the kernel's own file systems (``/proc``, ``/sys``), wherever
+    else they are mounted."""
+    devices = set()
+    for root in ("/proc", "/sys"):
+        with contextlib.suppress(OSError):
+            devices.add(os.stat(root).st_dev)
+    return devices
+
+
+def _read_bounded(path: str, private: list[str]) -> bytes:
+    """At most ``MAX_IMAGE_BYTES`` of the regular file ``path`` (Rule 3)."""
+    _check_place(os.path.realpath(path), path, private)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(os.path.realpath(path), flags | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise AttachmentRefused(f"{path} does not exist", reason="not_found", path=path) from None
+    except OSError as exc:
+        raise AttachmentRefused(
+            f"{path} cannot be read: {exc.strerror}", reason="unreadable", path=path
+        ) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise AttachmentRefused(
+                f"{path} is not a regular file", reason="not_regular", path=path
+            )
+        if st.st_dev in _kernel_devices():  # /proc or /sys mounted elsewhere too
+            raise AttachmentRefused(
+                f"{path} is a kernel file, which the daemon does not read for a prompt",
+                reason="forbidden_path",
+                path=path,
+            )
+        try:
+            opened = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            opened = None  # no /proc: the check before opening stands alone
+        if opened is not None:
+            _check_place(opened, path, private)
+        if st.st_size > MAX_IMAGE_BYTES:
+            raise _too_large(path)
+        chunks = []
+        left = MAX_IMAGE_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    except OSError as exc:
+        raise AttachmentRefused(
+            f"{path} cannot be read: {exc.strerror}", reason="unreadable", path=path
+        ) from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_IMAGE_BYTES:  # it grew after the fstat
+        raise _too_large(path)
+    return data
+
+
+def _file(path: str, cwd: str, private: list[str]) -> Attachment:
+    shown = _absolute(path, cwd)
+    real = os.path.realpath(shown)
+    _check_place(real, shown, private)
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        raise AttachmentRefused(f"{shown} does not exist", reason="not_found", path=shown) from None
+    except OSError as exc:
+        raise AttachmentRefused(
+            f"{shown} cannot be used: {exc.strerror}", reason="unreadable", path=shown
+        ) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise AttachmentRefused(f"{shown} is not a regular file", reason="not_regular", path=shown)
+    return Attachment(type="file", byte_length=st.st_size, path=shown)
+
+
+class BlobStore:
+    """The sessions' copies of their prompts' images (Rule 2). Blocking methods:
+    run them in a worker thread."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _dir(self, session_id: str) -> Path:
+        return self.root / session_id
+
+    def keep(self, session_id: str, images: dict[str, bytes]) -> None:
+        """Write each image under its digest, durably, unless already kept."""
+        if not images:
+            return
+        directory = self._dir(session_id)
+        self.root.mkdir(mode=0o700, exist_ok=True)
+        directory.mkdir(mode=0o700, exist_ok=True)
+        for digest, data in images.items():
+            target = directory / digest
+            if target.exists():
+                continue
+            temp = directory / f".{digest}.{os.getpid()}.tmp"
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temp, target)
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def inputs(
+        self, session_id: str, attachments: Sequence[Attachment]
+    ) -> tuple[ImageInput | FileInput, ...]:
+        """What the agent gets for ``attachments``: images read back and checked
+        against their digests. Raises ``AttachmentRefused`` when a copy is gone."""
+        out: list[ImageInput | FileInput] = []
+        for attachment in attachments:
+            if attachment.type == "file":
+                out.append(FileInput(path=attachment.path or ""))
+                continue
+            digest = attachment.sha256 or ""
+            try:
+                data = (self._dir(session_id) / digest).read_bytes()
+            except OSError:
+                data = b""
+            if hashlib.sha256(data).hexdigest() != digest:
+                raise AttachmentRefused(
+                    f"the daemon's copy of image {digest[:12]} is gone or damaged",
+                    reason="not_found",
+                )
+            out.append(ImageInput(media_type=attachment.media_type or "", data=data))
+        return tuple(out)
+
+    def drop(self, session_id: str) -> None:
+        shutil.rmtree(self._dir(session_id), ignore_errors=True)

@@ -1,0 +1,507 @@
+"""Spawning an agent straight into its cgroup (``CLONE_INTO_CGROUP``): no shim, no wait.
+
+Moving a process into a cgroup (a write to ``cgroup.procs``) takes the kernel's
+``cgroup_threadgroup_rwsem`` for writing, which waits for an RCU grace period (about
+14 ms here) unless another move went just before: the cost of `agentsd.child`'s
+shell shim. A process *created* in its cgroup (clone3 with ``CLONE_INTO_CGROUP``,
+Linux 5.7) takes that lock only for reading and waits for nothing. Python has no
+clone3, and a raw clone from the daemon, a threaded process, would run interpreter
+code in a child whose other threads' locks may be held for ever. So
+single-threaded helper processes do the clones: the fork servers.
+
+Rule 1: the fork server is a ``python -I -S`` of the daemon's own interpreter, a
+child of the daemon in its own session, that runs `SERVER` and nothing else: it
+never execs. `SERVERS` of them per trio run (a spawn goes to an idle one, so a
+burst's spawns overlap), started at the first spawn into a cgroup, ended when the
+run ends (a system task owns each). A server holds nothing between requests and
+sits in the daemon's cgroup, not in any session's: there is nothing of it for
+recovery to end (it exits with the daemon, Rule 3).
+
+Rule 2: per request (argv, environment, cwd, executable candidates as NUL-separated
+bytes; the session cgroup's directory, the child's stdin, stdout and stderr and a
+report pipe as ``SCM_RIGHTS`` fds) it clones with ``CLONE_INTO_CGROUP |
+CLONE_PARENT | CLONE_VFORK``: the child is born in the session's cgroup, so nothing
+of it ever runs outside, and is the daemon's own child (its parent is the server's
+parent), which the daemon reaps as any `subprocess.Popen` child; its pid and start
+time are the agent's. The child does what `subprocess.Popen` would (``setsid``,
+the three fds, other fds closed, SIGPIPE and SIGXFSZ to default, ``chdir``, exec
+along ``PATH``) and reports a failure through the close-on-exec report pipe. The
+server resumes once the child exec'd or exited (``CLONE_VFORK``) and replies with
+its pid: one wake-up of the daemon's spawning thread, as for a vfork of its own.
+
+Rule 3: its request socket is one end of a socketpair: nothing but the daemon can
+send it a request (an agent cannot open a socket through ``/proc/PID/fd``), and it
+exits at end of file, so a dead daemon leaves no fork server behind. The clone in
+the server is a raw syscall in a single-threaded process, done holding the GIL, the
+child execs at once: no lock of another thread can be held in it.
+
+Rule 4: if no server can be started, or every one died, failed to clone (a seccomp
+policy refusing clone3: ENOSYS) or failed to answer within
+`REPLY_TIMEOUT_S` (an agent of the same uid can signal them), `spawn_into` says so
+(None before anything was cloned) and `agentsd.child` falls back to its shim; a
+server that failed is not restarted in that run. A server stopped mid-request
+(SIGSTOP) makes that one spawn fail after `REPLY_TIMEOUT_S`; its cgroup is
+killed (a child cloned then, whose pid the daemon never learned, is left a zombie
+of the daemon's until it exits).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import trio
+
+from agentsd.cgroup import SessionCgroup
+
+__all__ = [
+    "SERVER",
+    "ForkServer",
+    "ServerGone",
+    "SpawnerFailed",
+    "fork_server",
+    "fork_servers",
+    "spawn_into",
+    "use_fork_server",
+]
+
+log = logging.getLogger(__name__)
+
+READY = b"R"
+REPLY = struct.Struct("=ii")  # the clone's pid (or -1) and errno
+REPORT = struct.Struct("=ii")  # from a child that could not exec: step, errno
+HEADER = struct.Struct("=I")  # payload length
+REPLY_TIMEOUT_S = 10.0  # a clone and an exec; far longer only if the server is stopped
+START_TIMEOUT_S = 30.0  # an interpreter's start on a loaded machine
+STEP_CHDIR, STEP_EXEC = 1, 2
+
+# The fork server (Rule 1-3): argv[1] is its socket's fd. Kept small and without
+# imports beyond what clone3 needs; the child path runs only os calls, then execs.
+SERVER = r"""
+import ctypes, os, signal, socket, struct, sys
+fd = int(sys.argv[1])
+os.set_inheritable(fd, False)
+sock = socket.socket(fileno=fd)
+libc = ctypes.PyDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+SYS_clone3 = 435  # the same number on every architecture (the generic table)
+FLAGS = 0x200000000 | 0x8000 | 0x4000  # CLONE_INTO_CGROUP | CLONE_PARENT | CLONE_VFORK
+MAXFD = os.sysconf("SC_OPEN_MAX")
+REPLY = struct.Struct("=ii")
+sock.sendall(b"R")
+
+def recv_exact(n, first=b""):
+    data = bytearray(first)
+    while len(data) < n:
+        part = sock.recv(n - len(data))
+        if not part:
+            os._exit(0)
+        data += part
+    return bytes(data)
+
+def parse(fields):
+    n_exec = int(fields[1])
+    execs = fields[2 : 2 + n_exec]
+    n_argv = int(fields[2 + n_exec])
+    argv = fields[3 + n_exec : 3 + n_exec + n_argv]
+    env = dict(item.split(b"=", 1) for item in fields[3 + n_exec + n_argv :])
+    return fields[0], execs, argv, env
+
+def child(fds, job):  # between clone and exec: as little as can be
+    cwd, execs, argv, env = job
+    report = fds[4]
+    step = 1
+    try:
+        os.setsid()
+        for target, source in ((0, fds[1]), (1, fds[2]), (2, fds[3])):
+            os.dup2(source, target)
+        os.closerange(3, report)
+        os.closerange(report + 1, MAXFD)
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)
+        os.chdir(cwd)
+        step = 2
+        first, last = 0, 2
+        for exe in execs:
+            try:
+                os.execve(exe, argv, env)
+            except OSError as exc:
+                if not first and exc.errno not in (2, 20):
+                    first = exc.errno
+                last = exc.errno
+        err = first or last
+    except OSError as exc:
+        err = exc.errno or 5
+    except BaseException:
+        err = 5
+    try:
+        os.write(report, struct.pack("=ii", step, err))
+    finally:
+        os._exit(127)
+
+while True:
+    head, ancillary, _flags, _addr = sock.recvmsg(4, socket.CMSG_SPACE(5 * 4), socket.MSG_CMSG_CLOEXEC)
+    if not head:
+        os._exit(0)
+    fds = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.extend(struct.unpack(f"={len(data) // 4}i", data[: len(data) - len(data) % 4]))
+    (length,) = struct.unpack("=I", recv_exact(4, head))
+    job = parse(recv_exact(length).split(b"\0")[:-1])
+    if len(fds) != 5:  # the daemon always sends five: cgroup, stdin, stdout, stderr, report
+        os._exit(1)
+    args = struct.pack("=11Q", FLAGS, 0, 0, 0, 0, 0, 0, 0, 0, 0, fds[0])
+    buf = ctypes.create_string_buffer(args, len(args))
+    pid = libc.syscall(ctypes.c_long(SYS_clone3), buf, ctypes.c_size_t(len(args)))
+    if pid == 0:
+        child(fds, job)
+    err = ctypes.get_errno() if pid < 0 else 0
+    for fd_ in fds:
+        os.close(fd_)
+    sock.sendall(REPLY.pack(pid, err))
+"""
+
+
+class SpawnerFailed(OSError):
+    """The fork server failed; whether a child was cloned is unknown."""
+
+
+class ServerGone(OSError):
+    """The fork server failed before it could read the request: nothing was cloned."""
+
+
+class ForkServer:
+    """The running fork server of a trio run (Rule 1). Its requests are made from
+    worker threads, one at a time."""
+
+    def __init__(self, process: subprocess.Popen[bytes], sock: socket.socket) -> None:
+        self.process = process
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.broken = False
+        self.served = 0  # children it cloned and that exec'd
+
+    @classmethod
+    def start(cls) -> ForkServer:
+        """Start one and wait until it is ready. Raises OSError."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", SERVER, str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,  # no terminal's signals
+                close_fds=True,
+                env={},
+                cwd="/",
+            )
+        finally:
+            theirs.close()
+        server = cls(process, ours)
+        ours.settimeout(START_TIMEOUT_S)
+        try:
+            if ours.recv(1) != READY:
+                raise OSError("the fork server did not start")
+        except OSError:
+            server.close()
+            raise
+        return server
+
+    def clone(
+        self,
+        cgroup_fd: int,
+        stdio: tuple[int, int, int],
+        payload: bytes,
+    ) -> tuple[int, int, int]:
+        """One request: (pid, errno, step), errno 0 once the child exec'd, else
+        the step that failed (it exited; the caller reaps it). Raises `ServerGone`
+        if the server could not have read the request (nothing cloned),
+        `SpawnerFailed` if it broke after it may have; `ServerGone` too if clone3
+        failed (and the server is broken from then on).
+
+        The server replies once the child exec'd or exited (Rule 2); whether it
+        exec'd is learned here, from the close-on-exec report pipe, as
+        `subprocess.Popen` does."""
+        report_read, report_write = os.pipe()
+        try:
+            with self.lock:
+                pid, err = self._request(cgroup_fd, (*stdio, report_write), payload)
+            os.close(report_write)
+            report_write = -1
+            if pid < 0:
+                # Nothing was cloned. A container's seccomp policy may refuse clone3
+                # (ENOSYS), which no retry mends: this server is done, the shim
+                # serves (Rule 4).
+                with self.lock:
+                    self._break()
+                raise ServerGone(err, f"clone3: {os.strerror(err)}")
+            got = b""
+            while part := os.read(report_read, REPORT.size):
+                got += part
+        finally:
+            os.close(report_read)
+            if report_write >= 0:
+                os.close(report_write)
+        if len(got) < REPORT.size:
+            self.served += 1
+            return pid, 0, 0
+        step, err = REPORT.unpack(got[: REPORT.size])
+        return pid, err, step
+
+    def _request(self, cgroup_fd: int, fds: tuple[int, ...], payload: bytes) -> tuple[int, int]:
+        if self.broken:
+            raise ServerGone("the fork server failed before")
+        self.sock.settimeout(REPLY_TIMEOUT_S)
+        rights = struct.pack(f"={1 + len(fds)}i", cgroup_fd, *fds)
+        try:
+            header = HEADER.pack(len(payload))
+            self.sock.sendmsg([header], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+        except OSError as exc:
+            self._break()
+            raise ServerGone(f"the fork server is gone: {exc}") from exc
+        try:
+            self.sock.sendall(payload)
+            reply = b""
+            while len(reply) < REPLY.size:
+                part = self.sock.recv(REPLY.size - len(reply))
+                if not part:
+                    raise SpawnerFailed("the fork server exited")
+                reply += part
+        except OSError as exc:
+            self._break()
+            raise SpawnerFailed(f"the fork server failed: {exc}") from exc
+        pid, err = REPLY.unpack(reply)
+        return pid, err
+
+    def _break(self) -> None:
+        self.broken = True
+        if self.process.returncode is None:
+            # Unreaped: the pid is still ours to signal.
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGKILL)
+
+    def close(self) -> None:
+        """End it (end of file, then SIGKILL if it lingers) and reap it."""
+        self.sock.close()
+        try:
+            self.process.wait(timeout=START_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+SERVERS = 2  # fork servers per run: the spawns of a burst overlap (one per core here)
+
+_SERVERS: trio.lowlevel.RunVar[list[ForkServer]] = trio.lowlevel.RunVar("agentsd_fork_servers")
+_ENABLED: trio.lowlevel.RunVar[bool] = trio.lowlevel.RunVar("agentsd_fork_server_on", default=True)
+_STARTING: trio.lowlevel.RunVar[trio.Lock] = trio.lowlevel.RunVar("agentsd_fork_server_lock")
+
+
+def use_fork_server(enabled: bool) -> None:
+    """Whether this run's spawns into a cgroup go through the fork servers (the
+    default) or the shell shim of `agentsd.child`: ``bench_spawn`` compares them."""
+    _ENABLED.set(enabled)
+
+
+async def fork_servers() -> list[ForkServer]:
+    """This run's `SERVERS` fork servers, started on first use; those that could
+    start (none: the shim, Rule 4)."""
+    try:
+        return _SERVERS.get()
+    except LookupError:
+        pass
+    try:
+        lock = _STARTING.get()
+    except LookupError:
+        lock = trio.Lock()
+        _STARTING.set(lock)
+    async with lock:
+        try:
+            return _SERVERS.get()
+        except LookupError:
+            pass
+        servers: list[ForkServer] = []
+        for _ in range(SERVERS):
+            try:
+                server = await trio.to_thread.run_sync(ForkServer.start)
+            except OSError as exc:
+                log.warning("a fork server could not start: %s", exc)
+                continue
+            servers.append(server)
+            trio.lowlevel.spawn_system_task(_own, server, name="agentsd fork server")
+        if not servers:
+            log.warning("no fork server: spawns into cgroups use the shell shim")
+        _SERVERS.set(servers)
+        return servers
+
+
+async def fork_server() -> ForkServer | None:
+    """The first of this run's fork servers (see `fork_servers`), or None."""
+    servers = await fork_servers()
+    return servers[0] if servers else None
+
+
+def _pick(servers: list[ForkServer]) -> ForkServer | None:
+    """An idle working server if there is one, else the first working one."""
+    working = [server for server in servers if not server.broken]
+    for server in working:
+        if not server.lock.locked():
+            return server
+    return working[0] if working else None
+
+
+async def _own(server: ForkServer) -> None:
+    """Hold the fork server until the run ends, then end and reap it."""
+    try:
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True):
+            try:
+                await trio.to_thread.run_sync(server.close)
+            except OSError as exc:
+                log.warning("could not end the fork server: %s", exc)
+
+
+class _ClonedPopen(subprocess.Popen[bytes]):
+    """A `subprocess.Popen` whose child the fork server clones into a cgroup."""
+
+    def __init__(self, server: ForkServer, cgroup: SessionCgroup, *args: Any, **kw: Any) -> None:
+        self._server = server
+        self._cgroup = cgroup
+        super().__init__(*args, **kw)
+
+    def _execute_child(  # CPython's private hook
+        self,
+        args: Sequence[str],
+        executable: str | None,
+        preexec_fn: object,
+        close_fds: bool,
+        pass_fds: Sequence[int],
+        cwd: str,
+        env: Mapping[str, str],
+        startupinfo: object,
+        creationflags: int,
+        shell: bool,
+        p2cread: int,
+        p2cwrite: int,
+        c2pread: int,
+        c2pwrite: int,
+        errread: int,
+        errwrite: int,
+        *rest: object,
+    ) -> None:
+        program = args[0] if executable is None else executable
+        payload = _payload(program, list(args), cwd, env)
+        if min(p2cread, c2pwrite, errwrite) < 0:
+            raise ValueError("the fork server needs the child's stdin, stdout and stderr")
+        cgroup_fd = os.open(self._cgroup.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            pid, err, step = self._server.clone(cgroup_fd, (p2cread, c2pwrite, errwrite), payload)
+        finally:
+            os.close(cgroup_fd)
+        if err:
+            os.waitpid(pid, 0)  # our child (CLONE_PARENT); it exited 127
+            filename = cwd if step == STEP_CHDIR else program
+            raise OSError(err, os.strerror(err), filename)
+        self.pid = pid
+        self._child_created = True
+        self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)  # type: ignore[attr-defined]
+
+
+def _payload(program: str, argv: list[str], cwd: str, env: Mapping[str, str]) -> bytes:
+    """The request's fields, NUL-terminated: what `subprocess.Popen` would pass to
+    exec, byte for byte (its checks included)."""
+    encoded_env = []
+    for key, value in env.items():
+        k = os.fsencode(key)
+        if b"=" in k:
+            raise ValueError("illegal environment variable name")
+        encoded_env.append(k + b"=" + os.fsencode(value))
+    exe = os.fsencode(program)
+    if os.path.dirname(exe):
+        execs = [exe]
+    else:
+        execs = [os.path.join(os.fsencode(d), exe) for d in os.get_exec_path(dict(env))]
+    fields = [
+        os.fsencode(cwd),
+        str(len(execs)).encode(),
+        *execs,
+        str(len(argv)).encode(),
+        *(os.fsencode(a) for a in argv),
+        *encoded_env,
+    ]
+    if any(b"\0" in f for f in fields):
+        raise ValueError("embedded null byte")
+    return b"".join(f + b"\0" for f in fields)
+
+
+async def spawn_into(
+    cgroup: SessionCgroup,
+    argv: list[str],
+    *,
+    cwd: str,
+    env: Mapping[str, str],
+    stderr: int | None,
+    prepare: Callable[[], None],
+) -> trio.Process | None:
+    """Start ``argv`` born in ``cgroup``, in a session of its own, with piped stdin
+    and stdout and ``stderr`` (None: /dev/null). None if there is no fork server
+    (nothing was started: use the shim). Raises OSError as `subprocess.Popen`
+    would (nothing left running), `SpawnerFailed` if the server broke mid-request
+    (``cgroup`` may then hold a child: the caller kills it). Its worker threads
+    are trio's default ones: the caller may hold a spawn limiter's token.
+    ``prepare`` (making ``cgroup``) runs first, in the thread that spawns."""
+    if not _ENABLED.get():
+        return None
+    server = _pick(await fork_servers())
+    if server is None:
+        return None
+    stdin_read, stdin_write = os.pipe()
+    stdout_read, stdout_write = os.pipe()
+    stdin_stream = trio.lowlevel.FdStream(stdin_write)
+    stdout_stream = trio.lowlevel.FdStream(stdout_read)
+    try:
+        try:
+
+            def start() -> _ClonedPopen:
+                prepare()
+                return _ClonedPopen(
+                    server,
+                    cgroup,
+                    argv,
+                    stdin=stdin_read,
+                    stdout=stdout_write,
+                    stderr=subprocess.DEVNULL if stderr is None else stderr,
+                    cwd=cwd,
+                    env=env,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+
+            popen = await trio.to_thread.run_sync(start)
+        finally:
+            os.close(stdin_read)
+            os.close(stdout_write)
+    except BaseException as exc:
+        await stdin_stream.aclose()
+        await stdout_stream.aclose()
+        if isinstance(exc, ServerGone):
+            return None  # nothing was cloned: the shim instead (Rule 4)
+        raise
+    # trio's constructor is private (trio.lowlevel.open_process makes its own Popen);
+    # its signature is (popen, stdin, stdout, stderr).
+    create: Any = trio.Process._create
+    process: trio.Process = create(popen, stdin_stream, stdout_stream, None)
+    return process

@@ -1,0 +1,323 @@
+"""A third real third-party ACP agent through a real daemon: Gemini CLI
+(``@google/gemini-cli``, pinned in tests/agents/package.json) in its ``--acp`` mode
+against the fake Gemini API of ``fake_gemini``, configured as ``[agents.gemini]``
+(the built-in registry's name, so ``--provider gemini`` is what a user types).
+
+Gemini CLI runs as it does for a user: its launcher relaunches itself as a second
+node process, both with the session's environment, so "no process left" counts both.
+Everything it connects to is the fake (its telemetry, update checks and IDE link are
+off in the settings file ``FakeGemini.gemini_env`` writes).
+
+Gemini CLI's ``session/load`` works only in a later wall-clock minute (UTC) than the
+one its session file was named after: a load within the same minute starts a new
+recording under the same file name, which erases the conversation it was asked to load,
+and fails with "No previous sessions found for this project" (upstream issue
+google-gemini/gemini-cli#28775, open for 0.61.0). The resume test therefore waits for
+the minute to turn before it loads; a user hits the bug only by closing and resuming
+a session within a minute of creating it, and then sees the send rejected with
+``resume_failed`` naming Gemini's error.
+
+Under CI the agent must be installed (``make test`` installs it): a missing one
+fails there, and is skipped only outside CI.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentsctl.client import Client
+from tests.daemon_process import DaemonProcess, make_temp_dir
+from tests.peers import acp_peer
+from tests.peers.acp_peer import acp_daemon, processes_with_env, send
+from tests.peers.conftest import CALL_TIMEOUT_S, TEST_TIMEOUT_S, Deadline, Follower
+from tests.peers.fake_gemini import (
+    FakeGemini,
+    ShellCall,
+    TextReply,
+    contents_texts,
+    function_responses,
+    running_fake_gemini,
+)
+
+VERSION = "0.61.0"
+BINARY = (
+    Path(__file__).parents[1]
+    / "agents"
+    / "node_modules"
+    / f"gemini-cli-{VERSION}"
+    / "bundle"
+    / "gemini.js"
+)
+if not BINARY.exists() and os.environ.get("CI") != "true":
+    pytest.skip(
+        f"Gemini CLI {VERSION} is not installed (make test installs it)", allow_module_level=True
+    )
+COMMAND = [str(BINARY), "--acp"]
+
+
+@pytest.fixture(scope="module")
+def peer_daemon() -> Iterator[DaemonProcess]:
+    base = make_temp_dir()
+    try:
+        with acp_daemon(base, "gemini", COMMAND, {}) as daemon:
+            yield daemon
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeGemini]:
+    with running_fake_gemini() as server:
+        yield server
+
+
+@pytest.fixture
+def gemini_home() -> Iterator[Path]:
+    base = make_temp_dir()
+    try:
+        yield base / "gemini-home"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def gemini_env(fake: FakeGemini, gemini_home: Path) -> dict[str, str]:
+    return fake.gemini_env(gemini_home)
+
+
+def create(client: Client, workdir: Path, env: dict[str, str]) -> dict[str, Any]:
+    return acp_peer.create(client, "gemini", workdir, env)
+
+
+def agent_processes(gemini_home: Path) -> list[int]:
+    return processes_with_env("GEMINI_CLI_HOME", str(gemini_home))
+
+
+def utc_minute() -> str:
+    """The minute Gemini CLI names a session file after."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M")
+
+
+def test_a_turn_streams_text_and_completes(
+    client: Client,
+    peer_daemon: DaemonProcess,
+    fake: FakeGemini,
+    gemini_env: dict[str, str],
+    workdir: Path,
+    deadline: Deadline,
+) -> None:
+    answer = "Hello from the fake Gemini, in several pieces."
+    fake.script(TextReply(answer, chunks=5))
+    session = create(client, workdir, gemini_env)
+    sid = session["sessionId"]
+    assert session["phase"] == "running"
+    assert session["providerHandle"]
+    assert session["child"]["agentVersion"] == VERSION
+    with Follower(peer_daemon, sid, deadline) as follower:
+        turn_id = send(client, sid, "Say hello")["turnId"]
+        done = follower.wait_for("turn.completed")
+        assert done["body"] == {"turnId": turn_id, "outcome": "completed"}
+        message = follower.wait_for("item.completed", lambda b: b["type"] == "agentMessage")
+        assert message["body"]["text"] == answer
+        assert follower.streamed_text(message["body"]["itemId"]) == answer
+        assert len([d for d in follower.deltas if d["itemId"] == message["body"]["itemId"]]) > 1
+        # Gemini CLI offers its slash commands once the session exists.
+        commands = follower.wait_for("commands.updated")["body"]["commands"]
+        assert "memory" in [c["name"] for c in commands]
+    (request,) = fake.requests()
+    assert contents_texts(request.body, "user")[-1] == "Say hello"
+
+
+def test_a_permission_approved_by_one_client_while_another_follows(
+    client: Client,
+    peer_daemon: DaemonProcess,
+    fake: FakeGemini,
+    gemini_env: dict[str, str],
+    workdir: Path,
+    deadline: Deadline,
+) -> None:
+    # ``touch`` is not on Gemini CLI's list of read-only commands: it asks first.
+    fake.script(ShellCall("touch approved.txt"), TextReply("The file is there."))
+    sid = create(client, workdir, gemini_env)["sessionId"]
+    with (
+        Follower(peer_daemon, sid, deadline) as follower,
+        Client(peer_daemon.socket, timeout_s=CALL_TIMEOUT_S) as other,
+    ):
+        send(client, sid, "Make approved.txt")
+        asked = follower.wait_for("approval.requested")["body"]
+        # Gemini CLI's option ids, with their ACP kinds in the detail.
+        assert asked["options"] == ["proceed_always", "proceed_once", "cancel"]
+        assert "proceed_once (allow_once)" in asked["detail"]
+        assert asked["approvalKind"] == "execute"
+        assert not (workdir / "approved.txt").exists()
+        assert client.call("agentSession.get", {"sessionId": sid})["session"]["status"] == (
+            "attention"
+        )
+        other.call(
+            "agentSession.respond",
+            {"sessionId": sid, "approvalId": asked["approvalId"], "decision": "proceed_once"},
+        )
+        ran = follower.wait_for("item.completed", lambda b: b["itemId"] == asked["itemId"])
+        assert ran["body"]["type"] == "toolCall"
+        assert ran["body"]["status"] == "completed"
+        done = follower.wait_for("turn.completed")
+        assert done["body"]["outcome"] == "completed"
+        resolved = follower.wait_for("approval.resolved")["body"]
+        assert resolved["decision"] == "proceed_once" and resolved["by"] == "client"
+    assert (workdir / "approved.txt").exists()
+    _, second = fake.requests()
+    assert [r["name"] for r in function_responses(second.body)] == ["run_shell_command"]
+
+
+def test_a_cancel_mid_turn_ends_it_interrupted_and_nothing_late_is_journaled(
+    client: Client,
+    peer_daemon: DaemonProcess,
+    fake: FakeGemini,
+    gemini_env: dict[str, str],
+    workdir: Path,
+    deadline: Deadline,
+) -> None:
+    fake.script(TextReply("word " * 200, chunks=200, chunk_delay_s=0.05))
+    sid = create(client, workdir, gemini_env)["sessionId"]
+    with Follower(peer_daemon, sid, deadline) as follower:
+        turn_id = send(client, sid, "Talk for a while")["turnId"]
+        follower.wait_for("item.updated", lambda b: "word" in b["text"])
+        assert client.call("agentSession.interrupt", {"sessionId": sid})["interrupted"] is True
+        done = follower.wait_for("turn.completed")
+        assert done["body"] == {"turnId": turn_id, "outcome": "interrupted", "reason": "cancelled"}
+        settled = done["seq"]
+    deadline.poll(
+        lambda: client.call("agentSession.get", {"sessionId": sid})["session"]["status"] == "idle",
+        "the session to be idle",
+    )
+    events = client.call("agentSession.history", {"sessionId": sid, "limit": 1000})["events"]
+    assert [e["kind"] for e in events if e["seq"] > settled] == []
+    streamed = "".join(d["text"] for d in follower.deltas)
+    assert 0 < streamed.count("word") < 200
+
+
+def test_close_then_send_loads_the_session_with_its_history(
+    client: Client,
+    peer_daemon: DaemonProcess,
+    fake: FakeGemini,
+    gemini_env: dict[str, str],
+    gemini_home: Path,
+    workdir: Path,
+) -> None:
+    deadline = Deadline(TEST_TIMEOUT_S + 60)  # up to a minute waiting for the next one
+    fake.script(TextReply("The first answer."), TextReply("The second answer."))
+    session = create(client, workdir, gemini_env)
+    sid, handle = session["sessionId"], session["providerHandle"]
+    with Follower(peer_daemon, sid, deadline) as follower:
+        send(client, sid, "The first question")
+        follower.wait_for("turn.completed")
+        written = utc_minute()  # the session file is named after this minute, or before
+        closed = client.call("agentSession.close", {"sessionId": sid})
+        assert closed["wasRunning"] is True
+        deadline.poll(lambda: not agent_processes(gemini_home), "Gemini CLI to exit")
+        # Gemini CLI's own bug (see the module's docstring): a load in the same
+        # minute erases the session.
+        deadline.poll(lambda: utc_minute() != written, "the next minute", interval_s=0.5)
+        second = send(client, sid, "The second question")
+        follower.wait_for("turn.completed", lambda b: b["turnId"] == second["turnId"])
+        # Gemini CLI offers session/load (not session/resume): the same session again.
+        ready = [e["body"] for e in follower.events if e["kind"] == "child.ready"]
+        assert [r["providerHandle"] for r in ready] == [handle, handle]
+        assert "thread.superseded" not in follower.kinds()
+        texts = [e["body"].get("text") for e in follower.events if e["kind"] == "item.completed"]
+        assert texts.count("The first answer.") == 1
+        # Gemini CLI replays the loaded conversation *after* answering session/load
+        # (ACP wants it before), so the replay reaches the daemon once the next turn
+        # has started and is taken for that turn's first words.
+        assert texts[-1].endswith("The second answer.")
+    last = fake.requests()[-1].body
+    assert "The first question" in contents_texts(last, "user")
+    assert "The first answer." in contents_texts(last, "model")
+    assert contents_texts(last, "user")[-1] == "The second question"
+
+
+def test_a_daemon_killed_mid_turn_leaves_no_agent_and_ends_the_turn(
+    fake: FakeGemini, gemini_env: dict[str, str], gemini_home: Path, workdir: Path
+) -> None:
+    """Recovery's side; loading the session again is the close test's (the same
+    ``session/load``, which here would land in the minute of Gemini's bug)."""
+    deadline = Deadline()
+    base = make_temp_dir()
+    state = base / "state"
+    fake.script(TextReply("word " * 400, chunks=400, chunk_delay_s=0.05))
+    try:
+        with acp_daemon(base, "gemini", COMMAND, {}, state) as daemon:
+            with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
+                sid = create(client, workdir, gemini_env)["sessionId"]
+                with Follower(daemon, sid, deadline) as follower:
+                    turn_id = send(client, sid, "Talk for a long while")["turnId"]
+                    follower.wait_for_delta()
+                    # The launcher and the CLI it relaunched as its child (and
+                    # whatever short-lived helper either runs just now).
+                    assert len(agent_processes(gemini_home)) >= 2
+            daemon.stop(signal.SIGKILL)
+
+        with acp_daemon(base, "gemini", COMMAND, {}, state) as daemon:
+            # Recovery ran before the daemon answered its first ping.
+            assert agent_processes(gemini_home) == []
+            with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
+                info = client.call("agentSession.get", {"sessionId": sid})["session"]
+                assert info["phase"] == "stopped"
+                history = client.call("agentSession.history", {"sessionId": sid, "limit": 1000})
+                ended = [e["body"] for e in history["events"] if e["kind"] == "turn.completed"]
+                assert ended == [
+                    {"turnId": turn_id, "outcome": "interrupted", "reason": "daemon-restart"}
+                ]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_agentsctl_new_with_a_message_runs_a_turn_as_the_readme_says(
+    fake: FakeGemini, gemini_home: Path, workdir: Path
+) -> None:
+    """``agentsctl new --provider gemini --cwd DIR -m TEXT`` against a daemon whose
+    config has the README's ``[agents.gemini]`` table (the command, and the agent's
+    environment in its ``env``)."""
+    deadline = Deadline()
+    base = make_temp_dir()
+    fake.script(TextReply("Fixed it."))
+    try:
+        with acp_daemon(base, "gemini", COMMAND, fake.gemini_env(gemini_home)) as daemon:
+            cli = [sys.executable, "-m", "agentsctl.cli", "--socket", str(daemon.socket)]
+            new = ["new", "--provider", "gemini", "--cwd", str(workdir)]
+            done = subprocess.run(
+                [*cli, *new, "-m", "fix the failing test"],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=CALL_TIMEOUT_S * 2,
+                check=False,
+            )
+            assert done.returncode == 0, done.stderr
+            sid = done.stdout.split()[0]
+            with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
+                info = client.call("agentSession.get", {"sessionId": sid})["session"]
+                assert info["provider"] == "gemini"
+                assert info["cwd"] == str(workdir)
+                with Follower(daemon, sid, deadline) as follower:
+                    follower.wait_for("turn.completed", lambda b: b["outcome"] == "completed")
+                    message = follower.wait_for(
+                        "item.completed", lambda b: b["type"] == "agentMessage"
+                    )
+                    assert message["body"]["text"] == "Fixed it."
+                client.call("agentSession.close", {"sessionId": sid})
+            deadline.poll(lambda: not agent_processes(gemini_home), "Gemini CLI to exit")
+        (request,) = fake.requests()
+        assert contents_texts(request.body, "user")[-1] == "fix the failing test"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
