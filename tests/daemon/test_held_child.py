@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from agentsd import holder_link
+from agentsd.cgroup import CgroupRoot
 from agentsd.child import ChildSpec, ExitProof, new_spawn_token
 from agentsd.config import Ladder
 from agentsd.held_child import HeldChild, HeldExit, open_held_child
@@ -31,6 +32,8 @@ from agentsd.holder_link import (
 )
 from agentsd.leftovers import ChildIdentity, EndOutcome
 from agentsd.procfs import is_same_process, read_proc_info, scan_processes
+from tests.cgroup_root import cgroup_root, unavailable
+from tests.daemon.test_cgroup import ESCAPING
 from tests.daemon.test_child import MOCK_AGENT, QUICK
 from tests.polling import eventually
 
@@ -416,3 +419,96 @@ async def test_a_holder_that_refuses_the_daemon_fails_the_attach(tmp_path: Path)
                 async with open_holder_link(tmp_path):
                     raise AssertionError("never attached")
             nursery.cancel_scope.cancel()
+
+
+async def test_the_exit_watch_hears_the_holders_report_and_stops_when_released(
+    keeper: HolderKeeper, tokens: list[str]
+) -> None:
+    """`HeldChild.watch_exit` is the session task's exit watch for a held agent:
+    called once the holder reported the exit (at once when it already had), and
+    no more once released."""
+    link = await keeper.link()
+    token = new_spawn_token()
+    tokens.append(token)
+    quick = ChildSpec(argv=["/bin/sh", "-c", "read line; exit 3"], cwd="/", env={}, token=token)
+    with trio.fail_after(20):
+        async with open_held_child(quick, QUICK, ignore_identity, lambda _: None, link) as child:
+            heard: list[str] = []
+            release = child.watch_exit(lambda: heard.append("first"))
+            assert heard == []
+            await child.stdin.send_all(b"go\n")
+            assert await child.wait() == 3
+            assert heard == ["first"]
+            release()
+            late = child.watch_exit(lambda: heard.append("late"))  # already exited
+            assert heard == ["first", "late"]
+            late()
+            assert child.agent.on_exit is None
+
+
+@pytest.fixture
+def cgroups() -> Iterator[CgroupRoot]:
+    if unavailable() is not None:
+        pytest.skip(str(unavailable()))
+    with cgroup_root() as path:
+        yield CgroupRoot(path)
+
+
+async def test_a_held_agent_is_born_in_its_cgroup_and_nothing_escapes_its_ladder(
+    keeper: HolderKeeper, tokens: list[str], cgroups: CgroupRoot
+) -> None:
+    """The holder, not a fork server of the daemon, starts it: through the joining
+    shim, so it is in its cgroup at its first instruction and its parent is the
+    holder. A setsid() grandchild with an empty environment does not escape:
+    ``cgroup.kill`` is the last rung, the proof the holder's reap plus ``populated
+    0``, and the cgroup is removed after."""
+    link = await keeper.link()
+    token = new_spawn_token()
+    tokens.append(token)
+    escaping = ChildSpec(
+        argv=[sys.executable, "-c", ESCAPING],
+        cwd="/",
+        env={},
+        token=token,
+        cgroup_root=cgroups,
+        base_env=dict(os.environ),
+    )
+    cgroup = cgroups.for_token(token)
+    exits: list[HeldExit] = []
+    with trio.fail_after(30):
+        async with open_held_child(escaping, QUICK, ignore_identity, exits.append, link) as child:
+            first = b""
+            while first.count(b"\n") < 2:
+                first += await child.stdout.receive_some(4096)
+            assert first.decode().splitlines()[0] == f"0::/{cgroups.path.name}/agent-{token}"
+            info = read_proc_info(child.identity.pid)
+            assert info is not None and info.ppid == link.holder_pid
+            procs = [(pid, read_proc_info(pid)) for pid in cgroup.members()]
+            assert len(procs) == 2  # the agent and its escaped great-grandchild
+    [outcome] = exits
+    assert isinstance(outcome, ExitProof)
+    assert outcome.cgroup_empty and outcome.signal == signal.SIGKILL
+    assert outcome.stragglers_killed == 1
+    assert not any(p is not None and is_same_process(pid, p.start_time) for pid, p in procs)
+    assert not cgroup.path.exists()
+
+
+async def test_a_missing_agent_in_cgroup_mode_fails_and_leaves_no_cgroup(
+    keeper: HolderKeeper, tokens: list[str], cgroups: CgroupRoot
+) -> None:
+    link = await keeper.link()
+    token = new_spawn_token()
+    tokens.append(token)
+    missing = ChildSpec(
+        argv=["no-such-agent-program"],
+        cwd="/",
+        env={"PATH": "/nonexistent"},
+        token=token,
+        cgroup_root=cgroups,
+    )
+    exits: list[HeldExit] = []
+    with pytest.raises(FileNotFoundError):
+        async with open_held_child(missing, QUICK, ignore_identity, exits.append, link):
+            pytest.fail("the body ran")
+    assert exits == []
+    assert cgroups.existing() == []

@@ -15,7 +15,7 @@ import trio
 
 from agentsd.holder_link import socket_path
 from agentsd.procfs import read_proc_info
-from tests.cgroup_root import cgroup_root, unavailable
+from tests.cgroup_root import cgroup_root, daemons_in_cgroup_mode, unavailable
 from tests.daemon_process import running_daemon
 from tests.e2e.test_recovery import KINDS
 from tests.e2e.test_sessions import (
@@ -60,8 +60,9 @@ def _ended(pid: int) -> bool:
 def containment(mode: str) -> Iterator[list[str]]:
     """The daemons' extra arguments for ``mode``: one cgroup root shared by both
     daemons of a test (each ``running_daemon`` would otherwise make its own, and
-    kill what is in it when it ends)."""
-    if mode == "process-group":
+    kill what is in it when it ends). The cgroup pass (``AGENTSD_TEST_CGROUP=1``)
+    runs every daemon in cgroup mode: there both modes share one root."""
+    if mode == "process-group" and not daemons_in_cgroup_mode():
         yield []
         return
     if unavailable() is not None:
