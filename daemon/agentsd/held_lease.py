@@ -101,7 +101,7 @@ class HeldLease:
     stderr_tail: str | None = None  # the end of the agent's stderr, when it failed
     # None until a spawned process was laddered; an EndOutcome when the holder that
     # held it was lost and it was ended by its identity (agentsd.held_child).
-    proof: ChildExit | EndOutcome | None = None
+    proof: Proof = None
     settle_error: RpcError | None = None  # why the settle could not be committed
 
     async def child_spawned(self, identity: ChildIdentity) -> None:
