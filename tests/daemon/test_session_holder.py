@@ -9,11 +9,13 @@ import signal
 from pathlib import Path
 
 import attrs
+import pytest
 import trio
 
 from agentsd.procfs import is_same_process, read_proc_info
 from agentsd.providers.base import Submission
 from agentsd.store.writer import Store
+from agentsd_protocol.errors import AgentExited
 from tests.daemon.test_session_task import (
     _supervisor,
     assert_contiguous,
@@ -119,3 +121,47 @@ async def test_a_killed_holder_ends_its_agents_and_their_sessions_settle(
             fresh = await sup.holder.link()
             assert fresh.holder_pid != link.holder_pid
             assert sessions[0].info().phase == "running"
+
+
+async def test_a_held_agents_exit_is_heard_while_a_background_child_holds_its_stdout(
+    store: Store, tmp_path: Path
+) -> None:
+    """A held agent is not in the daemon's agent watch: its exit comes from the
+    holder's report. The agent crashes, a process it started keeps its stdout (the
+    holder's pipe) open; the session task still learns the exit, ends what it left
+    and records the crash as it was."""
+    with trio.fail_after(60):
+        async with await _supervisor(store, tmp_path, make_config(holder=True)) as sup:
+            session = await create(sup, tmp_path, crashAfterS=0.5, holdPipes=True)
+            await sup.start(session)
+            task = session.task
+            assert task is not None and session.lease is not None
+            token = session.lease.token
+            await eventually(lambda: len(token_carriers(token)) >= 2)  # agent + its child
+            await task.done.wait()
+            assert session.last_exit is not None
+            assert (session.last_exit.cause, session.last_exit.returncode) == ("unexpected", 3)
+            assert session.lease is not None and not session.lease.held
+            assert token_carriers(token) == []
+            exited = [b for _, k, b in await journal(store, session.id) if k == "child.exited"]
+            assert exited == [
+                {"cause": "unexpected", "returncode": 3, "detail": "1 stragglers killed"}
+            ]
+
+
+async def test_a_held_agent_exiting_in_its_handshake_fails_the_start_at_once(
+    store: Store, tmp_path: Path
+) -> None:
+    """The same crash during the handshake fails the start with ``agent_exited``
+    from the holder's report, not ``handshake_timeout`` (its deadline lies past
+    the test's)."""
+    with trio.fail_after(60):
+        config = make_config(holder=True, handshake_timeout_s=600)
+        async with await _supervisor(store, tmp_path, config) as sup:
+            session = await create(
+                sup, tmp_path, crashAfterS=0.2, holdPipes=True, hangHandshake=True
+            )
+            with pytest.raises(AgentExited):
+                await sup.start(session)
+            assert session.last_exit is not None and session.last_exit.returncode == 3
+            assert session.lease is not None and token_carriers(session.lease.token) == []
