@@ -60,7 +60,7 @@ from contextlib import asynccontextmanager, suppress
 import attrs
 import trio
 
-from agentsd.cgroup import CgroupRoot, SessionCgroup
+from agentsd.cgroup import CgroupRoot, SessionCgroup, own_children_in, reap_child
 from agentsd.config import Ladder, Limits
 from agentsd.leftovers import (
     ChildIdentity,
@@ -509,13 +509,13 @@ async def _contain_failed_spawn(
                 )
             returncodes: list[int] = []
             with trio.move_on_after(ladder.kill_wait_s):
-                for pid in await trio.to_thread.run_sync(_our_children_in, cgroup):
+                for pid in await trio.to_thread.run_sync(own_children_in, [cgroup]):
                     returncode = await trio.to_thread.run_sync(
-                        _reap_pid, pid, abandon_on_cancel=True
+                        reap_child, pid, abandon_on_cancel=True
                     )
                     if returncode is not None:
                         returncodes.append(returncode)
-            if await trio.to_thread.run_sync(_our_children_in, cgroup):
+            if await trio.to_thread.run_sync(own_children_in, [cgroup]):
                 return ExitUnproven(f"a child cloned into {cgroup.path} could not be reaped")
             oom_kills = cgroup.oom_kills()
             try:
@@ -529,49 +529,6 @@ async def _contain_failed_spawn(
     return ExitProof.from_returncode(
         returncodes[0], len(returncodes) - 1, cgroup_empty=True, oom_kills=oom_kills
     )
-
-
-def _our_children_in(cgroup: SessionCgroup) -> list[int]:
-    """The daemon's children (exited or not) that were in ``cgroup``: a zombie is
-    no longer in ``cgroup.procs``, but its ``/proc/PID/cgroup`` still names it."""
-    me = os.getpid()
-    suffix = "/" + cgroup.path.name
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                ppid = int(f.read().rpartition(b")")[2].split()[1])
-            if ppid != me:
-                continue
-            with open(f"/proc/{entry.name}/cgroup") as f:
-                lines = f.read().splitlines()
-        except (OSError, ValueError, IndexError):
-            continue
-        if any(line.startswith("0::") and line.endswith(suffix) for line in lines):
-            found.append(int(entry.name))
-    return found
-
-
-def _reap_pid(pid: int) -> int | None:
-    """Reap our child ``pid`` through a pidfd (exactly that process, never another
-    that reused its pid); its returncode, None if it was not ours to reap."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return None
-    try:
-        result = os.waitid(os.P_PIDFD, fd, os.WEXITED)
-    except ChildProcessError:
-        return None
-    finally:
-        os.close(fd)
-    if result is None:
-        return None
-    if result.si_code == os.CLD_EXITED:
-        return result.si_status
-    return -result.si_status
 
 
 def _kill_cgroup(cgroup: SessionCgroup, pid: int) -> int:
