@@ -353,3 +353,29 @@ async def test_a_cgroup_that_does_not_empty_after_a_failed_spawn_keeps_the_lease
     assert await end_cgroups([cgroup], 10.0, reap_children=True) == {cgroup.path: True}
     assert CgroupRoot(root).existing() == []
     assert _zombies() == []
+
+
+async def test_a_stopped_server_fails_the_spawn_and_is_reaped_before_the_cgroup_goes(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent SIGSTOPs the server (same uid): the spawn fails at the reply timeout,
+    the server is killed and reaped (it can clone nothing more), and as it cloned
+    nothing the agent never started: no outcome, no cgroup, no zombie."""
+    monkeypatch.setattr(spawner, "REPLY_TIMEOUT_S", 0.5)
+    servers = await fork_servers()
+    for server in servers:
+        os.kill(server.process.pid, signal.SIGSTOP)
+    outcomes: list[ChildExit] = []
+    try:
+        with pytest.raises(SpawnerFailed, match="timed out"):
+            async with open_child(_spec(root, tmp_path), QUICK, _spawned, outcomes.append):
+                pytest.fail("the body ran")
+        assert outcomes == []
+        assert CgroupRoot(root).existing() == []
+        assert sum(server.broken for server in servers) == 1
+        assert [s.process.returncode for s in servers if s.broken] == [-signal.SIGKILL]
+        assert _zombies() == []
+    finally:
+        for server in servers:
+            if server.process.returncode is None:
+                os.kill(server.process.pid, signal.SIGCONT)
