@@ -171,17 +171,15 @@ def pidfd_pid(pidfd: int) -> int:
 def identify_peer(pid: int, pidfd: int | None, sessions: Iterable[Session]) -> Caller:
     """``identify_caller`` for a connection's peer, pinned by the ``pidfd`` taken at
     accept (SO_PEERPIDFD) when there is one: the peer must be alive before and
-    after /proc is read, so its pid was not reused meanwhile. Closes ``pidfd``."""
+    after /proc is read, so its pid was not reused meanwhile. The caller keeps
+    ``pidfd`` and closes it."""
     if pidfd is None:
         return identify_caller(pid, sessions)
-    try:
-        pinned = pidfd_pid(pidfd)
-        if pinned <= 0:
-            return UNIDENTIFIED
-        found = identify_caller(pinned, sessions)
-        return found if pidfd_pid(pidfd) == pinned else UNIDENTIFIED
-    finally:
-        os.close(pidfd)
+    pinned = pidfd_pid(pidfd)
+    if pinned <= 0:
+        return UNIDENTIFIED
+    found = identify_caller(pinned, sessions)
+    return found if pidfd_pid(pidfd) == pinned else UNIDENTIFIED
 
 
 def _by_environ(pid: int, by_token: Mapping[str, str]) -> str | None:

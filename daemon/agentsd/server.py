@@ -331,4 +331,9 @@ async def _identify(app: App, pid: int, pidfd: int | None) -> Caller:
     if pidfd == -1:
         return UNIDENTIFIED
     sessions = list(app.supervisor.sessions.values())
-    return await trio.to_thread.run_sync(identify_peer, pid, pidfd, sessions)
+    try:
+        # Not abandoned on cancel: the thread is done with the pidfd when this returns.
+        return await trio.to_thread.run_sync(identify_peer, pid, pidfd, sessions)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)

@@ -113,15 +113,16 @@ def test_a_pinned_peer_is_identified_while_alive_and_unidentified_once_exited() 
     once it exited, whatever now has its pid is not looked at."""
     sessions = [a_session("agent", os.getpid())]
     with subprocess.Popen(["/bin/sleep", "30"], env={}) as child:
+        pidfd = os.pidfd_open(child.pid)
         try:
-            assert identify_peer(-1, os.pidfd_open(child.pid), sessions) == "agent"
-            pidfd = os.pidfd_open(child.pid)
+            assert identify_peer(-1, pidfd, sessions) == "agent"
         finally:
             child.kill()
-    assert child.returncode is not None  # exited and reaped
-    assert identify_peer(child.pid, pidfd, sessions) is UNIDENTIFIED
-    with pytest.raises(OSError):
-        os.fstat(pidfd)  # closed by identify_peer
+    try:
+        assert child.returncode is not None  # exited and reaped
+        assert identify_peer(child.pid, pidfd, sessions) is UNIDENTIFIED
+    finally:
+        os.close(pidfd)
 
 
 def test_the_user_is_no_session() -> None:
