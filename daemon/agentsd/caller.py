@@ -17,11 +17,10 @@ refused with no allowance at all, logged (it has no session to journal in).
 Rule 2: a request from a session is journaled in that session as ``agent.request``
 (what, on which session, allowed or not), and `refusal` names what an agent must not
 do to its user unless the config's ``agent_allowance`` lifts it: answer any approval
-(its own included: ``approvals``), change any session's options beyond
-`HARMLESS_OPTIONS` (its own included, since a permission mode or sandbox is among
-them: ``approvals``), mark any session seen (acknowledge, its own included: that
+(its own included: ``approvals``), change any session's options (its own
+included, since a permission mode or sandbox is among them: ``approvals``), mark any session seen (acknowledge, its own included: that
 hides its approvals from the user; ``approvals``), create a session (``sessions``;
-with options beyond `HARMLESS_OPTIONS` also ``approvals``; adopting a conversation,
+with options of its own (``sets_options``) also ``approvals``; adopting a conversation,
 ``resumeFrom``, ``other-sessions``), delete any session (its own and its
 sub-sessions' included: that erases their journals; ``other-sessions``; closing its
 own stays allowed), change another session in any way (send, interrupt, queue,
@@ -55,7 +54,6 @@ from agentsd.session import Session
 from agentsd_protocol.methods import ACKNOWLEDGE, METHODS
 
 __all__ = [
-    "HARMLESS_OPTIONS",
     "POLICED_NON_MUTATIONS",
     "UNIDENTIFIED",
     "Allowance",
@@ -72,10 +70,6 @@ MAX_ANCESTORS = 64  # deeper process trees than this are not a shell's tools
 _TOKEN_PREFIX = f"{SPAWN_TOKEN_ENV}=".encode()
 # Methods that change state without being mutations (no operation id): policed too.
 POLICED_NON_MUTATIONS = frozenset({ACKNOWLEDGE.name})
-# Options an agent may set on a session it creates or on its own session without
-# the ``approvals`` allowance: which model answers and how hard it thinks, nothing
-# that starts programs, widens permissions, sandbox, directories or approvals.
-HARMLESS_OPTIONS = frozenset({"model", "effort", "reasoningEffort"})
 _OTHER_SESSION_METHODS = {
     "agentSession.close": "closing another session",
     "agentSession.delete": "deleting another session",
@@ -195,9 +189,11 @@ def _by_environ(pid: int, by_token: Mapping[str, str]) -> str | None:
 
 
 def sets_options(options: Mapping[str, Any] | None) -> bool:
-    """Whether an agent sets any option beyond `HARMLESS_OPTIONS` (the predicate
-    of create and setOptions alike, Rule 2)."""
-    return options is not None and not set(options) <= HARMLESS_OPTIONS
+    """Whether a request sets options (the predicate of create and setOptions
+    alike, Rule 2): any option may start programs (``mcpServers``) or widen
+    permissions, sandbox, directories or approvals, or cost the user (a model), and
+    which are harmless differs by provider and release: none is, to an agent."""
+    return bool(options)
 
 
 def refusal(
@@ -223,7 +219,7 @@ def refusal(
         if defaults is not None and _raises(params, defaults):
             return "creating a session with limits above the daemon's defaults"
         if sets_options(getattr(params, "options", None)) and "approvals" not in allowance:
-            return "creating a session with options beyond its model and effort"
+            return "creating a session with options of its own"
         if getattr(params, "resume_from", None) is not None and "other-sessions" not in allowance:
             return "resuming a conversation"
     changes = method in METHODS and (METHODS[method].mutation or method in POLICED_NON_MUTATIONS)

@@ -336,8 +336,8 @@ def _token(daemon: DaemonProcess, session_id: str) -> str:
         ({"approvalPolicy": "never"}, ["sessions"], True),
         ({"config": {"sandbox_mode": "danger-full-access"}}, ["sessions"], True),
         ({"addDirs": ["/"]}, ["sessions"], True),
-        ({"model": "m", "sandbox": "danger-full-access"}, ["sessions"], True),
-        ({"model": "m", "effort": "low"}, ["sessions"], False),
+        ({"model": "m"}, ["sessions"], True),
+        ({}, ["sessions"], False),
         ({"addDirs": ["/"]}, ["sessions", "approvals"], False),
     ],
 )  # fmt: skip
@@ -345,8 +345,8 @@ async def test_an_agent_creates_sessions_with_options_only_under_the_approvals_a
     options: dict[str, Any], allowance: list[str], refused: bool
 ) -> None:
     """An agent allowed ``sessions`` may not give a sub-session options that start
-    programs or lift its permissions, sandbox or approvals (which ``setOptions``
-    refuses too): only its model and effort, unless ``approvals`` is allowed."""
+    programs or lift its permissions, sandbox or approvals, nor any other (which
+    ``setOptions`` refuses too), unless ``approvals`` is allowed."""
     with trio.fail_after(90), temp_dir() as cwd:
         config = cwd / "config.toml"
         config.write_text(f"agent_allowance = {json.dumps(allowance)}\n")
@@ -362,7 +362,7 @@ async def test_an_agent_creates_sessions_with_options_only_under_the_approvals_a
                 if refused:
                     assert made["error"]["data"]["kind"] == "forbidden_for_agents"
                     assert made["error"]["data"]["refused"] == (
-                        "creating a session with options beyond its model and effort"
+                        "creating a session with options of its own"
                     )
                     assert [s["sessionId"] for s in listed] == [mine]
                 else:
