@@ -422,3 +422,44 @@ async def test_an_agent_may_not_mark_seen_delete_or_adopt() -> None:
                 ]
             # The user may do all of it.
             assert cli(daemon, "rm", sub_id).returncode == 0
+
+
+async def test_a_process_in_an_agent_cgroup_no_session_holds_is_unidentified() -> None:
+    """An ``agent-*`` cgroup under the daemon's root whose token no session holds
+    (one left behind, or made by an agent) does not make its processes the user."""
+    with trio.fail_after(90), temp_dir() as cwd, daemon_in("cgroup") as daemon:
+        async with open_rpc(daemon.socket) as rpc:
+            mine = (await create(rpc, cwd))["sessionId"]
+            root = Path(json.loads(cli(daemon, "status", "--json").stdout)["containment"]["root"])
+            stray = root / f"{CGROUP_PREFIX}{'f' * 32}"
+            stray.mkdir()
+            try:
+                procs = stray / "cgroup.procs"
+                argv = [
+                    sys.executable, "-c", INTRUDER, str(daemon.socket),
+                    json.dumps([("agentSession.close", {"sessionId": mine}),
+                                ("daemon.shutdown", {})]),
+                ]  # fmt: skip
+                done = await trio.to_thread.run_sync(
+                    lambda: subprocess.run(
+                        argv,
+                        env={},
+                        capture_output=True,
+                        text=True,
+                        timeout=30,
+                        check=True,
+                        preexec_fn=lambda: procs.write_text("0"),
+                    )
+                )
+            finally:
+                stray.rmdir()  # the intruder has exited: the cgroup is empty
+            replies = [json.loads(line) for line in done.stdout.splitlines()]
+            assert [r["error"]["data"]["kind"] for r in replies] == ["forbidden_for_agents"] * 2
+            assert all("could not be identified" in r["error"]["message"] for r in replies)
+            phases = {
+                s["sessionId"]: s["phase"]
+                for s in (await rpc.call("agentSession.list", {}))["sessions"]
+            }
+            assert phases[mine] == "running"
+        assert cli(daemon, "daemon", "stop").returncode == 0
+        assert daemon.wait() == 0
