@@ -320,6 +320,16 @@ class AttachmentRefused(RpcError):
     kind = "attachment_refused"
 
 
+class ConversationInUse(RpcError):
+    """``create {resumeFrom}`` names a conversation a stored session already holds
+    (``sessionId``): two agents on one conversation would interleave their turns in
+    it. Refused before anything is stored. (Code -32060: past the block other
+    errors are being added in.)"""
+
+    code = -32060
+    kind = "conversation_in_use"
+
+
 def _all_subclasses(cls: type[RpcError]) -> list[type[RpcError]]:
     out: list[type[RpcError]] = []
     for sub in cls.__subclasses__():
