@@ -22,6 +22,11 @@ elsewhere, nor one under the daemon's private directories. The place is checked 
 the resolved path before opening and again on the opened file's own path, so a
 symlink swapped in between does not lead elsewhere. File references are checked
 the same way but never read: the agent reads them with its own tools.
+
+Rule 4 (bounded on disk): a session keeps at most ``MAX_SESSION_BLOB_BYTES`` of
+image copies; an image past that is refused (``quota``) before anything is
+journaled. Copies are not removed while the session lives: a queued prompt, or the
+retry of a prompt whose delivery is unknown, may still name any of them.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ import hashlib
 import os
 import shutil
 import stat
+import tempfile
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -46,7 +53,7 @@ from agentsd_protocol.api.conversation import (
     ImageBlock,
     TextBlock,
 )
-from agentsd_protocol.errors import AttachmentRefused, InvalidParams
+from agentsd_protocol.errors import AttachmentRefused, InvalidParams, StorageUnavailable
 
 # The Anthropic API's bound per image (Codex takes larger ones): one bound for every
 # provider, so a prompt that works with one agent works with the others.
@@ -54,6 +61,9 @@ MAX_IMAGE_BYTES = 5 * 1024 * 1024
 # Base64 of the largest image, with padding: longer inline data is refused undecoded.
 MAX_INLINE_CHARS = 4 * ((MAX_IMAGE_BYTES + 2) // 3)
 MAX_ATTACHMENTS = 16  # images and files per prompt: what a person attaches, not a bulk upload
+# A session's kept images (Rule 4): hundreds of screenshots, yet a bound on what an
+# agent sending to its own session, or a runaway client, can put on the disk.
+MAX_SESSION_BLOB_BYTES = 256 * 1024 * 1024
 FORBIDDEN_ROOTS = ("/proc", "/sys", "/dev")  # kernel and device files: never the user's data
 
 _MAGIC: tuple[tuple[bytes, int, str], ...] = (
@@ -267,38 +277,59 @@ class BlobStore:
     """The sessions' copies of their prompts' images (Rule 2). Blocking methods:
     run them in a worker thread."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, quota_bytes: int = MAX_SESSION_BLOB_BYTES) -> None:
         self.root = root
+        self.quota_bytes = quota_bytes
+        # One keep at a time per session, so that two sends cannot both pass the
+        # quota; sessions do not wait for each other.
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
 
     def _dir(self, session_id: str) -> Path:
         return self.root / session_id
 
+    def _lock(self, session_id: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(session_id, threading.Lock())
+
     def keep(self, session_id: str, images: dict[str, bytes]) -> None:
-        """Write each image under its digest, durably, unless already kept."""
+        """Write each image under its digest, durably, unless already kept. Raises
+        ``AttachmentRefused`` (``quota``) when the new ones would take the session's
+        copies past ``quota_bytes``, ``StorageUnavailable`` when they cannot be
+        written (a full disk): nothing of the prompt is journaled then (Rule 1)."""
         if not images:
             return
         directory = self._dir(session_id)
-        self.root.mkdir(mode=0o700, exist_ok=True)
-        directory.mkdir(mode=0o700, exist_ok=True)
-        for digest, data in images.items():
-            target = directory / digest
-            if target.exists():
-                continue
-            temp = directory / f".{digest}.{os.getpid()}.tmp"
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with self._lock(session_id):
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temp, target)
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+                self.root.mkdir(mode=0o700, exist_ok=True)
+                directory.mkdir(mode=0o700, exist_ok=True)
+                new = {d: data for d, data in images.items() if not (directory / d).exists()}
+                if not new:
+                    return
+                self._check_quota(directory, sum(len(data) for data in new.values()))
+                for digest, data in new.items():
+                    _write_durably(directory, digest, data)
+                _fsync_dir(directory)
+            except OSError as exc:
+                raise StorageUnavailable(
+                    f"the daemon cannot keep the prompt's images: {exc.strerror}"
+                ) from None
+
+    def _check_quota(self, directory: Path, adding: int) -> None:
+        kept = 0
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if not entry.name.startswith("."):  # a temp file is another keep's
+                    kept += entry.stat(follow_symlinks=False).st_size
+        if kept + adding > self.quota_bytes:
+            raise AttachmentRefused(
+                f"the session already keeps {kept} bytes of images; the daemon keeps at "
+                f"most {self.quota_bytes} bytes of images per session (delete the session "
+                "or start a new one to send more)",
+                reason="quota",
+                limit=self.quota_bytes,
+            )
 
     def inputs(
         self, session_id: str, attachments: Sequence[Attachment]
@@ -325,3 +356,33 @@ class BlobStore:
 
     def drop(self, session_id: str) -> None:
         shutil.rmtree(self._dir(session_id), ignore_errors=True)
+        with self._locks_guard:
+            self._locks.pop(session_id, None)
+
+
+def _write_durably(directory: Path, digest: str, data: bytes) -> None:
+    """``directory/digest`` holds ``data``, fsynced, or is as it was: written under
+    a temp name of its own (a concurrent keep of the same image in another session's
+    thread, or a daemon's leftover, never shares it), then renamed."""
+    fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{digest}.", suffix=".tmp")
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, directory / digest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
+def _fsync_dir(directory: Path) -> None:
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -17,6 +17,13 @@ removed after.
 
 Rule 3: nothing here blocks the trio thread on a slow file system for long: cgroupfs
 is in memory, and every wait is bounded by its caller.
+
+Rule 4: an emptied cgroup may have held the daemon's own children (the fork
+server clones agents with ``CLONE_PARENT``), which are zombies until reaped, and a
+zombie is no longer in ``cgroup.procs``: `own_children_in` finds them by
+``/proc`` (the parent and the cgroup a zombie still names), `reap_child` reaps
+one through a pidfd. `end_cgroups` does so, when asked, before it removes a
+cgroup.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ __all__ = [
     "ContainmentError",
     "SessionCgroup",
     "end_cgroups",
+    "own_children_in",
+    "reap_child",
     "select_containment",
 ]
 
@@ -329,11 +338,16 @@ def _unusable(path: Path) -> str | None:
     return None
 
 
-async def end_cgroups(cgroups: list[SessionCgroup], wait_s: float) -> dict[Path, bool | None]:
+async def end_cgroups(
+    cgroups: list[SessionCgroup], wait_s: float, *, reap_children: bool = False
+) -> dict[Path, bool | None]:
     """Kill every process in ``cgroups`` (all together), wait up to ``wait_s`` for
     each to be empty, and remove the empty ones. Per path: True if something ran and
     all of it is gone, False if nothing ran, None if something may still run.
-    Shielded and bounded; never raises."""
+    ``reap_children``: reap this process's children that were in an emptied one
+    first (Rule 4), for callers whose children there nothing else waits for (a
+    `trio.Process` that does would lose its exit status). Shielded and bounded;
+    never raises."""
     found: dict[Path, bool | None] = {}
     with trio.CancelScope(shield=True):
         for cgroup in cgroups:
@@ -350,6 +364,15 @@ async def end_cgroups(cgroups: list[SessionCgroup], wait_s: float) -> dict[Path,
                         await cgroup.wait_empty()
                     except OSError:
                         found[cgroup.path] = None
+        emptied = [c for c in cgroups if found[c.path] and not _populated_or_true(c)]
+        if reap_children and emptied:  # Rule 4: no zombie of ours outlives its cgroup
+            try:
+                children = await trio.to_thread.run_sync(own_children_in, emptied)
+                with trio.move_on_after(wait_s):
+                    for pid in children:
+                        await trio.to_thread.run_sync(reap_child, pid, abandon_on_cancel=True)
+            except OSError:
+                pass
         for cgroup in cgroups:
             try:
                 if found[cgroup.path] is not None and not cgroup.populated():
@@ -359,3 +382,57 @@ async def end_cgroups(cgroups: list[SessionCgroup], wait_s: float) -> dict[Path,
                 pass
             found[cgroup.path] = None
     return found
+
+
+def own_children_in(cgroups: Sequence[SessionCgroup]) -> dict[int, Path]:
+    """This process's children, exited or not, that are or were in one of
+    ``cgroups`` (Rule 4): each one's cgroup path. One ``/proc`` scan. Blocking."""
+    by_name = {cgroup.path.name: cgroup.path for cgroup in cgroups}
+    if not by_name:
+        return {}
+    me = os.getpid()
+    found: dict[int, Path] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                ppid = int(f.read().rpartition(b")")[2].split()[1])
+            if ppid != me:
+                continue
+            with open(f"/proc/{entry.name}/cgroup") as f:
+                lines = f.read().splitlines()
+        except (OSError, ValueError, IndexError):
+            continue
+        for line in lines:
+            if line.startswith("0::"):
+                path = by_name.get(line.rpartition("/")[2])
+                if path is not None:
+                    found[int(entry.name)] = path
+    return found
+
+
+def reap_child(pid: int) -> int | None:
+    """Reap this process's exited child ``pid`` through a pidfd (that process, never
+    one that reused its pid); its returncode (negative: the signal), None if it was
+    not ours to reap. Blocks until it exited: for a child whose cgroup is empty."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    try:
+        result = os.waitid(os.P_PIDFD, fd, os.WEXITED)
+    except ChildProcessError:
+        return None
+    finally:
+        os.close(fd)
+    if result is None:
+        return None
+    return result.si_status if result.si_code == os.CLD_EXITED else -result.si_status
+
+
+def _populated_or_true(cgroup: SessionCgroup) -> bool:
+    try:
+        return cgroup.populated()
+    except OSError:
+        return True

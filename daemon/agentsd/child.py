@@ -37,6 +37,13 @@ Rules this module keeps (DESIGN.md sections 2 and 6):
    handlers: 2-20 ms a spawn. The ladder's last rung is then ``cgroup.kill``, and
    exit is proven by the reap plus the cgroup's ``populated 0``; the cgroup is
    removed after.
+9. A fork server that breaks mid-request (`SpawnerFailed`: stopped, killed, or
+   too slow) may have cloned the agent into its cgroup as the daemon's child, pid
+   unknown. The server is reaped first (nothing more can be cloned), then the
+   cgroup is killed and watched until ``populated 0``, its clone found by
+   ``/proc`` (our child, in that cgroup, a zombie too) and reaped by pidfd; only
+   then is the cgroup removed. Not proven: ``on_exit`` gets an `ExitUnproven` and
+   the cgroup stays; the spawn's own error propagates either way.
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ from contextlib import asynccontextmanager, suppress
 import attrs
 import trio
 
-from agentsd.cgroup import CgroupRoot, SessionCgroup
+from agentsd.cgroup import CgroupRoot, SessionCgroup, own_children_in, reap_child
 from agentsd.config import Ladder, Limits
 from agentsd.leftovers import (
     ChildIdentity,
@@ -244,9 +251,21 @@ async def open_child(
     cgroup = None if spec.cgroup_root is None else spec.cgroup_root.for_token(spec.token)
     try:
         process = await _spawn(spec, cgroup)  # makes the cgroup first
+    except SpawnerFailed as exc:
+        # The fork server broke mid-request: it may have cloned a child into the
+        # cgroup (Rule 9). The error propagates as it is; what became of the child
+        # goes to on_exit.
+        assert cgroup is not None
+        contained = await _contain_failed_spawn(cgroup, exc, ladder)
+        if contained is not None:
+            on_exit(contained)
+        raise
     except BaseException:
         if cgroup is not None:
-            cgroup.remove()  # nothing was started in it: it is empty (or was never made)
+            try:  # nothing was started in it: it is empty (or was never made)
+                cgroup.remove()
+            except OSError as exc:  # never in place of the spawn's own error
+                log.warning("could not remove the cgroup %s: %s", cgroup.path, exc)
         raise
     signalled: set[tuple[int, int]] = set()  # (pid, start time) signalled individually
     # From here on nothing may stand between the spawn and the try: the ladder
@@ -306,13 +325,11 @@ async def _spawn(spec: ChildSpec, cgroup: SessionCgroup | None) -> trio.Process:
                 if spec.limits.controllers():
                     cgroup.apply(spec.limits)
 
-            try:  # in the thread that spawns: a thread hop less
-                cloned = await spawn_into(
-                    cgroup, argv, cwd=spec.cwd, env=env, stderr=spec.stderr_fd, prepare=make
-                )
-            except SpawnerFailed:
-                cgroup.kill()  # whatever it may have started there; then as any failure
-                raise
+            # In the thread that spawns: a thread hop less. SpawnerFailed: open_child
+            # ends what the server may have started in the cgroup.
+            cloned = await spawn_into(
+                cgroup, argv, cwd=spec.cwd, env=env, stderr=spec.stderr_fd, prepare=make
+            )
             if cloned is not None:
                 return cloned
             if not made:  # trio's default threads, as open_process: we hold a spawn token
@@ -484,6 +501,55 @@ async def _close_cgroup(process: trio.Process, cgroup: SessionCgroup, ladder: La
             outcome = ExitUnproven(f"cgroup {cgroup.path} could not be ended: {exc}")
         await process.stdout.aclose()
     return outcome
+
+
+async def _contain_failed_spawn(
+    cgroup: SessionCgroup, failure: SpawnerFailed, ladder: Ladder
+) -> ChildExit | None:
+    """After the fork server broke mid-request (Rule 9): ``cgroup.kill``, wait
+    (bounded) for ``populated 0``, then reap what the server cloned there, the
+    daemon's own child (``CLONE_PARENT``) whose pid it never learned, and remove the
+    cgroup. None: nothing was cloned (the agent never started); an `ExitProof` once
+    a clone was reaped; an `ExitUnproven` (the lease stays held, the cgroup is
+    left for the retry) if the server could not be ended or the cgroup not
+    emptied. Shielded, bounded, never raises."""
+    with trio.CancelScope(shield=True):
+        try:
+            await trio.to_thread.run_sync(cgroup.kill, limiter=spawn_limiter())
+            with trio.move_on_after(ladder.kill_wait_s):
+                await cgroup.wait_empty()
+            if cgroup.populated():
+                return ExitUnproven(
+                    f"cgroup {cgroup.path} still held processes {ladder.kill_wait_s}s after "
+                    f"cgroup.kill, after the fork server failed ({failure})"
+                )
+            if not failure.server_ended:
+                return ExitUnproven(
+                    f"the fork server that spawned into {cgroup.path} could not be ended: "
+                    "it may still start the agent there"
+                )
+            returncodes: list[int] = []
+            with trio.move_on_after(ladder.kill_wait_s):
+                for pid in await trio.to_thread.run_sync(own_children_in, [cgroup]):
+                    returncode = await trio.to_thread.run_sync(
+                        reap_child, pid, abandon_on_cancel=True
+                    )
+                    if returncode is not None:
+                        returncodes.append(returncode)
+            if await trio.to_thread.run_sync(own_children_in, [cgroup]):
+                return ExitUnproven(f"a child cloned into {cgroup.path} could not be reaped")
+            oom_kills = cgroup.oom_kills()
+            try:
+                cgroup.remove()
+            except OSError as exc:  # empty all the same; recovery removes it later
+                log.warning("could not remove the empty cgroup %s: %s", cgroup.path, exc)
+        except OSError as exc:
+            return ExitUnproven(f"cgroup {cgroup.path} could not be ended: {exc}")
+    if not returncodes:
+        return None
+    return ExitProof.from_returncode(
+        returncodes[0], len(returncodes) - 1, cgroup_empty=True, oom_kills=oom_kills
+    )
 
 
 def kill_cgroup(cgroup: SessionCgroup, pid: int) -> int:

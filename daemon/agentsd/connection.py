@@ -53,6 +53,7 @@ from agentsd_protocol.methods import INLINE_METHODS
 
 if TYPE_CHECKING:
     from agentsd.app import App
+    from agentsd.caller import Caller
     from agentsd.operations import Operation
 
 log = logging.getLogger(__name__)
@@ -132,8 +133,14 @@ class Connection:
         self._nursery: trio.Nursery | None = None
         self.closed_reason: str | None = None
         self.on_close: list[Callable[[], None]] = []
-        # The session whose agent connected (agentsd.caller), None: the user.
-        self.caller_session: str | None = None
+        # The session whose agent connected (agentsd.caller), None: the user,
+        # UNIDENTIFIED: maybe an agent, but whose is unknown.
+        self.caller: Caller = None
+
+    @property
+    def caller_session(self) -> str | None:
+        """The session whose agent connected, if it is known."""
+        return self.caller if isinstance(self.caller, str) else None
 
     @property
     def framing(self) -> Framing:

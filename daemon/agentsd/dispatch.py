@@ -6,10 +6,11 @@ checks both ways. Handlers live one module per method family.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from agentsd.caller import refusal
+from agentsd.caller import POLICED_NON_MUTATIONS, Unidentified, refusal
 from agentsd.connection import Call
 from agentsd.handlers import attention as attention_handlers
 from agentsd.handlers import continuity as continuity_handlers
@@ -24,6 +25,8 @@ from agentsd_protocol.api.events import AgentRequest
 from agentsd_protocol.errors import ForbiddenForAgents, InvalidParams, MethodNotFound
 from agentsd_protocol.jsonrpc import RequestEnvelope, decode_params
 from agentsd_protocol.methods import METHODS, Method
+
+log = logging.getLogger(__name__)
 
 Handler = Callable[[Call, Any], Awaitable[Any]]
 
@@ -55,8 +58,8 @@ async def dispatch(call: Call, envelope: RequestEnvelope) -> Any:
         raise MethodNotFound(f"Method not found: {envelope.method}")
     method, handler = route
     params = decode_params(envelope, method.params)
-    caller = call.connection.caller_session
-    if caller is not None and method.mutation:
+    caller = call.connection.caller
+    if caller is not None and (method.mutation or method.name in POLICED_NON_MUTATIONS):
         await _police(call, method.name, params, caller)
     if not method.mutation:
         return await handler(call, params)
@@ -74,15 +77,33 @@ async def dispatch(call: Call, envelope: RequestEnvelope) -> Any:
     return await call.app.ledger.run(call.operation, lambda: handler(call, params), replay=replay)
 
 
-async def _police(call: Call, method: str, params: Any, caller: str) -> None:
+async def _police(call: Call, method: str, params: Any, caller: str | Unidentified) -> None:
     """A request from inside session ``caller`` (``agentsd.caller`` Rule 2): journal
     it in that session, then raise ``ForbiddenForAgents`` if an agent may not make it.
-    A caller session deleted meanwhile has no journal: the refusal stands alone."""
+    A caller session deleted meanwhile has no journal: the refusal stands alone. A
+    caller that could not be identified has no session and no allowance: it is
+    refused every user-only action, and each refusal is logged."""
     target = getattr(params, "session_id", None)
     sessions = call.app.supervisor.sessions
     target_session = sessions.get(target) if isinstance(target, str) else None
     created_by = None if target_session is None else target_session.row.created_by
     config = call.app.config
+    if isinstance(caller, Unidentified):
+        reason = refusal(method, params, None, (), created_by, config.limits)
+        if reason is not None:
+            log.warning(
+                "refused %s to connection %d, which could not be identified: %s",
+                method,
+                call.connection.id,
+                reason,
+            )
+            raise ForbiddenForAgents(
+                f"refused: {reason} is not allowed to an agent, and this connection's"
+                " caller could not be identified (it may be an agent's)",
+                refused=reason,
+                callerSessionId=None,
+            )
+        return
     reason = refusal(method, params, caller, config.agent_allowance, created_by, config.limits)
     session = sessions.get(caller)
     if session is not None:

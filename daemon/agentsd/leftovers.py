@@ -332,7 +332,11 @@ async def end_contained(
     by_path: dict[Path, bool | None] = {}
     if root is not None:
         cgroups = root.existing() if sweep else [root.for_token(i.token) for i in identities]
-        by_path = await end_cgroups(cgroups, ladder.kill_wait_s * (ladder.proof_rounds + 1))
+        # Their children are no trio.Process's any more (a previous daemon's, or a
+        # close ladder's that gave up): reaped here, before the lease goes.
+        by_path = await end_cgroups(
+            cgroups, ladder.kill_wait_s * (ladder.proof_rounds + 1), reap_children=True
+        )
     report = await end_processes(identities, ladder, scanner)
     if root is None:
         return report

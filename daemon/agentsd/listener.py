@@ -114,5 +114,20 @@ def peer_credentials(sock: trio.socket.SocketType) -> tuple[int, int]:
     return int(pid), int(uid)
 
 
+# Linux 6.5: a pidfd of the peer as of its connect(); Python 3.11 has no constant.
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
+
+
+def peer_pidfd(sock: trio.socket.SocketType) -> int | None:
+    """A pidfd of the process that connected (the caller closes it), None where the
+    kernel has none to give; ProcessLookupError when that process is gone."""
+    try:
+        return int(sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD))
+    except OSError as exc:
+        if exc.errno == errno.ESRCH:
+            raise ProcessLookupError(errno.ESRCH, "the peer has exited") from exc
+        return None
+
+
 # accept() failures that mean "out of resources for now", not "listener broken".
 TRANSIENT_ACCEPT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})

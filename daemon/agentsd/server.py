@@ -37,11 +37,16 @@ import trio
 
 from agentsd.agent_env import AgentEnvironment, resolve_mode
 from agentsd.app import App
-from agentsd.caller import identify_caller
+from agentsd.caller import UNIDENTIFIED, Caller, identify_peer
 from agentsd.cgroup import select_containment
 from agentsd.config import Config
 from agentsd.connection import Connection, Transport
-from agentsd.listener import TRANSIENT_ACCEPT_ERRNOS, SocketTransport, peer_credentials
+from agentsd.listener import (
+    TRANSIENT_ACCEPT_ERRNOS,
+    SocketTransport,
+    peer_credentials,
+    peer_pidfd,
+)
 from agentsd.operations import Ledger
 from agentsd.paths import StateLock, ensure_private_dir
 from agentsd.providers import provider_registry
@@ -282,23 +287,34 @@ async def _serve_connections(
             log.warning("refused a connection: %d connections already open", MAX_CONNECTIONS)
             sock.close()
             continue
-        nursery.start_soon(_run_connection, app, SocketTransport(trio.SocketStream(sock)), pid)
+        # Pinned now, before anything awaits: the peer may exit and leave the
+        # socket to a child (agentsd.caller Rule 1).
+        try:
+            pidfd = peer_pidfd(sock)
+        except ProcessLookupError:
+            pidfd = -1
+        transport = SocketTransport(trio.SocketStream(sock))
+        nursery.start_soon(_run_connection, app, transport, pid, pidfd)
 
 
-async def _run_connection(app: App, transport: Transport, peer_pid: int | None = None) -> None:
+async def _run_connection(
+    app: App, transport: Transport, peer_pid: int | None = None, peer_pidfd: int | None = None
+) -> None:
     connection = Connection(app, transport)
     app.connections.add(connection)
     try:
         if peer_pid is not None:
-            sessions = list(app.supervisor.sessions.values())
-            connection.caller_session = await trio.to_thread.run_sync(
-                identify_caller, peer_pid, sessions
-            )
-            if connection.caller_session is not None:
-                log.info(
-                    "connection %d comes from inside session %s",
+            connection.caller = await _identify(app, peer_pid, peer_pidfd)
+            if connection.caller is UNIDENTIFIED:
+                log.warning(
+                    "connection %d (peer pid %d) could not be identified: "
+                    "treated as an agent's, refused every user-only action",
                     connection.id,
-                    connection.caller_session,
+                    peer_pid,
+                )
+            elif connection.caller is not None:
+                log.info(
+                    "connection %d comes from inside session %s", connection.id, connection.caller
                 )
         await connection.serve()
     except Exception:
@@ -307,3 +323,17 @@ async def _run_connection(app: App, transport: Transport, peer_pid: int | None =
         log.exception("connection %d failed", connection.id)
     finally:
         app.connections.discard(connection)
+
+
+async def _identify(app: App, pid: int, pidfd: int | None) -> Caller:
+    """Who the peer ``pid`` is (``agentsd.caller``); ``pidfd`` -1: it had exited by
+    the time it was accepted."""
+    if pidfd == -1:
+        return UNIDENTIFIED
+    sessions = list(app.supervisor.sessions.values())
+    try:
+        # Not abandoned on cancel: the thread is done with the pidfd when this returns.
+        return await trio.to_thread.run_sync(identify_peer, pid, pidfd, sessions)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)

@@ -40,9 +40,10 @@ policy refusing clone3: ENOSYS) or failed to answer within
 `REPLY_TIMEOUT_S` (an agent of the same uid can signal them), `spawn_into` says so
 (None before anything was cloned) and `agentsd.child` falls back to its shim; a
 server that failed is not restarted in that run. A server stopped mid-request
-(SIGSTOP) makes that one spawn fail after `REPLY_TIMEOUT_S`; its cgroup is
-killed (a child cloned then, whose pid the daemon never learned, is left a zombie
-of the daemon's until it exits).
+(SIGSTOP) or killed makes that one spawn fail (`SpawnerFailed`, after
+`REPLY_TIMEOUT_S` at most); the server is killed and reaped first, so nothing
+more can be cloned, and `agentsd.child` then empties the cgroup and reaps what
+the server may have cloned (the daemon's own child, whose pid it never learned).
 """
 
 from __future__ import annotations
@@ -173,7 +174,12 @@ while True:
 
 
 class SpawnerFailed(OSError):
-    """The fork server failed; whether a child was cloned is unknown."""
+    """The fork server failed; whether a child was cloned is unknown. ``server_ended``:
+    the server was killed and reaped, so no clone can still come (else one may)."""
+
+    def __init__(self, message: str, *, server_ended: bool) -> None:
+        super().__init__(message)
+        self.server_ended = server_ended
 
 
 class ServerGone(OSError):
@@ -277,11 +283,12 @@ class ForkServer:
             while len(reply) < REPLY.size:
                 part = self.sock.recv(REPLY.size - len(reply))
                 if not part:
-                    raise SpawnerFailed("the fork server exited")
+                    raise OSError("the fork server exited")
                 reply += part
         except OSError as exc:
             self._break()
-            raise SpawnerFailed(f"the fork server failed: {exc}") from exc
+            ended = self._reap()
+            raise SpawnerFailed(f"the fork server failed: {exc}", server_ended=ended) from exc
         pid, err = REPLY.unpack(reply)
         return pid, err
 
@@ -291,6 +298,15 @@ class ForkServer:
             # Unreaped: the pid is still ours to signal.
             with contextlib.suppress(ProcessLookupError):
                 self.process.send_signal(signal.SIGKILL)
+
+    def _reap(self) -> bool:
+        """After `_break`: wait (bounded) until the server is dead and reaped, so
+        that it can clone nothing more; whether it is."""
+        try:
+            self.process.wait(timeout=REPLY_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def close(self) -> None:
         """End it (end of file, then SIGKILL if it lingers) and reap it."""

@@ -183,8 +183,11 @@ class StatusBoard:
         if watcher is not None:
             watcher.drop()
 
-    def follow(self, feed_id: str, notify: NotifyNotice) -> None:
+    def follow(self, feed_id: str, notify: NotifyNotice) -> bool:
+        """Whether the feed is new (False: it replaced the one of that id)."""
+        new = feed_id not in self._feeds
         self._feeds[feed_id] = notify
+        return new
 
     def unfollow(self, feed_id: str) -> None:
         self._feeds.pop(feed_id, None)

@@ -59,6 +59,7 @@ from agentsd_protocol.api.daemon import SessionCounts
 from agentsd_protocol.api.events import QueuePaused, SessionCreated
 from agentsd_protocol.api.session import ExitCause, ExitInfo, SessionError, SessionInfo
 from agentsd_protocol.errors import (
+    ConversationInUse,
     CwdNotDirectory,
     CwdNotFound,
     ExitUnproven,
@@ -247,6 +248,15 @@ class Supervisor:
         await self.check_limits(session)
 
         def insert(conn: StoreConnection) -> tuple[None, list[StoredEvent]]:
+            if resume_from is not None:
+                # In the writer's transaction: two creates adopting one
+                # conversation at once cannot both pass.
+                holder = session_rows.holder_of(conn, resume_from)
+                if holder is not None:
+                    raise ConversationInUse(
+                        f"conversation {resume_from} is held by session {holder}",
+                        sessionId=holder,
+                    )
             stored = session_rows.insert_session(conn, row, [created])
             if operation is not None and provisional is not None:
                 info = attrs.evolve(session, head_seq=stored[-1].seq).info()

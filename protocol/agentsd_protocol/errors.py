@@ -313,11 +313,21 @@ class AttachmentRefused(RpcError):
     a place the daemon does not read from, past its size bound, or not an image of a
     known type. Refused before anything is journaled; ``reason`` is a stable word
     (``not_found``, ``not_regular``, ``forbidden_path``, ``too_large``,
-    ``not_an_image``, ``bad_base64``, ``too_many``), ``limit`` the bound when one was
-    passed."""
+    ``not_an_image``, ``bad_base64``, ``too_many``, ``quota``: the session keeps as
+    many image bytes as it may), ``limit`` the bound when one was passed."""
 
     code = -32051
     kind = "attachment_refused"
+
+
+class ConversationInUse(RpcError):
+    """``create {resumeFrom}`` names a conversation a stored session already holds
+    (``sessionId``): two agents on one conversation would interleave their turns in
+    it. Refused before anything is stored. (Code -32060: past the block other
+    errors are being added in.)"""
+
+    code = -32060
+    kind = "conversation_in_use"
 
 
 def _all_subclasses(cls: type[RpcError]) -> list[type[RpcError]]:

@@ -265,7 +265,8 @@ COMPLETIONS = Method(
     "agentSession.completions",
     a.CompletionsParams,
     a.CompletionsResult,
-    "What is unseen now, then each turn completion and approval request, live.",
+    "What is unseen now, then each turn completion and approval request, live. One "
+    "feed per connection: asking again replaces it (same feedId).",
     stream_key=_feed_key,
 )
 

@@ -136,7 +136,18 @@ def test_ask_exits_with_the_turns_outcome(daemon: DaemonProcess, tmp_path: Path)
     assert code == EXIT_TURN_INTERRUPTED, err
     assert "the turn interrupted" in err
 
-    crashing = new_session(daemon, "--env", f"{MARK}=crash", "--option", "crashAfterS=0.5", *slow)
+    # The crash comes 3 s into the agent's life: after the prompt was delivered
+    # (a CLI start), and before the 10 s turn ends.
+    crashing = new_session(
+        daemon,
+        "--env",
+        f"{MARK}=crash",
+        "--option",
+        "crashAfterS=3.0",
+        "--option",
+        "replyText=" + "long answer " * 40,  # 200 chunks of it: a 10 s turn
+        *slow,
+    )
     code, _, err = finish(start_ask(daemon, tmp_path, "--provider", "mock", "-s", "crash", "go"))
     assert code == EXIT_TURN_FAILED, err
     outcome = wait_for_event(daemon, crashing, "turn.completed")["body"]["outcome"]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from agentsd import leases
-from agentsd.caller import Allowance, identify_caller, refusal
+from agentsd.caller import UNIDENTIFIED, Allowance, identify_caller, identify_peer, refusal
 from agentsd.config import Limits
 from agentsd.procfs import SPAWN_TOKEN_ENV, read_start_time
 from agentsd.session import Session
@@ -97,6 +97,32 @@ def test_a_carrier_of_a_sessions_token_is_that_session() -> None:
             assert identify_caller(child.pid, [unrelated]) == "by-token"
         finally:
             child.kill()
+
+
+def test_a_peer_gone_before_it_is_looked_up_is_unidentified() -> None:
+    """Failing closed: a pid whose process exited (and was reaped) is not the user,
+    with a session running or not."""
+    child = subprocess.Popen(["/bin/true"])
+    child.wait()
+    assert identify_caller(child.pid, [a_session("other", 1)]) is UNIDENTIFIED
+    assert identify_caller(child.pid, []) is UNIDENTIFIED
+
+
+def test_a_pinned_peer_is_identified_while_alive_and_unidentified_once_exited() -> None:
+    """The pidfd taken at accept: the process it pins is looked up while alive;
+    once it exited, whatever now has its pid is not looked at."""
+    sessions = [a_session("agent", os.getpid())]
+    with subprocess.Popen(["/bin/sleep", "30"], env={}) as child:
+        pidfd = os.pidfd_open(child.pid)
+        try:
+            assert identify_peer(-1, pidfd, sessions) == "agent"
+        finally:
+            child.kill()
+    try:
+        assert child.returncode is not None  # exited and reaped
+        assert identify_peer(child.pid, pidfd, sessions) is UNIDENTIFIED
+    finally:
+        os.close(pidfd)
 
 
 def test_the_user_is_no_session() -> None:

@@ -22,11 +22,19 @@ import attrs
 import pytest
 import trio
 
-from agentsd.cgroup import CgroupRoot, SessionCgroup
-from agentsd.child import ChildExit, ChildSpec, ExitProof, new_spawn_token, open_child
+from agentsd import spawner
+from agentsd.cgroup import CgroupRoot, SessionCgroup, end_cgroups
+from agentsd.child import (
+    ChildExit,
+    ChildSpec,
+    ExitProof,
+    ExitUnproven,
+    new_spawn_token,
+    open_child,
+)
 from agentsd.config import Ladder
 from agentsd.leftovers import ChildIdentity
-from agentsd.spawner import SERVERS, fork_server, fork_servers, spawn_into
+from agentsd.spawner import SERVERS, SpawnerFailed, fork_server, fork_servers, spawn_into
 from tests.cgroup_root import cgroup_root, unavailable
 
 QUICK = Ladder(eof_grace_s=2.0, term_grace_s=0.2, kill_wait_s=5.0)
@@ -287,3 +295,87 @@ def test_a_killed_daemon_leaves_no_fork_server(root: Path) -> None:
     finally:
         for server_fd in server_fds:
             os.close(server_fd)
+
+
+# A fork server that clones the child and then dies without answering: what an
+# agent killing it at the wrong moment (same uid) does.
+REPLY_LINE = "    sock.sendall(REPLY.pack(pid, err))\n"
+assert REPLY_LINE in spawner.SERVER
+DIES_AFTER_CLONE = spawner.SERVER.replace(REPLY_LINE, "    os._exit(0)\n")
+
+
+@pytest.mark.parametrize(
+    "agent",
+    [
+        ["/bin/sleep", "600"],  # still runs: killed with its cgroup
+        ["/bin/true"],  # may have exited already: a zombie, out of cgroup.procs
+    ],
+)
+async def test_a_server_dying_after_the_clone_leaves_no_child_and_no_zombie(
+    root: Path, tmp_path: Path, agent: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spawn fails with the server's error, and only after the cgroup is empty
+    and the clone reaped does it report that exit (proven): the lease may go."""
+    monkeypatch.setattr(spawner, "SERVER", DIES_AFTER_CLONE)
+    spec = attrs.evolve(_spec(root, tmp_path), argv=agent)
+    outcomes: list[ChildExit] = []
+    with pytest.raises(SpawnerFailed, match="the fork server exited"):
+        async with open_child(spec, QUICK, _spawned, outcomes.append):
+            pytest.fail("the body ran")
+    [outcome] = outcomes
+    assert isinstance(outcome, ExitProof) and outcome.cgroup_empty
+    assert outcome.signal == signal.SIGKILL or outcome.returncode == 0
+    assert CgroupRoot(root).existing() == []
+    assert _zombies() == []
+
+
+async def test_a_cgroup_that_does_not_empty_after_a_failed_spawn_keeps_the_lease(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cgroup.kill`` does not take (here: it does nothing): the outcome is
+    unproven, so the lease stays held, the cgroup is not removed from under its
+    processes, and the spawn's own error is what the caller sees (not EBUSY)."""
+    monkeypatch.setattr(spawner, "SERVER", DIES_AFTER_CLONE)
+    monkeypatch.setattr(SessionCgroup, "kill", lambda self: None)
+    spec = attrs.evolve(_spec(root, tmp_path), argv=["/bin/sleep", "600"])
+    outcomes: list[ChildExit] = []
+    ladder = Ladder(eof_grace_s=2.0, term_grace_s=0.2, kill_wait_s=0.5)
+    with pytest.raises(SpawnerFailed):
+        async with open_child(spec, ladder, _spawned, outcomes.append):
+            pytest.fail("the body ran")
+    [outcome] = outcomes
+    assert isinstance(outcome, ExitUnproven) and "still held processes" in outcome.reason
+    [cgroup] = CgroupRoot(root).existing()
+    assert len(cgroup.members()) == 1  # the clone, left for the retry
+    # The retry (``Supervisor._retry_unproven``, recovery) ends the token's cgroup:
+    # it reaps the clone, the daemon's child, before the cgroup goes.
+    monkeypatch.undo()
+    assert await end_cgroups([cgroup], 10.0, reap_children=True) == {cgroup.path: True}
+    assert CgroupRoot(root).existing() == []
+    assert _zombies() == []
+
+
+async def test_a_stopped_server_fails_the_spawn_and_is_reaped_before_the_cgroup_goes(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent SIGSTOPs the server (same uid): the spawn fails at the reply timeout,
+    the server is killed and reaped (it can clone nothing more), and as it cloned
+    nothing the agent never started: no outcome, no cgroup, no zombie."""
+    monkeypatch.setattr(spawner, "REPLY_TIMEOUT_S", 0.5)
+    servers = await fork_servers()
+    for server in servers:
+        os.kill(server.process.pid, signal.SIGSTOP)
+    outcomes: list[ChildExit] = []
+    try:
+        with pytest.raises(SpawnerFailed, match="timed out"):
+            async with open_child(_spec(root, tmp_path), QUICK, _spawned, outcomes.append):
+                pytest.fail("the body ran")
+        assert outcomes == []
+        assert CgroupRoot(root).existing() == []
+        assert sum(server.broken for server in servers) == 1
+        assert [s.process.returncode for s in servers if s.broken] == [-signal.SIGKILL]
+        assert _zombies() == []
+    finally:
+        for server in servers:
+            if server.process.returncode is None:
+                os.kill(server.process.pid, signal.SIGCONT)

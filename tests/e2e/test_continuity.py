@@ -206,6 +206,10 @@ def test_a_drained_restart_waits_for_the_running_turn_then_restarts(base: Path) 
             assert len(journal(sock, idle)) == before
             refused = cli(sock, "send", idle, "echo no")
             assert refused.returncode == EXIT_DAEMON_ERROR and "[draining]" in refused.stderr
+            # A command starts a turn too (compact, the agent's own): refused the same way.
+            with pytest.raises(Draining):
+                quick_call(sock, "agentSession.command", {"sessionId": idle, "name": "compact"})
+            assert len(journal(sock, idle)) == before
             # ...while the running turn can still be answered, and finishes.
             quick_call(
                 sock,

@@ -355,3 +355,32 @@ async def test_idempotent_mutations_a_command_retried_with_its_operation_id_runs
             refused = await failure(rpc, "agentSession.command", {**params, "args": "Bob"})
             assert refused.kind == "operation_conflict"
             assert kinds(await history(rpc, sid)).count("command.run") == 1
+
+
+async def test_completions_asked_again_on_one_connection_keep_one_feed(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """A client that re-asks (a redraw, a reconnect of its UI) is not told each notice
+    once per ask: the feed is the connection's, replaced, never added to."""
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with open_rpc(daemon.socket) as rpc, open_rpc(daemon.socket) as other:
+            feeds = [(await rpc.call("agentSession.completions", {}))["feedId"] for _ in range(3)]
+            assert len(set(feeds)) == 1
+            elsewhere = (await other.call("agentSession.completions", {}))["feedId"]
+            assert elsewhere != feeds[0]
+            sid = (await create(rpc, tmp_path))["sessionId"]
+            await rpc.call("agentSession.send", {"sessionId": sid, "text": "echo hi"})
+            events = await wait_journal(rpc, sid, "turn.completed")
+            done = next(e["seq"] for e in events if e["kind"] == "turn.completed")
+            await wait_journal(other, sid, "turn.completed")
+
+            def notices(client: Rpc) -> list[dict[str, Any]]:
+                return [
+                    params
+                    for method, params in client.notes
+                    if method == "agentSession.notice" and params["notice"]["seq"] == done
+                ]
+
+            # The journal reply was queued after the notice on the same connection.
+            assert [n["feedId"] for n in notices(rpc)] == feeds[:1]
+            assert [n["feedId"] for n in notices(other)] == [elsewhere]

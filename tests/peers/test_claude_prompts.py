@@ -292,6 +292,9 @@ def test_adopting_a_session_of_another_directory_or_account_fails_resume_failed(
             sid = caught.value.details["sessionId"]
             kinds = [e["kind"] for e in journal_of(daemon, sid)]
             assert "message.imported" not in kinds and "child.ready" not in kinds
+            # The failed session keeps the handle (conversation_in_use for another
+            # adoption) until it is deleted, as a user retrying elsewhere would.
+            client.call("agentSession.delete", {"sessionId": sid})
     assert len(fake.message_requests()) == 1  # only the terminal's own turn
 
 

@@ -3,7 +3,6 @@ what needs them."""
 
 from __future__ import annotations
 
-import itertools
 from typing import TYPE_CHECKING, Any
 
 from agentsd.summary import unseen_notice
@@ -12,8 +11,6 @@ from agentsd_protocol.api.events import SessionAcknowledged
 
 if TYPE_CHECKING:
     from agentsd.connection import Call
-
-_feed_ids = itertools.count(1)
 
 
 async def handle_acknowledge(call: Call, params: api.AcknowledgeParams) -> api.AcknowledgeResult:
@@ -31,12 +28,15 @@ async def handle_acknowledge(call: Call, params: api.AcknowledgeParams) -> api.A
 
 
 async def handle_completions(call: Call, params: api.CompletionsParams) -> api.CompletionsResult:
+    """One feed per connection: asking again replaces it (same id, the fresh
+    ``unseen``), so a client that re-asks on every redraw does not multiply what the
+    daemon sends it."""
     supervisor = call.app.supervisor
     connection = call.connection
-    feed_id = f"feed-{next(_feed_ids)}"
+    feed_id = f"feed-{connection.id}"
     board = supervisor.board
-    board.follow(feed_id, lambda note: connection.notify("agentSession.notice", note))
-    connection.on_close.append(lambda: board.unfollow(feed_id))
+    if board.follow(feed_id, lambda note: connection.notify("agentSession.notice", note)):
+        connection.on_close.append(lambda: board.unfollow(feed_id))
     unseen = [n for s in supervisor.sessions.values() if (n := unseen_notice(s)) is not None]
     return api.CompletionsResult(feed_id=feed_id, unseen=unseen)
 

@@ -259,15 +259,19 @@ async def handle_commands(call: Call, params: api.CommandsParams) -> api.Command
 
 async def handle_command(call: Call, params: api.CommandParams) -> api.CommandResult:
     """Rules 3 and 4. Raises ``UnknownCommand`` (nothing journaled) for a name
-    neither agentsd nor the agent offers, ``InvalidState`` while a turn runs."""
+    neither agentsd nor the agent offers, ``InvalidState`` while a turn runs,
+    ``Draining`` while the daemon drains."""
     supervisor = call.app.supervisor
     session = supervisor.get(params.session_id, params.expected_fence)
     name = params.name.removeprefix("/")
     if params.args is not None and len(params.args.encode()) > api.MAX_COMMAND_ARGS_BYTES:
         raise InvalidParams(f"Invalid params: args longer than {api.MAX_COMMAND_ARGS_BYTES} bytes")
     _check_idle(session, name)
-    async with session.controls_lock:
-        return await _command(call, session, name, params.args)
+    # A command starts a turn (or a new thread): a draining daemon takes none
+    # (agentsd.drain Rule 1), refused before anything is journaled.
+    with supervisor.gate.admit():
+        async with session.controls_lock:
+            return await _command(call, session, name, params.args)
 
 
 async def _command(call: Call, session: Session, name: str, args: str | None) -> api.CommandResult:

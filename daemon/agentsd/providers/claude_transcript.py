@@ -14,15 +14,22 @@ line types (``attachment``, ``queue-operation``, ``api-request*``, ``last-prompt
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
+import stat
+from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from agentsd.providers.imported import imported, latest
+from agentsd.providers.imported import MAX_IMPORTED_MESSAGES, imported, latest
 from agentsd_protocol.api.events import MessageImported
 
 MAX_TRANSCRIPT_BYTES = 256 * 1024 * 1024  # read at most this much of a transcript
+MAX_LINE_BYTES = 16 * 1024 * 1024  # a line with a big tool result; longer ones are skipped
+SKIP_CHUNK_BYTES = 1024 * 1024  # how much of a skipped line is read at a time
 _NOT_SLUG = re.compile(r"[^A-Za-z0-9]")
 
 
@@ -34,13 +41,14 @@ def project_slug(cwd: str) -> str:
 def transcript_history(path: Path) -> list[MessageImported]:
     """The user prompts and assistant text of a transcript, oldest first (bounded:
     ``agentsd.providers.imported`` Rule 1). Blocking: run it in a worker thread.
-    Raises ``OSError`` when it cannot be read."""
-    messages: list[MessageImported] = []
+    Raises ``OSError`` when it cannot be read or is not a regular file: the agent
+    writes under its config dir and could leave a symlink to ``/dev/zero`` or a FIFO
+    there. A line longer than ``MAX_LINE_BYTES`` is skipped unread, and reading
+    stops after ``MAX_TRANSCRIPT_BYTES``: memory stays bounded whatever the file."""
+    messages: deque[MessageImported] = deque(maxlen=MAX_IMPORTED_MESSAGES)
     last_assistant_id: object = None
-    with path.open("rb") as f:
-        for raw in f:
-            if f.tell() > MAX_TRANSCRIPT_BYTES:
-                break
+    with _open_regular(path) as f:
+        for raw in _lines(f):
             line = _decode(raw)
             if line is None:
                 continue
@@ -50,7 +58,48 @@ def transcript_history(path: Path) -> list[MessageImported]:
                 text = previous.text + "\n\n" + text if previous.text else text
             last_assistant_id = message_id if role == "assistant" else None
             messages.append(imported(role, text))
-    return latest(messages)
+    return latest(list(messages))
+
+
+def _open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading if it is a regular file, not through a symlink;
+    O_NONBLOCK so that a FIFO cannot hang the open."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, "it is a symbolic link, not a regular file") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "it is not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _lines(f: BinaryIO) -> Iterator[bytes]:
+    """The file's lines of at most ``MAX_LINE_BYTES`` within its first
+    ``MAX_TRANSCRIPT_BYTES``; a longer line is read through in bounded pieces and
+    dropped."""
+    total = 0
+    while total < MAX_TRANSCRIPT_BYTES:
+        raw = f.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        total += len(raw)
+        if total > MAX_TRANSCRIPT_BYTES:
+            return  # a line that crosses the bound is not taken
+        if len(raw) <= MAX_LINE_BYTES:
+            yield raw
+            continue
+        while total < MAX_TRANSCRIPT_BYTES and not raw.endswith(b"\n"):
+            raw = f.readline(SKIP_CHUNK_BYTES)  # the rest of the over-long line
+            if not raw:
+                return
+            total += len(raw)
 
 
 def _decode(raw: bytes) -> tuple[str, str, object] | None:

@@ -110,6 +110,15 @@ def append(
     return append_events(conn, session_id, fence, encode_events(events), now)
 
 
+def holder_of(conn: StoreConnection, provider_handle: str) -> str | None:
+    """The id of a stored session holding the provider conversation, if any (a
+    scan: adoptions are rare, sessions a few thousand at most)."""
+    row = conn.execute(
+        "SELECT id FROM sessions WHERE provider_handle = ? LIMIT 1", (provider_handle,)
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
 def insert_session(conn: StoreConnection, row: SessionRow, events: Events) -> list[StoredEvent]:
     conn.execute(
         f"INSERT INTO sessions ({_STORED_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",

@@ -152,7 +152,8 @@ class CreateParams(MutationParams, frozen=True, kw_only=True):
     in ``env`` or the daemon's environment); its earlier messages are journaled as
     ``message.imported``, and the next prompt continues it natively. One that does
     not exist there fails the create with ``resume_failed`` (the session is kept,
-    stopped, with the error, as any failed start)."""
+    stopped, with the error, as any failed start). One a stored session already
+    holds is refused with ``conversation_in_use``, nothing stored."""
 
     provider: str
     cwd: str
