@@ -87,6 +87,9 @@ __all__ = [
     "ChildSpec",
     "ExitProof",
     "ExitUnproven",
+    "find_carriers",
+    "kill_cgroup",
+    "launch",
     "new_spawn_token",
     "open_child",
     "spawn_limiter",
@@ -331,7 +334,7 @@ async def _spawn(spec: ChildSpec, cgroup: SessionCgroup | None) -> trio.Process:
                 return cloned
             if not made:  # trio's default threads, as open_process: we hold a spawn token
                 await trio.to_thread.run_sync(make)
-            argv = [SHELL, "-c", JOIN_SCRIPT, str(cgroup.path / "cgroup.procs"), *spec.argv]
+            argv = shim_argv(spec, cgroup)
         return await trio.lowlevel.open_process(
             argv,
             stdin=subprocess.PIPE,
@@ -342,6 +345,24 @@ async def _spawn(spec: ChildSpec, cgroup: SessionCgroup | None) -> trio.Process:
             start_new_session=True,  # own session and group: pgid == pid
             close_fds=True,  # never hand the daemon's socket or database to an agent
         )
+
+
+def shim_argv(spec: ChildSpec, cgroup: SessionCgroup) -> list[str]:
+    """The argv that joins ``cgroup`` and then execs ``spec``'s program (Rule 8's
+    fallback: `JOIN_SCRIPT`)."""
+    return [SHELL, "-c", JOIN_SCRIPT, str(cgroup.path / "cgroup.procs"), *spec.argv]
+
+
+def launch(spec: ChildSpec, cgroup: SessionCgroup | None) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that start ``spec`` from another process (the
+    holder, ``agentsd.held_child``), joining ``cgroup`` through the shim of Rule 8:
+    the fork servers are this daemon's children and clone only as its own. Raises
+    what Popen would for a missing or non-executable program."""
+    env = {**spec.base_env, **spec.env, SPAWN_TOKEN_ENV: spec.token}
+    if cgroup is None:
+        return list(spec.argv), env
+    _check_program(spec.argv[0], spec.cwd, env)
+    return shim_argv(spec, cgroup), env
 
 
 def _check_program(program: str, cwd: str, env: Mapping[str, str]) -> None:
@@ -410,7 +431,7 @@ async def _close(
                     with suppress(ProcessLookupError, PermissionError):
                         os.killpg(pgid, sig)
                     if sig == signal.SIGTERM:
-                        carriers = await _find_carriers(token, pgid, scanner)
+                        carriers = await find_carriers(token, pgid, scanner)
                     signalled |= await signal_and_wait(carriers, sig, None)
                 await process.wait()
         outcome: ChildExit
@@ -453,7 +474,7 @@ async def _close_cgroup(process: trio.Process, cgroup: SessionCgroup, ladder: La
             # to cgroup.kill waits for the cgroup lock, which a close-all of
             # hundreds holds in turn (about a millisecond each, measured).
             stragglers = await trio.to_thread.run_sync(
-                _kill_cgroup, cgroup, process.pid, limiter=spawn_limiter()
+                kill_cgroup, cgroup, process.pid, limiter=spawn_limiter()
             )
             with trio.move_on_after(ladder.kill_wait_s):
                 # The reap first: its pidfd wakes this task alone. An agent that
@@ -531,7 +552,7 @@ async def _contain_failed_spawn(
     )
 
 
-def _kill_cgroup(cgroup: SessionCgroup, pid: int) -> int:
+def kill_cgroup(cgroup: SessionCgroup, pid: int) -> int:
     """``cgroup.kill`` if anything runs in ``cgroup``; how many besides ``pid`` did."""
     stragglers = len([member for member in cgroup.members() if member != pid])
     if cgroup.populated():
@@ -539,7 +560,7 @@ def _kill_cgroup(cgroup: SessionCgroup, pid: int) -> int:
     return stragglers
 
 
-async def _find_carriers(token: str, pgid: int, scanner: ProcScanner) -> list[ProcInfo]:
+async def find_carriers(token: str, pgid: int, scanner: ProcScanner) -> list[ProcInfo]:
     """The token carriers outside group ``pgid``: a descendant that called setsid()
     left the group but still carries the token. If the scan fails or the step's
     deadline cuts it short, none; the proof scans again and kills what it finds."""

@@ -225,6 +225,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     agent_allowance: list[Literal["approvals", "sessions", "other-sessions", "daemon"]] = []
     # Per agent, with everything it starts (needs a cgroup with the controllers on).
     limits: Limits = Limits()
+    # Start agents through the holder (agentsd.holder), a process that outlives the
+    # daemon and holds their pipes. Recovery at the next start still ends them:
+    # reattaching them is not built yet.
+    holder: bool = False
 
 
 class ConfigError(Exception):

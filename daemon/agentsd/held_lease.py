@@ -99,7 +99,9 @@ class HeldLease:
     cause: ExitCause = "unexpected"
     failure: RpcError | None = None
     stderr_tail: str | None = None  # the end of the agent's stderr, when it failed
-    proof: ChildExit | None = None  # None until a spawned process was laddered
+    # None until a spawned process was laddered; an EndOutcome when the holder that
+    # held it was lost and it was ended by its identity (agentsd.held_child).
+    proof: Proof = None
     settle_error: RpcError | None = None  # why the settle could not be committed
 
     async def child_spawned(self, identity: ChildIdentity) -> None:
@@ -124,7 +126,7 @@ class HeldLease:
             started_at=time.time(),
         )
 
-    def child_exited(self, proof: ChildExit) -> None:
+    def child_exited(self, proof: ChildExit | EndOutcome) -> None:
         self.proof = proof
 
 

@@ -35,7 +35,9 @@ from agentsd.agent_watch import current_watch
 from agentsd.child import Child, open_child
 from agentsd.child import ChildSpec as ProcessSpec
 from agentsd.delivery import drain_queue
+from agentsd.held_child import HeldChild, open_held_child
 from agentsd.held_lease import SETTLE_TIMEOUT_S, HeldLease, exit_cause, open_lease
+from agentsd.holder_link import HolderLost
 from agentsd.leases import Lease
 from agentsd.providers.base import Adapter, LineLink, Provider, Resume
 from agentsd.providers.versions import settle_version
@@ -212,9 +214,19 @@ async def _run_child(
             supervisor, session, provider, held.lease, environment.env, stderr_fd
         )
         program = process_spec.argv[0]
-        async with open_child(
-            process_spec, supervisor.ladder, held.child_spawned, held.child_exited
-        ) as child:
+        # With the config's ``holder``, the agent is the holder's child, not ours.
+        opened = (
+            open_child(process_spec, supervisor.ladder, held.child_spawned, held.child_exited)
+            if supervisor.holder is None
+            else open_held_child(
+                process_spec,
+                supervisor.ladder,
+                held.child_spawned,
+                held.child_exited,
+                await supervisor.holder.link(),
+            )
+        )
+        async with opened as child:
             sink = Sink(session, held.lease, task)
             adapter = provider.adapter(LineLink(child.stdin, child.stdout), sink, session.row)
             return await _attend(
@@ -224,6 +236,8 @@ async def _run_child(
         return exc
     except (OSError, trio.TooSlowError) as exc:
         return _classify_start_failure(exc, program)
+    except HolderLost as exc:
+        return AgentStartFailed(f"cannot start the agent: the holder is unavailable: {exc}")
 
 
 def _quoting_stderr(failure: RpcError | None, tail: str | None) -> RpcError | None:
@@ -337,7 +351,7 @@ async def _attend(
     session: Session,
     lease: Lease,
     task: SessionTask,
-    child: Child,
+    child: Child | HeldChild,
     adapter: Adapter,
     sink: Sink,
     spec: ProcessSpec,
@@ -390,8 +404,7 @@ async def _attend(
             task.stop_cause = "failed" if failure else "unexpected"
         nursery.cancel_scope.cancel()
 
-    watch = current_watch()
-    pidfd = watch.add_exit(child.process.pid, exit_seen)
+    release_watch = _watch_exit(child, exit_seen)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(handshake_and_read)
@@ -402,7 +415,7 @@ async def _attend(
                 task.serve_queue(None)
             nursery.cancel_scope.cancel()
     finally:
-        watch.release(pidfd)
+        release_watch()
     task.adapter = None
     if task.ready.is_set():
         with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
@@ -413,8 +426,22 @@ async def _attend(
     return failure[0] if failure else None
 
 
+def _watch_exit(child: Child | HeldChild, exit_seen: Callable[[], None]) -> Callable[[], None]:
+    """Call ``exit_seen`` once the child itself exited: our own child's pidfd in the
+    daemon's watch, a held agent's exit as its holder reports it. What stops it."""
+    if isinstance(child, HeldChild):
+        return child.watch_exit(exit_seen)
+    watch = current_watch()
+    pidfd = watch.add_exit(child.process.pid, exit_seen)
+    return functools.partial(watch.release, pidfd)
+
+
 async def _outlive(
-    session: Session, task: SessionTask, child: Child, returncode: int, failure: list[RpcError]
+    session: Session,
+    task: SessionTask,
+    child: Child | HeldChild,
+    returncode: int,
+    failure: list[RpcError],
 ) -> None:
     """The child exited (its own exit, not the end of its output): give its output
     ``EXIT_EOF_GRACE_S`` to end, then end what it left running, then give the output

@@ -23,7 +23,7 @@ import stat
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from agentsd.config import Config, Limits
 from agentsd.drain import TurnGate
 from agentsd.feed import Feed
 from agentsd.held_lease import recorded_identity, settle
+from agentsd.holder_link import HolderKeeper, open_holder_keeper
 from agentsd.leftovers import EndOutcome, end_contained, reap_own_zombie
 from agentsd.operations import Operation, record_provisional
 from agentsd.procfs import current_scanner
@@ -86,8 +87,10 @@ class Supervisor:
         nursery: trio.Nursery,
         agent_env: AgentEnvironment,
         containment: Containment = FALLBACK,
+        holder: HolderKeeper | None = None,
     ) -> None:
         self.store = store
+        self.holder = holder  # agents are spawned through it when set (config ``holder``)
         self.containment = containment
         self.config = config
         self.agent_env = agent_env
@@ -415,12 +418,17 @@ async def open_supervisor(
     (state_dir / "logs").mkdir(mode=0o700, exist_ok=True)
     if agent_env is None:
         agent_env = AgentEnvironment(config, "inherit")
-    async with trio.open_nursery() as nursery:
-        supervisor = Supervisor(
-            store, config, state_dir, providers, nursery, agent_env, containment
-        )
-        await supervisor.load()
-        try:
-            yield supervisor
-        finally:
-            supervisor.stop_all("shutdown")
+    async with AsyncExitStack() as stack:
+        holder = None
+        if config.holder:
+            # Outside the sessions' nursery: it outlasts their ladders.
+            holder = await stack.enter_async_context(open_holder_keeper(state_dir))
+        async with trio.open_nursery() as nursery:
+            supervisor = Supervisor(
+                store, config, state_dir, providers, nursery, agent_env, containment, holder
+            )
+            await supervisor.load()
+            try:
+                yield supervisor
+            finally:
+                supervisor.stop_all("shutdown")

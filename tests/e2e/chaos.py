@@ -37,6 +37,7 @@ import contextlib
 import random
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -314,11 +315,11 @@ def _follow(socket_path: Path, follower: Follower, stop: threading.Event) -> Non
 
 
 @contextlib.contextmanager
-def start_daemon(base: Path) -> Iterator[DaemonProcess]:
+def start_daemon(base: Path, holder: bool = False) -> Iterator[DaemonProcess]:
     state = base / "state"
     sock = base / "run" / "agentsd.sock"
     config = base / "chaos.toml"
-    config.write_text(LADDER_CONFIG)
+    config.write_text(("holder = true\n" if holder else "") + LADDER_CONFIG)
     log_path = base / "agentsd.log"
     with log_path.open("ab") as log_file:
         process = subprocess.Popen(
@@ -339,6 +340,20 @@ def start_daemon(base: Path) -> Iterator[DaemonProcess]:
 
 
 # ---- the checks --------------------------------------------------------------------
+
+
+def _holder_left(state: Path) -> bool:
+    """Whether nothing listens on the holder's socket any more (it leaves once it
+    holds nothing and no daemon is attached), within ``CLIENT_TIMEOUT_S``."""
+    deadline = time.monotonic() + CLIENT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            try:
+                sock.connect(str(state / "holder.sock"))
+            except (ConnectionRefusedError, FileNotFoundError):
+                return True
+        time.sleep(0.05)
+    return False
 
 
 def _db(state: Path) -> sqlite3.Connection:
@@ -495,10 +510,13 @@ def run(
     verbose: bool = False,
     reach: frozenset[str] = frozenset(),
     max_rounds: int = 0,
+    holder: bool = False,
 ) -> Summary:
     """``rounds`` rounds, then more (up to ``max_rounds``) until a kill has cut off
     the reply of every method named in ``reach``: the moment of a kill is random, so
-    a window is reached by repetition, and a run stops short of it only at the cap."""
+    a window is reached by repetition, and a run stops short of it only at the cap.
+    With ``holder``, every agent runs in the holder (config ``holder = true``),
+    which outlives each kill, and at the end it must have left."""
     rng = random.Random(seed)
     base = make_temp_dir()
     cwd = base / "work"
@@ -508,7 +526,7 @@ def run(
     tokens_before: list[str] = []
     round_no = 0
     while round_no < rounds or (reach - set(summary.cut_off) and round_no < max_rounds):
-        with start_daemon(base) as daemon:
+        with start_daemon(base, holder) as daemon:
             if round_no:
                 check(daemon.state_dir, tokens_before, record, summary)
                 check_followers(daemon, record, summary)
@@ -536,12 +554,14 @@ def run(
         if verbose:
             print(f"round {round_no + 1}: {summary.line()}", flush=True)
         round_no += 1
-    with start_daemon(base) as daemon:
+    with start_daemon(base, holder) as daemon:
         check(daemon.state_dir, tokens_before, record, summary)
         check_followers(daemon, record, summary)
         daemon.process.send_signal(signal.SIGTERM)
         if daemon.process.wait(timeout=60) != 0:
             summary.violations.append("the daemon did not exit 0 on SIGTERM")
+        if holder and not _holder_left(daemon.state_dir):
+            summary.violations.append("the holder still listened after the daemon's clean stop")
     summary.acked = len(record.acked)
     shutil.rmtree(base, ignore_errors=True)
     return summary
@@ -553,8 +573,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--clients", type=int, default=3)
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--holder", action="store_true", help="agents in the holder")
     args = parser.parse_args(argv)
-    summary = run(args.rounds, args.seed, args.clients, args.verbose)
+    summary = run(args.rounds, args.seed, args.clients, args.verbose, holder=args.holder)
     print(summary.line())
     for violation in summary.violations[:50]:
         print(f"  violation: {violation}")

@@ -34,3 +34,12 @@ def test_crash_chaos_short_form_has_no_violations() -> None:
     missed = REACH - set(summary.cut_off)
     assert not missed, f"no kill cut off a reply of {sorted(missed)}: {summary.line()}"
     assert summary.recovered, f"recovery never had a child to end: {summary.line()}"
+
+
+def test_crash_chaos_with_the_holder_has_no_violations() -> None:
+    """The same, every agent held by the holder: it outlives each kill with their
+    pipes, the next daemon's recovery ends them, and it leaves at the end."""
+    summary = run(rounds=4, seed=20261201, clients=3, holder=True)
+    assert summary.kills == 4
+    assert summary.acked > 0, "the workload acknowledged nothing: the harness checked nothing"
+    assert summary.violations == [], summary.violations

@@ -1,0 +1,362 @@
+"""An agent spawned through the holder (``agentsd.holder``): `open_child`'s rules,
+with the holder as the agent's parent.
+
+The agent is started as ``agentsd.child`` starts one (its own session and group,
+the spawn token, its own cgroup made with its limits before it runs), but by the
+holder, so it survives this daemon. What changes, rule by rule of ``agentsd.child``:
+
+- Rule 8 (born in its cgroup): the fork servers of ``agentsd.spawner`` are this
+  daemon's children and clone agents as this daemon's, which a held agent must
+  not be; the holder starts the shim (``JOIN_SCRIPT``) instead, which joins the
+  cgroup before it execs the agent (slower: the join waits for an RCU grace period).
+- Rule 7 (exit from the process): the holder reports the exit (`HeldChild.wait`,
+  `HeldChild.watch_exit`), not ``agentsd.agent_watch``'s pidfd: the agent is not
+  our child, and the holder may have reaped it (its pid free for reuse) before a
+  pidfd could be opened here.
+
+- Rule 4 (exit is proven): the reap is the holder's; it reports the status
+  (`HeldChild.wait`). The group, token and cgroup proofs are this daemon's, as for
+  our own child.
+- Rule 5 (killpg only while unreaped): the holder signals the group, and only
+  while it has not reaped the agent; everything else goes through verified pidfds.
+- The close ladder is the same (stdin EOF, SIGTERM, SIGKILL or ``cgroup.kill``,
+  proof), its steps sent to the holder, and the holder forgets the agent only
+  after the proof.
+- A lost holder (``agentsd.holder_link`` Rule 2): the agent lost its pipes and
+  its exit can no longer be reaped here. The ladder then ends it by its identity
+  as recovery ends a previous daemon's child (``agentsd.leftovers.end_contained``)
+  and reports that outcome; the lease is released on it, or kept held when the
+  agent could not be proven gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+from agentsd.cgroup import SessionCgroup
+from agentsd.child import (
+    ChildExit,
+    ChildSpec,
+    ExitProof,
+    ExitUnproven,
+    find_carriers,
+    kill_cgroup,
+    launch,
+    spawn_limiter,
+)
+from agentsd.config import Ladder
+from agentsd.holder_link import AgentStdin, AgentStdout, HeldAgent, HolderLink, HolderLost
+from agentsd.leftovers import (
+    ChildIdentity,
+    EndOutcome,
+    Remains,
+    end_contained,
+    end_remains,
+    prove_gone,
+    signal_and_wait,
+    unproven_reason,
+)
+from agentsd.procfs import ProcInfo, ProcScanner, current_scanner
+
+__all__ = ["HeldChild", "open_held_child"]
+
+log = logging.getLogger(__name__)
+
+HeldExit = ChildExit | EndOutcome
+"""How the ladder left a held agent: proven as our own child would be, or, after the
+holder was lost, as recovery ends a previous daemon's."""
+
+
+@attrs.define(eq=False)
+class HeldChild:
+    """A running agent held by the holder, owned by the task inside
+    `open_held_child`; the same surface as ``agentsd.child.Child``."""
+
+    identity: ChildIdentity
+    agent: HeldAgent
+    stdin: AgentStdin
+    stdout: AgentStdout
+    ladder: Ladder
+    scanner: ProcScanner
+    signalled: set[tuple[int, int]] = attrs.field(factory=set)
+
+    async def wait(self) -> int:
+        """Wait for the agent's own exit, as the holder reaped it; never returns once
+        the holder is lost first (its output ends then: the reader stops the task)."""
+        return await self.agent.wait()
+
+    def watch_exit(self, on_exit: Callable[[], None]) -> Callable[[], None]:
+        """Call ``on_exit`` once the holder reported the agent's exit (at once if it
+        has): what ``agentsd.agent_watch`` does for our own child's pidfd. Returns
+        what stops it. Never called once the holder is lost first."""
+        self.agent.on_exit = on_exit
+        if self.agent.exited.is_set():
+            on_exit()
+
+        def release() -> None:
+            self.agent.on_exit = None
+
+        return release
+
+    async def end_remains(self) -> None:
+        """``agentsd.child.Child.end_remains``: after `wait`, end what the agent
+        left in its group or carrying its token. Shielded, bounded, never raises."""
+        assert self.agent.returncode is not None, "end_remains is for a reaped agent"
+        remains = [Remains(pgid=self.identity.pgid, token=self.identity.token, leader=None)]
+        ladder = self.ladder
+        bound_s = ladder.term_grace_s + (ladder.proof_rounds + 2) * (
+            ladder.scan_timeout_s + ladder.kill_wait_s
+        )
+        with trio.move_on_after(bound_s, shield=True):
+            self.signalled.update(await end_remains(remains, ladder, self.scanner))
+
+
+@asynccontextmanager
+async def open_held_child(
+    spec: ChildSpec,
+    ladder: Ladder,
+    on_spawned: Callable[[ChildIdentity], Awaitable[None]],
+    on_exit: Callable[[HeldExit], None],
+    link: HolderLink,
+    *,
+    scanner: ProcScanner | None = None,
+) -> AsyncIterator[HeldChild]:
+    """``agentsd.child.open_child`` through the holder of ``link``: the same
+    contract (``on_spawned`` before the body, ``on_exit`` exactly once for every
+    agent spawned, the shielded and bounded ladder on exit, never raising from it),
+    except that ``on_exit`` may receive an `EndOutcome` (the holder was lost).
+
+    Raises OSError if the agent cannot be started, `HolderLost` if the holder is
+    gone before it started it (nothing runs then)."""
+    scanner = scanner if scanner is not None else current_scanner()
+    cgroup = None if spec.cgroup_root is None else spec.cgroup_root.for_token(spec.token)
+    try:
+        if cgroup is not None:
+            await trio.to_thread.run_sync(_make_cgroup, spec, limiter=spawn_limiter())
+        argv, env = launch(spec, cgroup)
+        # Once asked, the holder spawns whatever becomes of this task: its answer
+        # must be heard (each request is bounded), or the agent would run unladdered.
+        with trio.CancelScope(shield=True):
+            try:
+                agent = await link.spawn(spec.token, argv, spec.cwd, env, spec.stderr_fd)
+            except HolderLost:
+                # It may have started the agent before it was lost: end whatever
+                # carries the token, and say how that went.
+                on_exit(await _end_unconfirmed(spec, cgroup, ladder, scanner))
+                cgroup = None  # ended and removed there
+                raise
+        del env
+    except BaseException:
+        if cgroup is not None:
+            cgroup.remove()  # nothing was started in it (or it was never made)
+        raise
+    outcome: HeldExit = ExitUnproven(f"the close ladder of held agent {agent.pid} failed")
+    signalled: set[tuple[int, int]] = set()  # (pid, start time) signalled individually
+    try:
+        if agent.start_time is None:  # the holder reads it before it can reap
+            raise ProcessLookupError(f"agent {agent.pid} vanished before it was identified")
+        identity = ChildIdentity(
+            pid=agent.pid, pgid=agent.pid, start_time=agent.start_time, token=spec.token
+        )
+        child = HeldChild(
+            identity=identity,
+            agent=agent,
+            stdin=agent.stdin,
+            stdout=agent.stdout,
+            ladder=ladder,
+            scanner=scanner,
+            signalled=signalled,
+        )
+        await on_spawned(identity)
+        yield child
+    finally:
+        try:
+            outcome = await _close(agent, spec, cgroup, ladder, scanner, signalled)
+        finally:
+            on_exit(outcome)
+            proven = isinstance(outcome, ExitProof) or outcome in (
+                EndOutcome.ENDED,
+                EndOutcome.ALREADY_GONE,
+            )
+            if proven:
+                with trio.CancelScope(shield=True), trio.move_on_after(ladder.kill_wait_s):
+                    await link.release(agent)
+
+
+def _make_cgroup(spec: ChildSpec) -> None:
+    """The agent's cgroup, with its limits, before the holder starts anything in it
+    (``agentsd.child`` Rule 8). The holder spawns, not this daemon, so the agent
+    joins it through the shim (`launch`), never a fork server of this daemon's."""
+    assert spec.cgroup_root is not None
+    cgroup = spec.cgroup_root.create(spec.token)
+    if spec.limits.controllers():
+        cgroup.apply(spec.limits)
+
+
+async def _wait_exit(agent: HeldAgent, seconds: float) -> None:
+    """Until the agent exited or the holder was lost, at most ``seconds``."""
+    with trio.move_on_after(seconds):
+        async with trio.open_nursery() as nursery:
+
+            async def exited() -> None:
+                await agent.exited.wait()
+                nursery.cancel_scope.cancel()
+
+            async def lost() -> None:
+                await agent.link.lost.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(exited)
+            nursery.start_soon(lost)
+
+
+async def _close(
+    agent: HeldAgent,
+    spec: ChildSpec,
+    cgroup: SessionCgroup | None,
+    ladder: Ladder,
+    scanner: ProcScanner,
+    signalled: set[tuple[int, int]],
+) -> HeldExit:
+    """The close ladder through the holder. Shielded, every step bounded, never
+    raises."""
+    outcome: HeldExit
+    with trio.CancelScope(shield=True):
+        try:
+            outcome = await _ladder(agent, spec, cgroup, ladder, scanner, signalled)
+        except HolderLost:
+            outcome = await _end_lost(agent, spec, cgroup, ladder, scanner)
+        except Exception:
+            log.exception("the close ladder of held agent %d failed", agent.pid)
+            outcome = ExitUnproven(f"the close ladder of held agent {agent.pid} failed")
+    return outcome
+
+
+async def _end_unconfirmed(
+    spec: ChildSpec, cgroup: SessionCgroup | None, ladder: Ladder, scanner: ProcScanner
+) -> EndOutcome:
+    """End what a spawn whose answer never came may have started, by its token (and
+    cgroup): as recovery ends a spawn that was never confirmed."""
+    identity = ChildIdentity(pid=0, pgid=0, start_time=-1, token=spec.token)
+    root = spec.cgroup_root if cgroup is not None else None
+    report = await end_contained([identity], ladder, scanner, root, sweep=False)
+    outcome = report.outcomes.get(identity, EndOutcome.UNPROVEN)
+    if cgroup is not None and outcome is not EndOutcome.UNPROVEN:
+        try:
+            cgroup.remove()
+        except OSError as exc:
+            log.warning("could not remove the empty cgroup %s: %s", cgroup.path, exc)
+    return outcome
+
+
+async def _end_lost(
+    agent: HeldAgent,
+    spec: ChildSpec,
+    cgroup: SessionCgroup | None,
+    ladder: Ladder,
+    scanner: ProcScanner,
+) -> EndOutcome:
+    """End an agent whose holder was lost by its identity, as recovery would."""
+    log.warning("agent %d lost its holder: ending it by its identity", agent.pid)
+    identity = ChildIdentity(
+        pid=agent.pid, pgid=agent.pid, start_time=agent.start_time or -1, token=spec.token
+    )
+    root = spec.cgroup_root if cgroup is not None else None
+    report = await end_contained([identity], ladder, scanner, root, sweep=False)
+    outcome = report.outcomes.get(identity, EndOutcome.UNPROVEN)
+    if cgroup is not None and outcome is not EndOutcome.UNPROVEN:
+        try:
+            cgroup.remove()
+        except OSError as exc:
+            log.warning("could not remove the empty cgroup %s: %s", cgroup.path, exc)
+    agent.close_err()
+    return outcome
+
+
+async def _ladder(
+    agent: HeldAgent,
+    spec: ChildSpec,
+    cgroup: SessionCgroup | None,
+    ladder: Ladder,
+    scanner: ProcScanner,
+    signalled: set[tuple[int, int]],
+) -> ChildExit:
+    """``agentsd.child``'s ladders (``_close`` and ``_close_cgroup``), each signal
+    sent through the holder; raises `HolderLost` when it is lost on the way."""
+    link = agent.link
+    pgid = agent.pid
+    if link.lost.is_set():
+        raise HolderLost(link.lost_reason)
+    if agent.returncode is None:
+        await agent.close_stdin()
+        await _wait_exit(agent, ladder.eof_grace_s)
+    # Token carriers outside the group, as the SIGTERM step's scan found them; the
+    # SIGKILL step signals them again (each re-verified) without a scan of its own.
+    carriers: list[ProcInfo] = []
+    for sig, wait_s in (
+        (signal.SIGTERM, ladder.term_grace_s),
+        (signal.SIGKILL, ladder.kill_wait_s),
+    ):
+        if agent.returncode is not None or link.lost.is_set():
+            break
+        if cgroup is not None and sig == signal.SIGKILL:
+            break  # the last rung is cgroup.kill, below
+        await agent.signal_group(sig)
+        if cgroup is None:
+            if sig == signal.SIGTERM:
+                carriers = await find_carriers(spec.token, pgid, scanner)
+            signalled |= await signal_and_wait(carriers, sig, None)
+        await _wait_exit(agent, wait_s)
+    if cgroup is not None:
+        return await _end_cgroup(agent, cgroup, ladder)
+    if agent.returncode is None:
+        if link.lost.is_set():
+            raise HolderLost(link.lost_reason)
+        return ExitUnproven(f"held agent {agent.pid} still ran {ladder.kill_wait_s}s after SIGKILL")
+    live, killed = await prove_gone(
+        [Remains(pgid=pgid, token=spec.token, leader=None)], ladder, scanner
+    )
+    signalled |= killed
+    reason = unproven_reason(live, ladder)
+    if reason is not None:
+        return ExitUnproven(reason)
+    return ExitProof.from_returncode(agent.returncode, len(signalled))
+
+
+async def _end_cgroup(agent: HeldAgent, cgroup: SessionCgroup, ladder: Ladder) -> ChildExit:
+    """The last rung in cgroup mode (``agentsd.child._close_cgroup``): ``cgroup.kill``
+    (in a worker thread: it waits for the cgroup lock), the holder's reap first,
+    then ``populated 0``."""
+    try:
+        stragglers = await trio.to_thread.run_sync(
+            kill_cgroup, cgroup, agent.pid, limiter=spawn_limiter()
+        )
+        await _wait_exit(agent, ladder.kill_wait_s)
+        if agent.returncode is None:
+            if agent.link.lost.is_set():
+                raise HolderLost(agent.link.lost_reason)
+            return ExitUnproven(
+                f"held agent {agent.pid} still ran {ladder.kill_wait_s}s after cgroup.kill"
+            )
+        with trio.move_on_after(ladder.kill_wait_s):
+            await cgroup.wait_empty()
+        if cgroup.populated():
+            return ExitUnproven(
+                f"cgroup {cgroup.path} still held processes {ladder.kill_wait_s}s after cgroup.kill"
+            )
+        oom_kills = cgroup.oom_kills()  # the file goes with the cgroup
+        try:
+            cgroup.remove()
+        except OSError as exc:  # proven all the same; recovery removes it later
+            log.warning("could not remove the empty cgroup %s: %s", cgroup.path, exc)
+        return ExitProof.from_returncode(
+            agent.returncode, stragglers, cgroup_empty=True, oom_kills=oom_kills
+        )
+    except OSError as exc:
+        return ExitUnproven(f"cgroup {cgroup.path} could not be ended: {exc}")

@@ -1,0 +1,764 @@
+"""The holder: keeps agents and their pipes alive while no daemon runs (issue 19).
+
+Standard library only, run by path (``python -I .../holder.py --listen-fd N``) so
+that a daemon upgraded in place never changes the code of a holder already running.
+One holder serves every session of a state directory; the daemon that starts it
+binds the listening socket (0600, in the state directory) and hands it over as
+``--listen-fd``, so it accepts from its first instruction. With ``--detach`` it
+forks once more and reports its pid: it is never the daemon's child, so no daemon
+(or test) is left with its zombie, and it outlives any daemon.
+
+Rule 1 (the agents are its children): it spawns each agent on the daemon's request
+(own session and process group, environment and argv exactly as given: the daemon
+adds the spawn token and the cgroup join) and holds the agent's three pipes. It is a
+child subreaper (PR_SET_CHILD_SUBREAPER), so whatever an agent leaves behind is
+reparented to it, not to init, and reaped by it. An agent's stdin is never closed
+while the holder lives, unless the daemon asks (``close_stdin``) or the agent exits.
+
+Rule 2 (exact output): stdout and stderr bytes are numbered from 0 per agent and
+stream. They are relayed to the attached daemon as ``out`` messages with their
+offset and retained until the daemon acknowledges an offset (``ack``); a daemon that
+reattaches resumes a stream at the offset it made durable (``resume``): nothing is
+skipped, nothing sent twice after that offset. At most ``--retain-bytes`` are
+retained per agent and stream; at the bound the holder stops reading that pipe and
+the agent blocks on its write (the pipe's own 64 KiB to 1 MiB come on top).
+
+Rule 3 (whole frames in): a ``write`` message is read whole before any byte of it
+is written to the agent's stdin, and once read it is written whole, whatever
+happens to the daemon meanwhile: the agent never sees half a frame.
+
+Rule 4 (one daemon at a time, fenced): a connection becomes the attached daemon by
+``hello`` with an ``epoch`` higher than every epoch accepted before; the previous
+daemon's connection is closed at once, and a hello with a lower or equal epoch is
+refused (``fenced``). Only the attached daemon's requests act. ``detach`` ends the
+attachment cleanly (a planned restart); end of file from the daemon (a crash) does
+the same. Output meanwhile stays retained within Rule 2's bound.
+
+Rule 5 (who may connect): the peer must have the holder's uid (SO_PEERCRED) and must
+not be one of its agents: not a descendant of the holder (the subreaper makes that
+inescapable by reparenting), not carrying a spawn token in its environment, not in
+an agent's cgroup. Residual risk: an agent that gets an unrelated process of the
+user to connect for it (a terminal multiplexer's server it can talk to, ``systemd-run
+--user``) passes these checks, as it could already talk to the daemon's socket then.
+
+Rule 6 (exit): the holder exits when it holds no agent and no daemon is attached,
+after a daemon attached once (or ``--idle-exit-s`` after it started when none ever
+did). It ignores SIGHUP, SIGINT and SIGTERM's defaults are kept: a SIGTERM or SIGKILL
+to the holder is its death, which the daemon detects (pidfd) and answers by ending
+its agents (``agentsd.holder_client``).
+
+Wire: each message is ``>II`` (header length, payload length), a JSON object header
+(``op`` names it; a request may carry ``ref``, echoed by its reply), then the
+payload bytes (``write`` and ``out`` only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import errno
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any
+
+PROTOCOL = 1
+HEADER = struct.Struct(">II")  # header length, payload length
+MAX_HEADER = 1 << 20  # a spawn's argv and environment fit many times over
+MAX_PAYLOAD = 16 << 20  # one stdin frame; the daemon's own frame bound is lower
+DEFAULT_RETAIN_BYTES = 1 << 20  # per agent and stream (Rule 2)
+READ_BYTES = 64 << 10  # one read from an agent's pipe
+SEND_HIGH_WATER = 256 << 10  # relay no more while this much is queued to the daemon
+MAX_STDIN_QUEUE = 64 << 20  # unwritten stdin per agent before the daemon is refused
+DEFAULT_IDLE_EXIT_S = 30.0
+MAX_ANCESTORS = 64
+SPAWN_TOKEN_ENV = "AGENTSD_SPAWN_TOKEN"  # agentsd.procfs.SPAWN_TOKEN_ENV
+CGROUP_PREFIX = "agent-"  # agentsd.cgroup.CGROUP_PREFIX
+PR_SET_CHILD_SUBREAPER = 36
+AGENT_OPS = frozenset({"write", "close_stdin", "resume", "ack", "signal", "forget"})
+
+
+def encode(header: dict[str, Any], payload: bytes = b"") -> bytes:
+    """One message on the wire."""
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return HEADER.pack(len(head), len(payload)) + head + payload
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not a message."""
+
+
+class Decoder:
+    """Messages out of a byte stream, in order."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[dict[str, Any], bytes]]:
+        self._buf += data
+        messages = []
+        while len(self._buf) >= HEADER.size:
+            head_len, payload_len = HEADER.unpack_from(self._buf)
+            if head_len > MAX_HEADER or payload_len > MAX_PAYLOAD:
+                raise ProtocolError(f"message too large ({head_len} + {payload_len} bytes)")
+            end = HEADER.size + head_len + payload_len
+            if len(self._buf) < end:
+                break
+            try:
+                header = json.loads(bytes(self._buf[HEADER.size : HEADER.size + head_len]))
+            except ValueError as exc:
+                raise ProtocolError(f"bad header: {exc}") from None
+            if not isinstance(header, dict) or not isinstance(header.get("op"), str):
+                raise ProtocolError("a header is an object with an op")
+            messages.append((header, bytes(self._buf[HEADER.size + head_len : end])))
+            del self._buf[:end]
+        return messages
+
+
+class Stream:
+    """An agent's stdout or stderr: what was read, from ``base`` on (Rule 2)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd: int | None = fd
+        self.buf = bytearray()
+        self.base = 0  # offset of buf[0]
+        self.sent: int | None = None  # relayed up to here; None: not resumed
+        self.eof_sent = False
+
+    @property
+    def end(self) -> int:
+        return self.base + len(self.buf)
+
+    def ack(self, offset: int) -> None:
+        if offset > self.base:
+            drop = min(offset, self.end) - self.base
+            del self.buf[:drop]
+            self.base += drop
+
+
+class Agent:
+    """A spawned agent and our ends of its pipes (owned here, not by ``process``)."""
+
+    def __init__(
+        self, agent_id: str, process: subprocess.Popen[bytes], stdin: int, out: int, err: int
+    ) -> None:
+        self.id = agent_id
+        self.process = process  # kept until forgotten: a dropped Popen polls its pid
+        self.pid = process.pid
+        self.start_time: int | None = None  # /proc/PID/stat field 22, read at the spawn
+        self.stdin_fd: int | None = stdin
+        self.stdin = bytearray()
+        self.stdin_close = False  # close once the queue is written
+        self.streams = {"out": Stream(out), "err": Stream(err)}
+        self.returncode: int | None = None
+        self.exit_sent = False
+        for fd in (self.stdin_fd, *(s.fd for s in self.streams.values())):
+            assert fd is not None
+            os.set_blocking(fd, False)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "pid": self.pid,
+            "start_time": self.start_time,
+            "returncode": self.returncode,
+            **{
+                f"{name}_{key}": value
+                for name, s in self.streams.items()
+                for key, value in (("base", s.base), ("end", s.end), ("eof", s.fd is None))
+            },
+        }
+
+
+class Connection:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.decoder = Decoder()
+        self.outbuf = bytearray()
+        self.closing = False  # close once outbuf is sent
+
+
+class Holder:
+    def __init__(self, listener: socket.socket, retain_bytes: int, idle_exit_s: float) -> None:
+        self.listener = listener
+        self.retain = retain_bytes
+        self.idle_exit_s = idle_exit_s
+        self.selector = selectors.DefaultSelector()
+        self.agents: dict[str, Agent] = {}
+        self.by_pid: dict[int, Agent] = {}
+        self.daemon: Connection | None = None
+        self.epoch = 0
+        self.ever_attached = False
+        self.started = time.monotonic()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        listener.setblocking(False)
+        self.selector.register(listener, selectors.EVENT_READ, ("accept", None))
+        self.selector.register(self.wake_r, selectors.EVENT_READ, ("sigchld", None))
+        self.interest: dict[int, int] = {}
+
+    # -- selector bookkeeping ------------------------------------------------------
+
+    def _want(self, fd: int, events: int, data: tuple[str, Any]) -> None:
+        old = self.interest.get(fd, 0)
+        if events == old:
+            return
+        if events == 0:
+            self.selector.unregister(fd)
+            del self.interest[fd]
+        elif old == 0:
+            self.selector.register(fd, events, data)
+            self.interest[fd] = events
+        else:
+            self.selector.modify(fd, events, data)
+            self.interest[fd] = events
+
+    def _refresh(self) -> None:
+        """Interest in every fd, from the state: read a pipe while under the bound,
+        write stdin while something is queued, send while the daemon has bytes due."""
+        for agent in self.agents.values():
+            for name, stream in agent.streams.items():
+                if stream.fd is not None:
+                    want = selectors.EVENT_READ if len(stream.buf) < self.retain else 0
+                    self._want(stream.fd, want, ("pipe", (agent, name)))
+            if agent.stdin_fd is not None:
+                want = selectors.EVENT_WRITE if agent.stdin else 0
+                self._want(agent.stdin_fd, want, ("stdin", agent))
+        conn = self.daemon
+        if conn is not None:
+            self._pump(conn)
+
+    # -- the loop --------------------------------------------------------------------
+
+    def run(self) -> None:
+        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self._reap()
+        while not self._done():
+            try:
+                self._refresh()
+            except Exception:
+                traceback.print_exc()  # as below: never the holder's end
+            timeout = None if self.ever_attached else 1.0
+            for key, events in self.selector.select(timeout):
+                try:
+                    self._dispatch(key.data, events)
+                except Exception:
+                    # Rule 1 first: the holder's death would take every agent's pipes.
+                    # A bug met serving one event costs that event (and a connection
+                    # it concerned), never the holder.
+                    traceback.print_exc()
+                    kind, data = key.data
+                    if kind == "conn":
+                        with _suppress_oserror():
+                            self._drop(data)
+
+    def _dispatch(self, key_data: tuple[str, Any], events: int) -> None:
+        kind, data = key_data
+        if kind == "accept":
+            self._accept()
+        elif kind == "sigchld":
+            with _suppress_eagain():
+                while os.read(self.wake_r, 4096):
+                    pass
+            self._reap()
+        elif kind == "conn":
+            self._on_conn(data, events)
+        elif kind == "pipe":
+            self._read_pipe(*data)
+        elif kind == "stdin":
+            self._write_stdin(data)
+
+    def _done(self) -> bool:
+        if self.agents or self.daemon is not None:
+            return False
+        if self.ever_attached:
+            return True
+        return time.monotonic() - self.started > self.idle_exit_s
+
+    # -- connections -------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        refused = self._refusal(sock)
+        if refused is not None:
+            with _suppress_oserror():
+                sock.setblocking(True)
+                sock.settimeout(1.0)
+                sock.sendall(encode({"op": "refused", "message": refused}))
+            sock.close()
+            return
+        sock.setblocking(False)
+        conn = Connection(sock)
+        self._want(sock.fileno(), selectors.EVENT_READ, ("conn", conn))
+
+    def _refusal(self, sock: socket.socket) -> str | None:
+        """Rule 5: why this peer may not connect, or None."""
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, _ = struct.unpack("3i", creds)
+        if uid != os.getuid():
+            return "another user"
+        if in_agent_cgroup(pid):
+            return "an agent's cgroup"
+        current = pid
+        for _ in range(MAX_ANCESTORS):
+            if current == os.getpid():
+                return "a process the holder started"
+            if carries_token(current):
+                return "a process carrying a spawn token"
+            parent = parent_pid(current)
+            if parent is None or parent <= 1:
+                return None
+            current = parent
+        return "too deep a process tree"
+
+    def _on_conn(self, conn: Connection, events: int) -> None:
+        if events & selectors.EVENT_WRITE:
+            self._flush(conn)
+        if events & selectors.EVENT_READ and not conn.closing:
+            try:
+                data = conn.sock.recv(READ_BYTES)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._drop(conn)
+                return
+            try:
+                messages = conn.decoder.feed(data)
+            except ProtocolError as exc:
+                self._send(conn, {"op": "error", "kind": "protocol", "message": str(exc)})
+                self._close_after_send(conn)
+                return
+            for header, payload in messages:
+                if conn.closing:
+                    break
+                self._handle(conn, header, payload)
+
+    def _drop(self, conn: Connection) -> None:
+        """Close ``conn`` now; a daemon's end is a detach (Rule 4)."""
+        fd = conn.sock.fileno()
+        if fd in self.interest:
+            self._want(fd, 0, ("conn", conn))
+        conn.sock.close()
+        if self.daemon is conn:
+            self._detach()
+
+    def _detach(self) -> None:
+        self.daemon = None
+        for agent in self.agents.values():
+            for stream in agent.streams.values():
+                stream.sent = None
+                stream.eof_sent = False
+            agent.exit_sent = False
+
+    def _close_after_send(self, conn: Connection) -> None:
+        conn.closing = True
+        if self.daemon is conn:
+            self._detach()
+        if conn.sock.fileno() < 0:
+            return  # a failed send closed it already
+        if not conn.outbuf:
+            self._drop(conn)
+        else:
+            self._want(conn.sock.fileno(), selectors.EVENT_WRITE, ("conn", conn))
+
+    def _send(self, conn: Connection, header: dict[str, Any], payload: bytes = b"") -> None:
+        conn.outbuf += encode(header, payload)
+        self._flush(conn)
+
+    def _flush(self, conn: Connection) -> None:
+        if conn.sock.fileno() < 0:
+            return
+        while conn.outbuf:
+            try:
+                sent = conn.sock.send(conn.outbuf)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self._drop(conn)
+                return
+            del conn.outbuf[:sent]
+        if conn.closing and not conn.outbuf:
+            self._drop(conn)
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.outbuf else 0)
+        if conn.closing:
+            events = selectors.EVENT_WRITE
+        self._want(conn.sock.fileno(), events, ("conn", conn))
+
+    def _pump(self, conn: Connection) -> None:
+        """Relay due output, exits and ends of output to the attached daemon, as far
+        as its socket takes them (Rule 2)."""
+        for agent in self.agents.values():
+            for name, stream in agent.streams.items():
+                if stream.sent is None:
+                    continue
+                while stream.sent < stream.end and len(conn.outbuf) < SEND_HIGH_WATER:
+                    start = stream.sent - stream.base
+                    chunk = bytes(stream.buf[start : start + READ_BYTES])
+                    conn.outbuf += encode(
+                        {"op": "out", "id": agent.id, "stream": name, "offset": stream.sent},
+                        chunk,
+                    )
+                    stream.sent += len(chunk)
+                if stream.fd is None and stream.sent == stream.end and not stream.eof_sent:
+                    stream.eof_sent = True
+                    conn.outbuf += encode(
+                        {"op": "eof", "id": agent.id, "stream": name, "offset": stream.end}
+                    )
+            if agent.returncode is not None and not agent.exit_sent:
+                agent.exit_sent = True
+                conn.outbuf += encode(
+                    {"op": "exited", "id": agent.id, "returncode": agent.returncode}
+                )
+        if conn.outbuf:
+            self._flush(conn)
+
+    # -- requests --------------------------------------------------------------------------
+
+    def _handle(self, conn: Connection, header: dict[str, Any], payload: bytes) -> None:
+        op = header["op"]
+        ref = header.get("ref")
+
+        def reply(body: dict[str, Any]) -> None:
+            self._send(conn, {**body, "ref": ref})
+
+        if op == "hello":
+            epoch = header.get("epoch")
+            if header.get("protocol") != PROTOCOL:
+                reply({"op": "error", "kind": "protocol", "message": f"protocol {PROTOCOL}"})
+                self._close_after_send(conn)
+                return
+            if not isinstance(epoch, int) or epoch <= self.epoch:
+                reply({"op": "error", "kind": "fenced", "message": f"epoch {self.epoch} is newer"})
+                self._close_after_send(conn)
+                return
+            if self.daemon is not None and self.daemon is not conn:
+                self._drop(self.daemon)  # Rule 4: the previous daemon is fenced off
+            self.epoch = epoch
+            self.daemon = conn
+            self.ever_attached = True
+            reply(
+                {
+                    "op": "welcome",
+                    "holder_pid": os.getpid(),
+                    "agents": [a.describe() for a in self.agents.values()],
+                }
+            )
+            return
+        if self.daemon is not conn:
+            reply({"op": "error", "kind": "not_attached", "message": "say hello first"})
+            self._close_after_send(conn)
+            return
+        if op == "detach":
+            reply({"op": "detached"})
+            self._close_after_send(conn)
+            return
+        if op == "spawn":
+            reply(self._spawn(header))
+            return
+        if op not in AGENT_OPS:
+            reply({"op": "error", "kind": "bad_request", "message": f"unknown op {op!r}"})
+            return
+        agent_id = header.get("id")
+        agent = self.agents.get(agent_id) if isinstance(agent_id, str) else None
+        if agent is None:
+            reply(
+                {
+                    "op": "error",
+                    "kind": "unknown_agent",
+                    "message": f"no agent {header.get('id')!r}",
+                }
+            )
+            return
+        if op == "write":
+            if agent.stdin_fd is None or agent.stdin_close:
+                reply({"op": "error", "kind": "stdin_closed", "message": "its stdin is closed"})
+            elif len(agent.stdin) + len(payload) > MAX_STDIN_QUEUE:
+                reply({"op": "error", "kind": "stdin_full", "message": "too much unwritten input"})
+            else:
+                agent.stdin += payload  # whole, before any of it is written (Rule 3)
+                self._write_stdin(agent)
+                if ref is not None:
+                    reply({"op": "queued"})
+        elif op == "close_stdin":
+            agent.stdin_close = True
+            self._write_stdin(agent)
+            reply({"op": "ok"})
+        elif op == "resume" or op == "ack":
+            stream = agent.streams.get(header.get("stream", ""))
+            offset = header.get("offset")
+            if stream is None or not isinstance(offset, int):
+                reply({"op": "error", "kind": "bad_request", "message": "stream and offset"})
+                return
+            if op == "ack":
+                stream.ack(offset)
+                return
+            if not stream.base <= offset <= stream.end:
+                reply(
+                    {
+                        "op": "error",
+                        "kind": "offset_gone",
+                        "message": f"offset {offset} outside {stream.base}..{stream.end}",
+                    }
+                )
+                return
+            stream.ack(offset)
+            stream.sent = offset
+            stream.eof_sent = False
+            agent.exit_sent = False
+            reply({"op": "ok"})
+        elif op == "signal":
+            # Only while unreaped is the pid, and so the group id, ours (child.py Rule 5).
+            sig = header.get("signal", signal.SIGTERM)
+            if not isinstance(sig, int) or isinstance(sig, bool) or not 0 < sig < signal.NSIG:
+                reply({"op": "error", "kind": "bad_request", "message": "a signal number"})
+                return
+            sent = False
+            if agent.returncode is None:
+                try:
+                    os.killpg(agent.pid, sig)
+                    sent = True
+                except (ProcessLookupError, PermissionError):
+                    pass
+            reply({"op": "signalled", "sent": sent})
+        elif op == "forget":
+            if agent.returncode is None:
+                reply({"op": "error", "kind": "running", "message": "it has not exited"})
+                return
+            self._forget(agent)
+            reply({"op": "ok"})
+
+    def _spawn(self, header: dict[str, Any]) -> dict[str, Any]:
+        agent_id, argv, cwd, env = (header.get(k) for k in ("id", "argv", "cwd", "env"))
+        if not isinstance(agent_id, str) or agent_id in self.agents:
+            return {"op": "error", "kind": "bad_request", "message": "a new id"}
+        if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+            return {"op": "error", "kind": "bad_request", "message": "argv: strings"}
+        if not isinstance(cwd, str) or not isinstance(env, dict):
+            return {"op": "error", "kind": "bad_request", "message": "cwd and env"}
+        # Our ends stay ours: Popen gets the agent's ends only (all close-on-exec).
+        pipes = [os.pipe() for _ in range(3)]
+        theirs = (pipes[0][0], pipes[1][1], pipes[2][1])
+        ours = (pipes[0][1], pipes[1][0], pipes[2][0])
+        try:
+            process = subprocess.Popen(
+                argv,
+                stdin=theirs[0],
+                stdout=theirs[1],
+                stderr=theirs[2],
+                cwd=cwd,
+                env={str(k): str(v) for k, v in env.items()},
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            for fd in ours:
+                os.close(fd)
+            return {
+                "op": "error",
+                "kind": "spawn_failed",
+                "errno": exc.errno,
+                "message": exc.strerror or str(exc),
+            }
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        agent = Agent(agent_id, process, *ours)
+        # Read before any reap: an unreaped child, even a zombie, keeps its pid.
+        agent.start_time = start_time(agent.pid)
+        self.agents[agent_id] = agent
+        self.by_pid[agent.pid] = agent
+        self._reap()  # a SIGCHLD may have come before the agent was known
+        return {"op": "spawned", "id": agent_id, "pid": agent.pid, "start_time": agent.start_time}
+
+    def _forget(self, agent: Agent) -> None:
+        del self.agents[agent.id]
+        self.by_pid.pop(agent.pid, None)
+        for stream in agent.streams.values():
+            self._close_pipe(stream)
+        self._close_stdin(agent)
+
+    # -- agents' pipes -------------------------------------------------------------------
+
+    def _read_pipe(self, agent: Agent, name: str) -> None:
+        stream = agent.streams[name]
+        if stream.fd is None:
+            return
+        room = self.retain - len(stream.buf)
+        try:
+            data = os.read(stream.fd, max(1, min(READ_BYTES, room)))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            stream.buf += data
+        else:
+            self._close_pipe(stream)
+
+    def _close_pipe(self, stream: Stream) -> None:
+        if stream.fd is not None:
+            if stream.fd in self.interest:
+                self._want(stream.fd, 0, ("pipe", None))
+            os.close(stream.fd)
+            stream.fd = None
+
+    def _write_stdin(self, agent: Agent) -> None:
+        while agent.stdin and agent.stdin_fd is not None:
+            try:
+                written = os.write(agent.stdin_fd, agent.stdin)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # EPIPE: it closed its stdin or exited
+                agent.stdin.clear()
+                self._close_stdin(agent)
+                return
+            del agent.stdin[:written]
+        if agent.stdin_close and not agent.stdin:
+            self._close_stdin(agent)
+
+    def _close_stdin(self, agent: Agent) -> None:
+        if agent.stdin_fd is not None:
+            if agent.stdin_fd in self.interest:
+                self._want(agent.stdin_fd, 0, ("stdin", None))
+            os.close(agent.stdin_fd)
+            agent.stdin_fd = None
+
+    def _reap(self) -> None:
+        """Reap every exited child: agents (their status is kept for the daemon) and
+        what agents left behind, reparented here (Rule 1)."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            agent = self.by_pid.get(pid)
+            if agent is not None:
+                agent.returncode = os.waitstatus_to_exitcode(status)
+                agent.process.returncode = agent.returncode  # Popen must not wait again
+                # Unwritten input can no longer reach it.
+                agent.stdin.clear()
+                self._close_stdin(agent)
+
+
+class _suppress_eagain:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et: object, exc: object, tb: object) -> bool:
+        return isinstance(exc, BlockingIOError | InterruptedError)
+
+
+class _suppress_oserror:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et: object, exc: object, tb: object) -> bool:
+        return isinstance(exc, OSError)
+
+
+def parent_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses: fields follow the last ')'.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[1]) if len(fields) > 1 else None
+
+
+def start_time(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat (clock ticks since boot): with the pid, an identity."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def carries_token(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read()
+    except OSError:
+        return False
+    prefix = f"{SPAWN_TOKEN_ENV}=".encode()
+    return any(entry.startswith(prefix) for entry in environ.split(b"\0"))
+
+
+def in_agent_cgroup(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return False
+    return any(
+        is_agent_cgroup(part)
+        for line in lines
+        if line.startswith("0::")
+        for part in line[3:].split("/")
+    )
+
+
+def is_agent_cgroup(name: str) -> bool:
+    """Whether a cgroup directory name is a session's: ``agent-`` and a spawn token
+    (32 hex digits), so that a unit of the user's named ``agent-...`` is not one."""
+    token = name.removeprefix(CGROUP_PREFIX)
+    return token != name and len(token) == 32 and all(c in "0123456789abcdef" for c in token)
+
+
+def _become_subreaper() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err or errno.EPERM), "PR_SET_CHILD_SUBREAPER")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--listen-fd", type=int, required=True)
+    parser.add_argument("--retain-bytes", type=int, default=DEFAULT_RETAIN_BYTES)
+    parser.add_argument("--idle-exit-s", type=float, default=DEFAULT_IDLE_EXIT_S)
+    parser.add_argument(
+        "--detach",
+        action="store_true",
+        help="fork once more, so as never to be the starter's child (nor its zombie), "
+        "and write the holder's pid and a newline on stdout, then close it",
+    )
+    args = parser.parse_args(argv)
+    if args.detach:
+        if os.fork() > 0:
+            os._exit(0)
+        os.write(1, f"{os.getpid()}\n".encode())
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    listener = socket.socket(fileno=args.listen_fd)
+    _become_subreaper()
+    Holder(listener, max(1, args.retain_bytes), args.idle_exit_s).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

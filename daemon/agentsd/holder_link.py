@@ -1,0 +1,651 @@
+"""The daemon's end of the holder (``agentsd.holder``): start it, attach, and give
+each agent it holds trio streams like a pipe's.
+
+Rule 1 (one link, one holder): `open_holder_link` connects to the state
+directory's holder, starting one (detached: its own session, outliving this daemon)
+when none listens, and attaches with an epoch above any earlier daemon's
+(``time.time_ns()``: daemons of one state directory never overlap, the daemon lock
+sees to that). A link is never re-established: once the holder is lost (its socket
+ended: it died), every agent on it is lost, and the next spawn starts a new holder.
+
+Rule 2 (what a lost holder means): the agents it held lost their pipes. Their
+output ends (`HeldAgent.stdout` reads end of file) and their exit can no longer be
+reported (`HeldAgent.wait` never returns); whoever owns an agent ends it by its
+recorded identity and proves it gone (``agentsd.held_child``).
+
+Rule 3 (output): an agent's stdout is read in order, offsets checked against the
+holder's numbering; each byte handed to the reader is acknowledged at once, so the
+holder retains only what is still in flight. Stderr is copied to the caller's
+stderr pipe (``agentsd.stderr_log``) and acknowledged as it is written.
+
+Rule 4 (agents nobody claims): what the holder held at attach (``found``) may be
+adopted (`HolderLink.adopt`: its output resumed from a given offset) until
+`HolderLink.forget_unclaimed`; from then on an agent that no one here spawned or
+adopted is forgotten once it exited (recovery at start-up ends the previous
+daemon's; the holder then reaps them), so the holder does not keep their status for
+ever and leaves once it holds nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from agentsd import holder as wire
+
+log = logging.getLogger(__name__)
+
+SOCKET_NAME = "holder.sock"
+LOG_NAME = "holder.log"
+HOLDER_SCRIPT = Path(wire.__file__)
+CONNECT_TIMEOUT_S = 10.0  # a holder accepts from its first instruction
+REQUEST_TIMEOUT_S = 30.0  # a request is a few syscalls in the holder; a spawn a fork
+# Once an agent's exit is proven, how long the rest of its stderr may take to arrive
+# (what it wrote is in the holder or its pipe; ``agentsd.stderr_log`` waits as long).
+ERR_DRAIN_S = 2.0
+
+
+class HolderLost(Exception):
+    """The holder is gone (or never answered): its agents' pipes are gone with it."""
+
+
+class HolderRefused(Exception):
+    """The holder answered a request with an error."""
+
+    def __init__(self, kind: str, message: str, errno_: int | None = None) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message
+        self.errno = errno_
+
+
+@attrs.define(eq=False)
+class HeldAgent:
+    """One agent held by the holder, as this daemon sees it."""
+
+    link: HolderLink
+    id: str
+    pid: int
+    start_time: int | None
+    returncode: int | None = None
+    exited: trio.Event = attrs.field(factory=trio.Event)
+    _out: bytearray = attrs.field(factory=bytearray)
+    _out_offset: int = 0  # offset of _out[0]
+    _out_eof: bool = False
+    _out_ready: trio.Event = attrs.field(factory=trio.Event)
+    _err_fd: int | None = None  # our dup of the caller's stderr pipe, written in a thread
+    _err_offset: int = 0
+    _err_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    err_done: trio.Event = attrs.field(factory=trio.Event)  # its stderr ended or was lost
+    # Called (trio's thread) once the holder reported its exit: the session task's
+    # exit watch, as ``agentsd.agent_watch`` watches our own children's pidfds.
+    on_exit: Callable[[], object] | None = None
+
+    @property
+    def stdout(self) -> AgentStdout:
+        return AgentStdout(self)
+
+    @property
+    def stdin(self) -> AgentStdin:
+        return AgentStdin(self)
+
+    async def wait(self) -> int:
+        """The agent's exit status as the holder reaped it (a negative signal
+        number for a signal, as ``subprocess``); never returns once the holder is
+        lost before that (Rule 2)."""
+        await self.exited.wait()
+        assert self.returncode is not None
+        return self.returncode
+
+    async def signal_group(self, sig: int) -> bool:
+        """Signal its process group through the holder, which does so only while
+        the agent is unreaped (its group id cannot be reused then). Whether sent."""
+        reply = await self.link.request({"op": "signal", "id": self.id, "signal": int(sig)})
+        return bool(reply.get("sent"))
+
+    async def close_stdin(self) -> None:
+        """End its stdin (the first rung of the close ladder), once what was
+        written is written."""
+        await self.link.request({"op": "close_stdin", "id": self.id})
+
+    async def forget(self) -> None:
+        """Let the holder drop the exited agent (after its exit was proven)."""
+        with suppress(HolderLost, HolderRefused):
+            await self.link.request({"op": "forget", "id": self.id})
+
+    def _lost(self) -> None:
+        self._out_eof = True
+        self._out_ready.set()
+        self.err_done.set()
+
+    def _on_out(self, offset: int, data: bytes) -> None:
+        end = self._out_offset + len(self._out)
+        if offset != end:
+            log.error("holder: agent %s output at %d, expected %d", self.id, offset, end)
+            self.link.fail(f"a gap or a duplicate in agent {self.id}'s output")
+            return
+        self._out += data
+        self._out_ready.set()
+
+    async def _on_err(self, offset: int, data: bytes) -> None:
+        async with self._err_lock:
+            if offset != self._err_offset:
+                return
+            self._err_offset += len(data)
+            if self._err_fd is not None:
+                fd = self._err_fd
+                try:
+                    await trio.to_thread.run_sync(_write_all, fd, data)
+                except OSError:  # the log reader is gone: the log is lost, not the agent
+                    self.close_err()
+            self.link.send_nowait(
+                {"op": "ack", "id": self.id, "stream": "err", "offset": self._err_offset}
+            )
+
+    def close_err(self) -> None:
+        if self._err_fd is not None:
+            os.close(self._err_fd)
+            self._err_fd = None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class AgentStdout(trio.abc.ReceiveStream):
+    def __init__(self, agent: HeldAgent) -> None:
+        self._agent = agent
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        agent = self._agent
+        while not agent._out and not agent._out_eof:
+            agent._out_ready = trio.Event()
+            await agent._out_ready.wait()
+        if not agent._out:
+            await trio.lowlevel.checkpoint()
+            return b""
+        size = len(agent._out) if max_bytes is None else min(max_bytes, len(agent._out))
+        data = bytes(agent._out[:size])
+        del agent._out[:size]
+        agent._out_offset += size
+        agent.link.send_nowait(
+            {"op": "ack", "id": agent.id, "stream": "out", "offset": agent._out_offset}
+        )
+        await trio.lowlevel.checkpoint()
+        return data
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+class AgentStdin(trio.abc.SendStream):
+    """Each ``send_all`` is one ``write`` message: the holder writes it whole."""
+
+    def __init__(self, agent: HeldAgent) -> None:
+        self._agent = agent
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        agent = self._agent
+        if agent.returncode is not None or agent.link.lost.is_set():
+            raise trio.BrokenResourceError("the agent is gone")
+        await agent.link.send({"op": "write", "id": agent.id}, bytes(data))
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+@attrs.define(eq=False)
+class HolderLink:
+    """An attached connection to the holder. `request` and `send` raise `HolderLost`
+    once it is gone; ``lost`` is set then."""
+
+    stream: trio.SocketStream
+    holder_pid: int
+    agents: dict[str, HeldAgent] = attrs.field(factory=dict)
+    # What the holder held at attach, by id: not ours until adopted (Rule 4).
+    found: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    lost: trio.Event = attrs.field(factory=trio.Event)
+    lost_reason: str = ""
+    _send_lock: trio.StrictFIFOLock = attrs.field(factory=trio.StrictFIFOLock)
+    _replies: dict[int, trio.MemorySendChannel[dict[str, Any]]] = attrs.field(factory=dict)
+    _refs: int = 0
+    _outbox: list[bytes] = attrs.field(factory=list)
+    _outbox_wake: trio.Event = attrs.field(factory=trio.Event)
+
+    async def request(self, header: dict[str, Any], payload: bytes = b"") -> dict[str, Any]:
+        """Send a request and return its reply; `HolderRefused` for an error reply."""
+        self._refs += 1
+        ref = self._refs
+        sender, receiver = trio.open_memory_channel[dict[str, Any]](1)
+        self._replies[ref] = sender
+        try:
+            await self.send({**header, "ref": ref}, payload)
+            with trio.move_on_after(REQUEST_TIMEOUT_S) as late:
+                try:
+                    reply = await receiver.receive()
+                except trio.EndOfChannel:
+                    raise HolderLost(self.lost_reason) from None
+            if late.cancelled_caught:
+                self.fail(f"no answer to {header['op']} in {REQUEST_TIMEOUT_S:g} s")
+                raise HolderLost(self.lost_reason)
+        finally:
+            self._replies.pop(ref, None)
+        if reply["op"] == "error":
+            raise HolderRefused(
+                reply.get("kind", "error"), reply.get("message", ""), reply.get("errno")
+            )
+        return reply
+
+    async def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
+        if self.lost.is_set():
+            raise HolderLost(self.lost_reason)
+        data = wire.encode(header, payload)
+        async with self._send_lock:
+            try:
+                await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                self.fail(f"sending to the holder failed: {exc}")
+                raise HolderLost(self.lost_reason) from None
+
+    def send_nowait(self, header: dict[str, Any]) -> None:
+        """Queue a small message (an ack) for the sender task."""
+        if not self.lost.is_set():
+            self._outbox.append(wire.encode(header))
+            self._outbox_wake.set()
+
+    def fail(self, reason: str) -> None:
+        """The holder is lost (Rule 2)."""
+        if self.lost.is_set():
+            return
+        log.error("holder %d lost: %s", self.holder_pid, reason)
+        self.lost_reason = reason
+        self.lost.set()
+        for sender in self._replies.values():
+            sender.close()
+        for agent in self.agents.values():
+            agent._lost()
+        self._outbox_wake.set()  # the sender task sees ``lost`` and returns
+
+    async def spawn(
+        self,
+        agent_id: str,
+        argv: list[str],
+        cwd: str,
+        env: Mapping[str, str],
+        stderr_fd: int | None,
+    ) -> HeldAgent:
+        """Have the holder start an agent. Raises OSError as Popen would (with the
+        holder's errno), `HolderLost`."""
+        header = {"op": "spawn", "id": agent_id, "argv": argv, "cwd": cwd, "env": dict(env)}
+        # Known before the answer: the holder may report its exit right behind it.
+        agent = HeldAgent(self, agent_id, 0, None)
+        self.agents[agent_id] = agent
+        try:
+            reply = await self.request(header)
+        except HolderRefused as exc:
+            del self.agents[agent_id]
+            if exc.errno is not None:
+                raise OSError(exc.errno, exc.message) from None
+            raise OSError(errno.EINVAL, str(exc)) from None
+        except BaseException:
+            del self.agents[agent_id]
+            raise
+        agent.pid = reply["pid"]
+        agent.start_time = reply.get("start_time")
+        if stderr_fd is not None:
+            agent._err_fd = os.dup(stderr_fd)
+        # Everything it writes, from its first byte.
+        await self.request({"op": "resume", "id": agent_id, "stream": "out", "offset": 0})
+        await self.request({"op": "resume", "id": agent_id, "stream": "err", "offset": 0})
+        return agent
+
+    async def adopt(
+        self, agent_id: str, out_offset: int, err_offset: int, stderr_fd: int | None
+    ) -> HeldAgent:
+        """Claim an agent the holder held at attach (Rule 4) and resume its output
+        at these offsets: the first byte read is the one at ``out_offset``. Raises
+        `HolderRefused` (``unknown_agent``; ``offset_gone`` when the holder no
+        longer retains that offset, or never had it), `HolderLost`."""
+        found = self.found.pop(agent_id, None)
+        if found is None:
+            raise HolderRefused("unknown_agent", f"the holder held no agent {agent_id!r} at attach")
+        agent = HeldAgent(self, agent_id, found["pid"], found.get("start_time"))
+        agent._out_offset = out_offset
+        agent._err_offset = err_offset
+        if found["returncode"] is not None:
+            agent.returncode = found["returncode"]
+            agent.exited.set()
+        self.agents[agent_id] = agent
+        try:
+            for stream, offset in (("out", out_offset), ("err", err_offset)):
+                await self.request(
+                    {"op": "resume", "id": agent_id, "stream": stream, "offset": offset}
+                )
+        except BaseException:
+            del self.agents[agent_id]
+            self.found[agent_id] = found
+            raise
+        if stderr_fd is not None:
+            agent._err_fd = os.dup(stderr_fd)
+        return agent
+
+    def forget_unclaimed(self) -> None:
+        """Give up what the holder held at attach and was not adopted (Rule 4):
+        forgotten now if it exited, else once its exit is reported."""
+        for agent_id, found in self.found.items():
+            if found["returncode"] is not None:
+                self.send_nowait({"op": "forget", "id": agent_id})
+        self.found.clear()
+
+    async def release(self, agent: HeldAgent) -> None:
+        """Forget ``agent`` here and in the holder (it exited and was proven gone)."""
+        with trio.move_on_after(ERR_DRAIN_S):
+            await agent.err_done.wait()
+        agent.close_err()
+        self.agents.pop(agent.id, None)
+        if agent.returncode is not None:
+            await agent.forget()
+
+    async def _read(self, decoder: wire.Decoder, early: list[tuple[dict[str, Any], bytes]]) -> None:
+        for header, payload in early:
+            await self._dispatch(header, payload)
+        while True:
+            try:
+                data = await self.stream.receive_some(wire.READ_BYTES)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                self.fail(f"reading from the holder failed: {exc}")
+                return
+            if not data:
+                self.fail("the holder closed its end (it died, or another daemon attached)")
+                return
+            try:
+                messages = decoder.feed(data)
+            except wire.ProtocolError as exc:
+                self.fail(f"the holder sent something unreadable: {exc}")
+                return
+            for header, payload in messages:
+                await self._dispatch(header, payload)
+
+    async def _dispatch(self, header: dict[str, Any], payload: bytes) -> None:
+        ref = header.get("ref")
+        if ref is not None:
+            sender = self._replies.get(ref)
+            if sender is not None:
+                sender.send_nowait(header)
+            return
+        op = header["op"]
+        agent = self.agents.get(header.get("id", ""))
+        if op == "error":
+            log.warning("holder: %s: %s", header.get("kind"), header.get("message"))
+        elif agent is None:
+            agent_id = header.get("id")
+            if op == "exited" and agent_id in self.found:
+                self.found[agent_id] = {**self.found[agent_id], "returncode": header["returncode"]}
+            elif op == "exited":  # Rule 4
+                self.send_nowait({"op": "forget", "id": agent_id})
+        elif op == "out" and header.get("stream") == "out":
+            agent._on_out(header["offset"], payload)
+        elif op == "out":
+            await agent._on_err(header["offset"], payload)
+        elif op == "eof" and header.get("stream") == "out":
+            agent._out_eof = True
+            agent._out_ready.set()
+        elif op == "eof":
+            agent.err_done.set()
+        elif op == "exited":
+            agent.returncode = header["returncode"]
+            agent.exited.set()
+            if agent.on_exit is not None:
+                agent.on_exit()
+
+    async def _write(self) -> None:
+        while True:
+            await self._outbox_wake.wait()
+            self._outbox_wake = trio.Event()
+            if self.lost.is_set():
+                return
+            batch, self._outbox = b"".join(self._outbox), []
+            async with self._send_lock:
+                try:
+                    await self.stream.send_all(batch)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    self.fail(f"sending to the holder failed: {exc}")
+                    return
+
+
+def socket_path(state_dir: Path) -> Path:
+    return state_dir / SOCKET_NAME
+
+
+async def _connect(path: Path) -> trio.SocketStream | None:
+    """A connection to a listening holder, or None when none listens there."""
+    try:
+        return await trio.open_unix_socket(str(path))
+    except (FileNotFoundError, ConnectionRefusedError):
+        return None
+
+
+def _start_holder(state_dir: Path) -> int:
+    """Bind a fresh listening socket (0600) and start a holder on it, detached (it
+    forks once more: never our child); its pid. Blocking: run it in a thread.
+    Raises `HolderLost` when it does not report its pid in time (it is killed)."""
+    path = socket_path(state_dir)
+    with suppress(FileNotFoundError):
+        path.unlink()  # a dead holder's: nothing listened there
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        old = os.umask(0o077)
+        try:
+            listener.bind(str(path))
+        finally:
+            os.umask(old)
+        listener.listen(64)
+        fd = listener.fileno()
+        logs = state_dir / "logs"
+        logs.mkdir(mode=0o700, exist_ok=True)
+        with open(logs / LOG_NAME, "ab") as log_file:
+            process = subprocess.Popen(
+                [sys.executable, "-I", str(HOLDER_SCRIPT), "--listen-fd", str(fd), "--detach"],
+                pass_fds=[fd],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log_file,
+                start_new_session=True,  # outlives this daemon and its terminal
+                close_fds=True,
+            )
+    finally:
+        listener.close()
+    assert process.stdout is not None
+    try:
+        line = _read_line(process.stdout.fileno(), CONNECT_TIMEOUT_S)
+        process.wait(CONNECT_TIMEOUT_S)  # the first fork's parent, gone at once
+    except (subprocess.TimeoutExpired, ValueError) as exc:
+        with suppress(ProcessLookupError):
+            process.kill()
+        process.wait()
+        raise HolderLost(f"the holder did not start: {exc}") from None
+    finally:
+        process.stdout.close()
+    return int(line)
+
+
+def _read_line(fd: int, timeout_s: float) -> bytes:
+    """One line from ``fd`` within ``timeout_s``; ValueError if none came."""
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    while not data.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            raise ValueError(f"no pid within {timeout_s:g} s")
+        chunk = os.read(fd, 64)
+        if not chunk:
+            raise ValueError("it exited without its pid")
+        data += chunk
+    if not data.strip().isdigit():
+        raise ValueError(f"not a pid: {data[:64]!r}")
+    return data
+
+
+@asynccontextmanager
+async def open_holder_link(state_dir: Path) -> AsyncIterator[HolderLink]:
+    """Attach to the state directory's holder, starting one if none listens
+    (Rule 1); yield the link. Raises `HolderLost` when no holder can be attached.
+    On exit the link detaches: the holder keeps running what it holds."""
+    path = socket_path(state_dir)
+    started: int | None = None  # the pid of the holder we started
+    stream = await _connect(path)
+    if stream is None:
+        started = await trio.to_thread.run_sync(_start_holder, state_dir)
+        with trio.move_on_after(CONNECT_TIMEOUT_S):
+            stream = await _connect(path)
+        if stream is None:
+            raise HolderLost(f"the holder started at {path} does not accept")
+    decoder = wire.Decoder()
+    hello = {"op": "hello", "protocol": wire.PROTOCOL, "epoch": time.time_ns(), "ref": 0}
+    welcome: dict[str, Any] | None = None
+    early: list[tuple[dict[str, Any], bytes]] = []  # what came with it, in order
+    with trio.move_on_after(CONNECT_TIMEOUT_S):
+        try:
+            await stream.send_all(wire.encode(hello))
+            while welcome is None:
+                data = await stream.receive_some(wire.READ_BYTES)
+                if not data:
+                    break
+                for message in decoder.feed(data):
+                    if welcome is None and message[0].get("ref") == 0:
+                        welcome = message[0]
+                    elif welcome is not None:
+                        early.append(message)
+        except (trio.BrokenResourceError, OSError, wire.ProtocolError) as exc:
+            log.warning("attaching the holder at %s failed: %s", path, exc)  # refused
+    if welcome is None or welcome["op"] != "welcome":
+        await stream.aclose()
+        if started is not None:
+            # Ours, and it holds nothing yet: a holder that cannot serve is ended, not
+            # left listening for the next daemon to meet.
+            _end_started(started)
+        raise HolderLost(f"the holder at {path} did not attach us: {welcome}")
+    link = HolderLink(stream=stream, holder_pid=welcome["holder_pid"])
+    link.found = {a["id"]: a for a in welcome["agents"]}
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(link._read, decoder, early)
+            nursery.start_soon(link._write)
+            nursery.start_soon(_watch_holder, link)
+            try:
+                yield link
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            if not link.lost.is_set():
+                with trio.move_on_after(CONNECT_TIMEOUT_S), suppress(HolderLost, HolderRefused):
+                    await _detach(link)
+            for agent in link.agents.values():
+                agent.close_err()
+            await stream.aclose()
+
+
+def _end_started(pid: int) -> None:
+    """Kill a holder we started that never attached us. Not our child (it forked
+    once more): its new parent reaps it. Only while it still runs our holder's
+    program, so a reused pid is never signalled."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return
+        if str(HOLDER_SCRIPT).encode() in cmdline.split(b"\0"):
+            with suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    finally:
+        os.close(pidfd)
+
+
+async def _watch_holder(link: HolderLink) -> None:
+    """The holder's death, through a pidfd (it is not our child), ends the link
+    even should its socket somehow stay open."""
+    try:
+        pidfd = os.pidfd_open(link.holder_pid)
+    except ProcessLookupError:
+        link.fail("the holder is gone")
+        return
+    try:
+        await trio.lowlevel.wait_readable(pidfd)
+    finally:
+        os.close(pidfd)
+    link.fail("the holder exited")
+
+
+async def _detach(link: HolderLink) -> None:
+    await link.stream.send_all(wire.encode({"op": "detach", "ref": -1}))
+
+
+@attrs.define(eq=False)
+class HolderKeeper:
+    """The supervisor's current link, opened on first need and again after a holder
+    was lost (Rule 1); `open_holder_keeper` owns the links' tasks."""
+
+    state_dir: Path
+    _nursery: trio.Nursery
+    _link: HolderLink | None = None
+    _lock: trio.Lock = attrs.field(factory=trio.Lock)
+
+    async def link(self) -> HolderLink:
+        """A live link; raises `HolderLost` when no holder can be attached."""
+        async with self._lock:
+            if self._link is None or self._link.lost.is_set():
+                try:
+                    self._link = await self._nursery.start(self._hold)
+                except OSError as exc:
+                    raise HolderLost(f"cannot start or reach the holder: {exc}") from None
+                # Nothing is adopted yet (reattach is not built): recovery ended
+                # what a previous daemon left in it.
+                self._link.forget_unclaimed()
+            return self._link
+
+    async def _hold(self, task_status: trio.TaskStatus[HolderLink]) -> None:
+        async with open_holder_link(self.state_dir) as link:
+            task_status.started(link)
+            await link.lost.wait()
+
+
+@asynccontextmanager
+async def open_holder_keeper(state_dir: Path) -> AsyncIterator[HolderKeeper]:
+    """Yield a `HolderKeeper`; on exit its link detaches (the holder keeps what it
+    holds). A holder already listening is attached at once, so that it forgets what
+    a previous daemon left exited there (Rule 4) even if nothing is spawned."""
+    async with trio.open_nursery() as nursery:
+        keeper = HolderKeeper(state_dir, nursery)
+        if socket_path(state_dir).exists():
+            try:
+                await keeper.link()
+            except HolderLost as exc:
+                log.warning("could not attach the holder left running: %s", exc)
+        try:
+            yield keeper
+        finally:
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,119 @@
+"""The holder (config ``holder = true``): what holding agents outside the daemon costs.
+
+Figures (``python -m tests.bench holder``), each next to a baseline from the same run:
+
+- streaming throughput: the flooding mock agent (``bench_stream``'s flood, one
+  subscriber) with its output relayed by the holder, against the same daemon
+  spawning the agent itself (goal: >= 0.9x); the best of ``ROUNDS`` alternating
+  rounds of each;
+- the holder's RSS per held agent with ``SESSIONS`` live sessions (tiny shell agents,
+  separate processes, not counted), against the holder holding one (goal: a few
+  KiB);
+- restart to serving after a SIGKILL with ``SESSIONS`` live sessions, with and
+  without the holder. Reattach is not built yet: in both the next daemon's recovery
+  ends every agent, so this is the cost of that recovery, not of a reattach.
+
+Nothing here asserts: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.bench.bench_sessions import STUBBORN_TINY, vm_rss_kib
+from tests.bench.bench_stream import FLOOD_DELTAS, call, flood
+from tests.daemon_process import running_daemon, wait_until_serving
+
+ROUNDS = 3
+SESSIONS = 100
+THROUGHPUT_GOAL = 0.9
+
+
+@contextmanager
+def config(holder: bool) -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
+        path = Path(tmp) / "config.toml"
+        path.write_text(
+            f"holder = {'true' if holder else 'false'}\n"
+            "[ladder]\neof_grace_s = 0.2\nterm_grace_s = 0.2\nkill_wait_s = 1.0\n"
+        )
+        yield path
+
+
+def throughput(holder: bool) -> float:
+    """Deltas/s of one flood to one subscriber."""
+    with config(holder) as path, running_daemon(extra_args=["--config", str(path)]) as daemon:
+        session = call(
+            daemon.socket,
+            "agentSession.create",
+            {"provider": "mock", "cwd": "/", "options": {"floodStdout": FLOOD_DELTAS}},
+        )
+        result = flood(daemon, session["sessionId"], 1, turn=1)
+        return FLOOD_DELTAS / float(result["elapsed"])
+
+
+def holder_pid(daemon_socket: Path, session_id: str) -> int:
+    child = call(daemon_socket, "agentSession.get", {"sessionId": session_id})["session"]["child"]
+    stat = Path(f"/proc/{child['pid']}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def held_memory() -> tuple[int, int]:
+    """(holder RSS KiB holding one agent, holding ``SESSIONS + 1``)."""
+    with config(True) as path, running_daemon(extra_args=["--config", str(path)]) as daemon:
+        params = {"provider": "mock", "cwd": "/tmp", "command": STUBBORN_TINY}
+        first = call(daemon.socket, "agentSession.create", params)["sessionId"]
+        pid = holder_pid(daemon.socket, first)
+        one = vm_rss_kib(pid)
+        for _ in range(SESSIONS):
+            call(daemon.socket, "agentSession.create", params)
+        return one, vm_rss_kib(pid)
+
+
+def restart_to_serving(holder: bool) -> float:
+    """Seconds from the SIGKILL of a daemon with ``SESSIONS`` live sessions to the
+    next one serving on the same state directory."""
+    with (
+        config(holder) as path,
+        tempfile.TemporaryDirectory(dir="/tmp") as tmp,
+    ):
+        state = Path(tmp) / "state"
+        args = ["--config", str(path)]
+        params = {"provider": "mock", "cwd": "/tmp", "command": STUBBORN_TINY}
+        with running_daemon(state_dir=state, extra_args=args) as first:
+            for _ in range(SESSIONS):
+                call(first.socket, "agentSession.create", params)
+            first.process.send_signal(signal.SIGKILL)
+            first.wait()
+            killed = time.monotonic()
+        with running_daemon(state_dir=state, extra_args=args) as second:
+            wait_until_serving(second)
+            return time.monotonic() - killed
+
+
+def main() -> None:
+    direct, held = [], []
+    for _ in range(ROUNDS):
+        direct.append(throughput(False))
+        held.append(throughput(True))
+    ratio = max(held) / max(direct)
+    print(
+        f"   streaming       {max(held):9.0f} deltas/s through the holder   "
+        f"{max(direct):9.0f} deltas/s direct   ratio {ratio:.2f}x (goal >= {THROUGHPUT_GOAL}x)"
+    )
+    one, many = held_memory()
+    print(
+        f"   holder RSS      {one} KiB holding 1 agent, {many} KiB holding {SESSIONS + 1}: "
+        f"{(many - one) / SESSIONS:.1f} KiB per agent"
+    )
+    with_holder = restart_to_serving(True)
+    without = restart_to_serving(False)
+    print(
+        f"   SIGKILL to serving with {SESSIONS} live sessions   {with_holder:.2f} s with the "
+        f"holder   {without:.2f} s without   (recovery ends them in both: no reattach yet)"
+    )
