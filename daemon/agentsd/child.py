@@ -28,13 +28,14 @@ Rules this module keeps (DESIGN.md sections 2 and 6):
 8. With a cgroup root (``agentsd.cgroup``), the child is in its own cgroup before
    the agent's first instruction: the fork server of ``agentsd.spawner`` clones it
    there (``CLONE_INTO_CGROUP``, as the daemon's own child, pid and start time the
-   agent's), which waits for no RCU grace period. Without a fork server (it could
-   not start, or died) it starts as ``/bin/sh`` running `JOIN_SCRIPT`, which
-   writes ``0`` (itself) to ``cgroup.procs`` and then execs the agent; if the
-   write fails, the shell exits and the agent never runs (the write waits for the
-   kernel's grace period: ``bench_spawn`` compares both). A ``preexec_fn`` would
-   make subprocess fork instead of vfork and run the interpreter's at-fork
-   handlers: 2-20 ms a spawn. The ladder's last rung is then ``cgroup.kill``, and
+   agent's), which waits for no RCU grace period. Without a free fork server (none
+   could start, they died, or each serves another spawn of a burst) it starts as
+   ``/bin/sh`` running `JOIN_SCRIPT`, which writes ``0`` (itself) to
+   ``cgroup.procs`` and then execs the agent; if the write fails, the shell exits
+   and the agent never runs (the write waits for the kernel's grace period unless
+   another join went just before: ``bench_spawn`` compares both). A
+   ``preexec_fn`` would make subprocess fork instead of vfork and run the
+   interpreter's at-fork handlers: 2-20 ms a spawn. The ladder's last rung is then ``cgroup.kill``, and
    exit is proven by the reap plus the cgroup's ``populated 0``; the cgroup is
    removed after.
 9. A fork server that breaks mid-request (`SpawnerFailed`: stopped, killed, or
