@@ -326,8 +326,8 @@ async def _spawn(spec: ChildSpec, cgroup: SessionCgroup | None) -> trio.Process:
                 if spec.limits.controllers():
                     cgroup.apply(spec.limits)
 
-            # In the thread that spawns: a thread hop less. SpawnerFailed: open_child
-            # ends what the server may have started in the cgroup.
+            # In the trio thread, as the fork server's request (cgroupfs is in memory).
+            # SpawnerFailed: open_child ends what the server may have started there.
             cloned = await spawn_into(
                 cgroup, argv, cwd=spec.cwd, env=env, stderr=spec.stderr_fd, prepare=make
             )

@@ -67,7 +67,6 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -259,16 +258,14 @@ class ServerGone(OSError):
 
 class ForkServer:
     """The running fork server of a trio run (Rule 1). Its requests are made from
-    worker threads, one at a time."""
+    the trio thread, one at a time (`busy`); only its start and end are blocking."""
 
     def __init__(self, process: subprocess.Popen[bytes], sock: socket.socket) -> None:
         self.process = process
         self.sock = sock
-        self.lock = threading.Lock()
+        self.trio_sock: trio.socket.SocketType | None = None  # for requests, made at the first
         self.broken = False
-        # A spawn holds it: set by the spawn's trio task when it picks it, cleared by
-        # its worker thread as soon as the request is answered (Rule 5).
-        self.busy = False
+        self.busy = False  # a spawn holds it (Rule 5)
         self.served = 0  # children it cloned and that exec'd
 
     @classmethod
@@ -299,56 +296,51 @@ class ForkServer:
             raise
         return server
 
-    def clone(
-        self,
-        cgroup_fd: int,
-        stdio: tuple[int, int, int],
-        payload: bytes,
+    async def clone(
+        self, cgroup_fd: int, stdio: tuple[int, int, int], payload: bytes
     ) -> tuple[int, int, int]:
-        """One request: (pid, errno, step), errno 0 once the child exec'd, else
-        the step that failed (it exited; the caller reaps it). Raises `ServerGone`
-        if the server could not have read the request (nothing cloned),
-        `SpawnerFailed` if it broke after it may have; `ServerGone` too if clone3
-        failed (and the server is broken from then on).
+        """One request, from the trio thread: (pid, errno, step), errno 0 once the
+        child exec'd; else the step that failed and pid 0 if nothing was cloned
+        (a bad cwd), or the pid of the child, which exited (the caller reaps it).
+        Raises `ServerGone` if the server could not have read the request or
+        clone3 failed (nothing cloned; the server is broken from then on),
+        `SpawnerFailed` if it broke after it may have cloned.
 
-        The server replies once the child is past its exec's point of no return
-        or exited, having read the child's report pipe (Rule 2)."""
-        with self.lock:
-            pid, err, step = self._request((cgroup_fd, *stdio), payload)
-            if pid < 0:
-                # Nothing was cloned. A container's seccomp policy may refuse clone3
-                # (ENOSYS), which no retry mends: this server is done, the shim
-                # serves (Rule 4).
-                self._break()
-                raise ServerGone(err, f"clone3: {os.strerror(err)}")
-        if not err:
-            self.served += 1
-        return pid, err, step
-
-    def _request(self, fds: tuple[int, ...], payload: bytes) -> tuple[int, int, int]:
+        Once sent, a request is seen through whatever cancels the caller (its
+        clone would be the daemon's child, pid unknown), bounded by
+        `REPLY_TIMEOUT_S`. The server replies once the child is past its exec's
+        point of no return or exited, having read the child's report pipe
+        (Rule 2)."""
         if self.broken:
             raise ServerGone("the fork server failed before")
-        self.sock.settimeout(REPLY_TIMEOUT_S)
-        rights = struct.pack(f"={len(fds)}i", *fds)
-        try:
-            header = HEADER.pack(len(payload))
-            self.sock.sendmsg([header], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
-        except OSError as exc:
-            self._break()
-            raise ServerGone(f"the fork server is gone: {exc}") from exc
-        try:
-            self.sock.sendall(payload)
-            reply = b""
-            while len(reply) < REPLY.size:
-                part = self.sock.recv(REPLY.size - len(reply))
-                if not part:
-                    raise OSError("the fork server exited")
-                reply += part
-        except OSError as exc:
-            self._break()
-            ended = self._reap()
-            raise SpawnerFailed(f"the fork server failed: {exc}", server_ended=ended) from exc
+        if self.trio_sock is None:
+            self.trio_sock = trio.socket.from_stdlib_socket(self.sock)
+        sock = self.trio_sock
+        rights = struct.pack("=4i", cgroup_fd, *stdio)
+        header = HEADER.pack(len(payload))
+        with trio.CancelScope(shield=True):
+            try:
+                await sock.sendmsg([header], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+            except OSError as exc:
+                self._break()
+                raise ServerGone(f"the fork server is gone: {exc}") from exc
+            try:
+                with trio.fail_after(REPLY_TIMEOUT_S):
+                    reply = await _exchange(sock, payload)
+            except (OSError, trio.TooSlowError) as exc:
+                self._break()
+                ended = await trio.to_thread.run_sync(self._reap)
+                why = exc if isinstance(exc, OSError) else "timed out"
+                raise SpawnerFailed(f"the fork server failed: {why}", server_ended=ended) from exc
         pid, err, step = REPLY.unpack(reply)
+        if pid < 0:
+            # Nothing was cloned. A container's seccomp policy may refuse clone3
+            # (ENOSYS), which no retry mends: this server is done, the shim serves
+            # (Rule 4).
+            self._break()
+            raise ServerGone(err, f"clone3: {os.strerror(err)}")
+        if not err:
+            self.served += 1
         return pid, err, step
 
     def _break(self) -> None:
@@ -375,6 +367,20 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+async def _exchange(sock: trio.socket.SocketType, payload: bytes) -> bytes:
+    """Send the request's payload, receive the reply. Raises OSError."""
+    view = memoryview(payload)
+    while view:
+        view = view[await sock.send(view) :]
+    reply = b""
+    while len(reply) < REPLY.size:
+        part = await sock.recv(REPLY.size - len(reply))
+        if not part:
+            raise OSError("the fork server exited")
+        reply += part
+    return reply
 
 
 SERVERS = 2  # fork servers per run: the spawns of a burst overlap (one per core here)
@@ -450,11 +456,10 @@ async def _own(server: ForkServer) -> None:
 
 
 class _ClonedPopen(subprocess.Popen[bytes]):
-    """A `subprocess.Popen` whose child the fork server clones into a cgroup."""
+    """A `subprocess.Popen` of a child the fork server cloned already: ``pid``."""
 
-    def __init__(self, server: ForkServer, cgroup: SessionCgroup, *args: Any, **kw: Any) -> None:
-        self._server = server
-        self._cgroup = cgroup
+    def __init__(self, pid: int, *args: Any, **kw: Any) -> None:
+        self._cloned = pid
         super().__init__(*args, **kw)
 
     def _execute_child(  # CPython's private hook
@@ -477,21 +482,7 @@ class _ClonedPopen(subprocess.Popen[bytes]):
         errwrite: int,
         *rest: object,
     ) -> None:
-        program = args[0] if executable is None else executable
-        payload = _payload(program, list(args), cwd, env)
-        if min(p2cread, c2pwrite, errwrite) < 0:
-            raise ValueError("the fork server needs the child's stdin, stdout and stderr")
-        cgroup_fd = os.open(self._cgroup.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            pid, err, step = self._server.clone(cgroup_fd, (p2cread, c2pwrite, errwrite), payload)
-        finally:
-            os.close(cgroup_fd)
-        if err:
-            if pid:  # cloned (our child: CLONE_PARENT) and exited 127; else a bad cwd
-                os.waitpid(pid, 0)
-            filename = cwd if step == STEP_CHDIR else program
-            raise OSError(err, os.strerror(err), filename)
-        self.pid = pid
+        self.pid = self._cloned
         self._child_created = True
         self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)  # type: ignore[attr-defined]
 
@@ -534,59 +525,59 @@ async def spawn_into(
 ) -> trio.Process | None:
     """Start ``argv`` born in ``cgroup``, in a session of its own, with piped stdin
     and stdout and ``stderr`` (None: /dev/null). None if no fork server is free
-    (nothing was started: use the shim, Rules 4 and 5). Raises OSError as `subprocess.Popen`
-    would (nothing left running), `SpawnerFailed` if the server broke mid-request
-    (``cgroup`` may then hold a child: the caller kills it). Its worker threads
-    are trio's default ones: the caller may hold a spawn limiter's token.
-    ``prepare`` (making ``cgroup``) runs first, in the thread that spawns."""
+    (nothing was started: use the shim, Rules 4 and 5). Raises OSError as
+    `subprocess.Popen` would (nothing left running), `SpawnerFailed` if the
+    server broke mid-request (``cgroup`` may then hold a child: the caller kills
+    it), ValueError for what Popen refuses. ``prepare`` (making ``cgroup``) runs
+    first, in the trio thread (cgroupfs is in memory: ``agentsd.cgroup`` Rule 3);
+    the request too: no worker thread stands between the daemon and the server."""
     if not _ENABLED.get():
         return None
     server = _pick(await fork_servers())
     if server is None:
         return None
+    payload = _payload(argv[0], argv, cwd, env)  # Popen's refusals before anything
     server.busy = True  # no checkpoint since the pick: no other spawn took it
-    started = False
-    stdin_read, stdin_write = os.pipe()
-    stdout_read, stdout_write = os.pipe()
-    stdin_stream = trio.lowlevel.FdStream(stdin_write)
-    stdout_stream = trio.lowlevel.FdStream(stdout_read)
     try:
+        prepare()
+        cgroup_fd = os.open(cgroup.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        stdin_read = stdin_write = stdout_read = stdout_write = -1
         try:
-
-            def start() -> _ClonedPopen:
-                nonlocal started
-                started = True
-                try:
-                    prepare()
-                    return _ClonedPopen(
-                        server,
-                        cgroup,
-                        argv,
-                        stdin=stdin_read,
-                        stdout=stdout_write,
-                        stderr=subprocess.DEVNULL if stderr is None else stderr,
-                        cwd=cwd,
-                        env=env,
-                        start_new_session=True,
-                        close_fds=True,
-                    )
-                finally:
-                    server.busy = False  # free for the next spawn before trio hears back
-
-            popen = await trio.to_thread.run_sync(start)
+            stdin_read, stdin_write = os.pipe()
+            stdout_read, stdout_write = os.pipe()
+            stderr_fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC) if stderr is None else stderr
+            try:
+                stdio = (stdin_read, stdout_write, stderr_fd)
+                pid, err, step = await server.clone(cgroup_fd, stdio, payload)
+            finally:
+                if stderr is None:
+                    os.close(stderr_fd)
+        except BaseException:
+            for fd in (stdin_write, stdout_read):
+                if fd >= 0:
+                    os.close(fd)
+            raise
         finally:
-            if not started:  # cancelled before the thread ran
-                server.busy = False
-            os.close(stdin_read)
-            os.close(stdout_write)
-    except BaseException as exc:
-        await stdin_stream.aclose()
-        await stdout_stream.aclose()
-        if isinstance(exc, ServerGone):
-            return None  # nothing was cloned: the shim instead (Rule 4)
-        raise
+            os.close(cgroup_fd)
+            for fd in (stdin_read, stdout_write):
+                if fd >= 0:
+                    os.close(fd)
+    except ServerGone:
+        return None  # nothing was cloned: the shim instead (Rule 4)
+    finally:
+        server.busy = False
+    if err:
+        if pid:  # cloned (our child: CLONE_PARENT) and exited 127; else a bad cwd
+            with trio.CancelScope(shield=True):  # it exits at once: never left a zombie
+                await trio.to_thread.run_sync(os.waitpid, pid, 0)
+        os.close(stdin_write)
+        os.close(stdout_read)
+        raise OSError(err, os.strerror(err), cwd if step == STEP_CHDIR else argv[0])
+    popen = _ClonedPopen(pid, argv)
     # trio's constructor is private (trio.lowlevel.open_process makes its own Popen);
     # its signature is (popen, stdin, stdout, stderr).
     create: Any = trio.Process._create
-    process: trio.Process = create(popen, stdin_stream, stdout_stream, None)
+    process: trio.Process = create(
+        popen, trio.lowlevel.FdStream(stdin_write), trio.lowlevel.FdStream(stdout_read), None
+    )
     return process
