@@ -315,7 +315,6 @@ async def _spawn(spec: ChildSpec, cgroup: SessionCgroup | None) -> trio.Process:
         env = {**spec.base_env, **spec.env, SPAWN_TOKEN_ENV: spec.token}
         argv = spec.argv
         if cgroup is not None:
-            _check_program(spec.argv[0], spec.cwd, env)
             made = False
 
             def make() -> None:  # the cgroup, with its limits, before anything runs in it
@@ -333,6 +332,8 @@ async def _spawn(spec: ChildSpec, cgroup: SessionCgroup | None) -> trio.Process:
             )
             if cloned is not None:
                 return cloned
+            # The shim execs the program: its failure must still be Popen's error.
+            _check_program(spec.argv[0], spec.cwd, env)
             if not made:  # trio's default threads, as open_process: we hold a spawn token
                 await trio.to_thread.run_sync(make)
             argv = shim_argv(spec, cgroup)
