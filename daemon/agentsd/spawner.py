@@ -317,16 +317,20 @@ class ForkServer:
             self.trio_sock = trio.socket.from_stdlib_socket(self.sock)
         sock = self.trio_sock
         rights = struct.pack("=4i", cgroup_fd, *stdio)
-        header = HEADER.pack(len(payload))
+        # One message where it fits (it mostly does): a server woken by a first
+        # part would only sleep again until the rest came.
+        message = HEADER.pack(len(payload)) + payload
         with trio.CancelScope(shield=True):
             try:
-                await sock.sendmsg([header], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+                sent = await sock.sendmsg(
+                    [message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)]
+                )
             except OSError as exc:
                 self._break()
                 raise ServerGone(f"the fork server is gone: {exc}") from exc
             try:
                 with trio.fail_after(REPLY_TIMEOUT_S):
-                    reply = await _exchange(sock, payload)
+                    reply = await _exchange(sock, message[sent:])
             except (OSError, trio.TooSlowError) as exc:
                 self._break()
                 ended = await trio.to_thread.run_sync(self._reap)
@@ -369,9 +373,9 @@ class ForkServer:
             self.process.wait()
 
 
-async def _exchange(sock: trio.socket.SocketType, payload: bytes) -> bytes:
-    """Send the request's payload, receive the reply. Raises OSError."""
-    view = memoryview(payload)
+async def _exchange(sock: trio.socket.SocketType, rest: bytes) -> bytes:
+    """Send the rest of the request, receive the reply. Raises OSError."""
+    view = memoryview(rest)
     while view:
         view = view[await sock.send(view) :]
     reply = b""
