@@ -432,3 +432,54 @@ async def test_a_stopped_server_fails_the_spawn_and_is_reaped_before_the_cgroup_
         for server in servers:
             if server.process.returncode is None:
                 os.kill(server.process.pid, signal.SIGCONT)
+
+
+async def _output_of(spec: ChildSpec) -> bytes:
+    outcomes: list[ChildExit] = []
+    with trio.fail_after(60):
+        async with open_child(spec, QUICK, _spawned, outcomes.append) as child:
+            out = b""
+            while not out.endswith(b"\n"):
+                out += await child.stdout.receive_some(65536)
+    [outcome] = outcomes
+    assert isinstance(outcome, ExitProof) and outcome.cgroup_empty
+    return out
+
+
+async def test_a_request_larger_than_the_socket_buffer_arrives_whole(
+    root: Path, tmp_path: Path
+) -> None:
+    """An environment of 800 KB (more than a Unix socket's buffer; each variable
+    under exec's 128 KiB limit) reaches the agent byte for byte."""
+    big = {f"BIG{i}": chr(ord("a") + i) * 100_000 for i in range(8)}
+    spec = attrs.evolve(
+        _spec(root, tmp_path),
+        env={**ENV, **big},
+        argv=[
+            sys.executable,
+            "-c",
+            "import os; print(sorted((k, len(v), v[:1]) for k, v in os.environ.items() "
+            "if k.startswith('BIG')))",
+        ],
+    )
+    out = await _output_of(spec)
+    servers = await fork_servers()
+    assert sum(s.served for s in servers) == 1
+    assert out.decode().strip() == str(sorted((k, len(v), v[:1]) for k, v in big.items()))
+
+
+async def test_a_relative_cwd_is_the_daemons_as_for_popen(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server sits in /: a relative cwd is taken from the daemon's own, as
+    Popen would, not from the server's."""
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path)
+    spec = attrs.evolve(
+        _spec(root, tmp_path),
+        cwd="work",
+        argv=[sys.executable, "-c", "import os; print(os.getcwd())"],
+    )
+    out = await _output_of(spec)
+    assert sum(s.served for s in await fork_servers()) == 1
+    assert out.decode().strip() == str(tmp_path / "work")
