@@ -117,6 +117,7 @@ for name in posix.listdir("/proc/self/fd"):
         except OSError:
             pass  # the listing's own
 sock = _socket.socket(fileno=fd)
+# A reply to a daemon that died then ends the server: it would exit at EOF anyway.
 _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
 _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
 DEVNULL = posix.open("/dev/null", posix.O_RDWR | posix.O_CLOEXEC)
