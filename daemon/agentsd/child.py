@@ -28,13 +28,14 @@ Rules this module keeps (DESIGN.md sections 2 and 6):
 8. With a cgroup root (``agentsd.cgroup``), the child is in its own cgroup before
    the agent's first instruction: the fork server of ``agentsd.spawner`` clones it
    there (``CLONE_INTO_CGROUP``, as the daemon's own child, pid and start time the
-   agent's), which waits for no RCU grace period. Without a fork server (it could
-   not start, or died) it starts as ``/bin/sh`` running `JOIN_SCRIPT`, which
-   writes ``0`` (itself) to ``cgroup.procs`` and then execs the agent; if the
-   write fails, the shell exits and the agent never runs (the write waits for the
-   kernel's grace period: ``bench_spawn`` compares both). A ``preexec_fn`` would
-   make subprocess fork instead of vfork and run the interpreter's at-fork
-   handlers: 2-20 ms a spawn. The ladder's last rung is then ``cgroup.kill``, and
+   agent's), which waits for no RCU grace period. Without a free fork server (none
+   could start, they died, or each serves another spawn of a burst) it starts as
+   ``/bin/sh`` running `JOIN_SCRIPT`, which writes ``0`` (itself) to
+   ``cgroup.procs`` and then execs the agent; if the write fails, the shell exits
+   and the agent never runs (the write waits for the kernel's grace period unless
+   another join went just before: ``bench_spawn`` compares both). A
+   ``preexec_fn`` would make subprocess fork instead of vfork and run the
+   interpreter's at-fork handlers: 2-20 ms a spawn. The ladder's last rung is then ``cgroup.kill``, and
    exit is proven by the reap plus the cgroup's ``populated 0``; the cgroup is
    removed after.
 9. A fork server that breaks mid-request (`SpawnerFailed`: stopped, killed, or
@@ -314,7 +315,6 @@ async def _spawn(spec: ChildSpec, cgroup: SessionCgroup | None) -> trio.Process:
         env = {**spec.base_env, **spec.env, SPAWN_TOKEN_ENV: spec.token}
         argv = spec.argv
         if cgroup is not None:
-            _check_program(spec.argv[0], spec.cwd, env)
             made = False
 
             def make() -> None:  # the cgroup, with its limits, before anything runs in it
@@ -325,13 +325,15 @@ async def _spawn(spec: ChildSpec, cgroup: SessionCgroup | None) -> trio.Process:
                 if spec.limits.controllers():
                     cgroup.apply(spec.limits)
 
-            # In the thread that spawns: a thread hop less. SpawnerFailed: open_child
-            # ends what the server may have started in the cgroup.
+            # In the trio thread, as the fork server's request (cgroupfs is in memory).
+            # SpawnerFailed: open_child ends what the server may have started there.
             cloned = await spawn_into(
                 cgroup, argv, cwd=spec.cwd, env=env, stderr=spec.stderr_fd, prepare=make
             )
             if cloned is not None:
                 return cloned
+            # The shim execs the program: its failure must still be Popen's error.
+            _check_program(spec.argv[0], spec.cwd, env)
             if not made:  # trio's default threads, as open_process: we hold a spawn token
                 await trio.to_thread.run_sync(make)
             argv = shim_argv(spec, cgroup)

@@ -11,23 +11,28 @@ single-threaded helper processes do the clones: the fork servers.
 
 Rule 1: the fork server is a ``python -I -S`` of the daemon's own interpreter, a
 child of the daemon in its own session, that runs `SERVER` and nothing else: it
-never execs. `SERVERS` of them per trio run (a spawn goes to an idle one, so a
-burst's spawns overlap), started at the first spawn into a cgroup, ended when the
+never execs. `SERVERS` of them per trio run (a spawn goes to an idle one, so
+spawns at once overlap; Rule 5), started at the first spawn into a cgroup, ended when the
 run ends (a system task owns each). A server holds nothing between requests and
 sits in the daemon's cgroup, not in any session's: there is nothing of it for
 recovery to end (it exits with the daemon, Rule 3).
 
 Rule 2: per request (argv, environment, cwd, executable candidates as NUL-separated
-bytes; the session cgroup's directory, the child's stdin, stdout and stderr and a
-report pipe as ``SCM_RIGHTS`` fds) it clones with ``CLONE_INTO_CGROUP |
-CLONE_PARENT | CLONE_VFORK``: the child is born in the session's cgroup, so nothing
-of it ever runs outside, and is the daemon's own child (its parent is the server's
-parent), which the daemon reaps as any `subprocess.Popen` child; its pid and start
-time are the agent's. The child does what `subprocess.Popen` would (``setsid``,
-the three fds, other fds closed, SIGPIPE and SIGXFSZ to default, ``chdir``, exec
-along ``PATH``) and reports a failure through the close-on-exec report pipe. The
-server resumes once the child exec'd or exited (``CLONE_VFORK``) and replies with
-its pid: one wake-up of the daemon's spawning thread, as for a vfork of its own.
+bytes; the session cgroup's directory and the child's stdin, stdout and stderr as
+``SCM_RIGHTS`` fds) it clones with ``CLONE_INTO_CGROUP | CLONE_PARENT |
+CLONE_VFORK``: the child is born in the session's cgroup, so nothing of it ever
+runs outside, and is the daemon's own child (its parent is the server's parent),
+which the daemon reaps as any `subprocess.Popen` child; its pid and start time are
+the agent's. It gets what `subprocess.Popen` would give it (its own session, the
+three fds, no other fd, SIGPIPE and SIGXFSZ at default, the cwd, exec along
+``PATH``), mostly prepared in the server before the clone: a clone is a copy of
+the server (it runs Python until it exec's), and each page it touches is a fault,
+so it makes two C calls, ``setsid`` and ``execve``. A failure (of the server's
+``chdir``: nothing cloned, pid 0; of the exec: the child wrote it to a
+close-on-exec report pipe before it exited) is in the reply. The server resumes
+once the child is past its exec's point of no return or exited (``CLONE_VFORK``)
+and replies at once: one wake-up of the daemon's spawning thread, as for a vfork
+of its own, which does not wait for the exec to tear down the copied memory.
 
 Rule 3: its request socket is one end of a socketpair: nothing but the daemon can
 send it a request (an agent cannot open a socket through ``/proc/PID/fd``), and it
@@ -44,6 +49,12 @@ server that failed is not restarted in that run. A server stopped mid-request
 `REPLY_TIMEOUT_S` at most); the server is killed and reaped first, so nothing
 more can be cloned, and `agentsd.child` then empties the cgroup and reaps what
 the server may have cloned (the daemon's own child, whose pid it never learned).
+
+Rule 5: a spawn never waits for a busy server: when every working server is
+serving another spawn, `spawn_into` returns None and the shim serves that one. In
+a burst the shim is the cheaper of the two: its joins follow each other closely,
+so only the first waits for the kernel's grace period, while each clone copies an
+interpreter's page tables. A lone spawn always finds a server free.
 """
 
 from __future__ import annotations
@@ -56,7 +67,6 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -78,8 +88,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 READY = b"R"
-REPLY = struct.Struct("=ii")  # the clone's pid (or -1) and errno
-REPORT = struct.Struct("=ii")  # from a child that could not exec: step, errno
+REPLY = struct.Struct("=iii")  # the clone's pid (or -1), errno and failed step
 HEADER = struct.Struct("=I")  # payload length
 REPLY_TIMEOUT_S = 10.0  # a clone and an exec; far longer only if the server is stopped
 START_TIMEOUT_S = 30.0  # an interpreter's start on a loaded machine
@@ -88,88 +97,150 @@ STEP_CHDIR, STEP_EXEC = 1, 2
 # The fork server (Rule 1-3): argv[1] is its socket's fd. Kept small and without
 # imports beyond what clone3 needs; the child path runs only os calls, then execs.
 SERVER = r"""
-import ctypes, os, signal, socket, struct, sys
+import _ctypes, _signal, _socket, gc, posix, sys
+from _struct import Struct
+
+# Its clones share nothing with it (no CLONE_VM: they run Python until they exec):
+# each copies its page tables and faults in every page it touches. So it stays
+# small, and a clone runs two C calls: setsid and execve. Everything else is done
+# in the server before the clone: the child's stdin, stdout and stderr are put on
+# 0, 1 and 2 and its cwd entered (both inherited), every other fd is close-on-exec,
+# SIGPIPE and SIGXFSZ are back to default (what Popen's child resets), argv and
+# environment are C arrays. No collection ever runs (in a clone it would touch,
+# and so copy, every object).
+gc.disable()
 fd = int(sys.argv[1])
-os.set_inheritable(fd, False)
-sock = socket.socket(fileno=fd)
-libc = ctypes.PyDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-SYS_clone3 = 435  # the same number on every architecture (the generic table)
+for name in posix.listdir("/proc/self/fd"):
+    if int(name) > 2:
+        try:
+            posix.set_inheritable(int(name), False)
+        except OSError:
+            pass  # the listing's own
+sock = _socket.socket(fileno=fd)
+# A reply to a daemon that died then ends the server: it would exit at EOF anyway.
+_signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
+_signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
+DEVNULL = posix.open("/dev/null", posix.O_RDWR | posix.O_CLOEXEC)
+
+
+class c_int(_ctypes._SimpleCData):
+    _type_ = "i"
+
+
+class c_long(_ctypes._SimpleCData):
+    _type_ = "l"
+
+
+class c_char_p(_ctypes._SimpleCData):
+    _type_ = "z"
+
+
+def function(name, result):  # ctypes.PyDLL(None).<name>, without ctypes
+    class Function(_ctypes.CFuncPtr):
+        _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_PYTHONAPI | _ctypes.FUNCFLAG_USE_ERRNO
+        _restype_ = result
+
+    return Function(_ctypes.dlsym(_ctypes.dlopen(None, _ctypes.RTLD_LOCAL), name))
+
+
+syscall = function("syscall", c_long)
+SYS_clone3 = c_long(435)  # the same number on every architecture (the generic table)
 FLAGS = 0x200000000 | 0x8000 | 0x4000  # CLONE_INTO_CGROUP | CLONE_PARENT | CLONE_VFORK
-MAXFD = os.sysconf("SC_OPEN_MAX")
-REPLY = struct.Struct("=ii")
+ARGS = Struct("=11Q")
+ARGS_SIZE = c_long(ARGS.size)
+HEAD = Struct("=I")
+REPLY = Struct("=iii")
+REPORT = Struct("=ii")
+RIGHTS = _socket.CMSG_SPACE(4 * 4)
+SOL_SOCKET, SCM_RIGHTS = _socket.SOL_SOCKET, _socket.SCM_RIGHTS
+STEP_CHDIR, STEP_EXEC = 1, 2
 sock.sendall(b"R")
+
 
 def recv_exact(n, first=b""):
     data = bytearray(first)
     while len(data) < n:
         part = sock.recv(n - len(data))
         if not part:
-            os._exit(0)
+            posix._exit(0)
         data += part
     return bytes(data)
 
-def parse(fields):
+
+def strings(items):  # a NULL-terminated char *[]
+    return (c_char_p * (len(items) + 1))(*items)
+
+
+def child(
+    execs, argv, envp, report,
+    setsid=function("setsid", c_int), execve=function("execve", c_int),
+    errno=_ctypes.get_errno, write=posix.write, exit=posix._exit, pack=REPORT.pack,
+):  # between clone and exec: as little as can be; never returns
+    try:
+        if setsid() < 0:
+            write(report, pack(STEP_EXEC, errno()))
+            return
+        first, last = 0, 2
+        for exe in execs:
+            execve(exe, argv, envp)
+            last = errno()
+            if not first and last not in (2, 20):  # ENOENT, ENOTDIR: the next one
+                first = last
+        write(report, pack(STEP_EXEC, first or last))
+    finally:
+        exit(127)
+
+
+while True:
+    head, ancillary, _flags, _addr = sock.recvmsg(4, RIGHTS, 0x40000000)  # MSG_CMSG_CLOEXEC
+    if not head:
+        posix._exit(0)
+    fds = []
+    for level, kind, data in ancillary:
+        if level == SOL_SOCKET and kind == SCM_RIGHTS:
+            fds.extend(Struct(f"={len(data) // 4}i").unpack(data[: len(data) - len(data) % 4]))
+    (length,) = HEAD.unpack(recv_exact(4, head))
+    fields = recv_exact(length).split(b"\0")[:-1]
+    if len(fds) != 4:  # the daemon always sends four: cgroup, stdin, stdout, stderr
+        posix._exit(1)
     n_exec = int(fields[1])
     execs = fields[2 : 2 + n_exec]
     n_argv = int(fields[2 + n_exec])
-    argv = fields[3 + n_exec : 3 + n_exec + n_argv]
-    env = dict(item.split(b"=", 1) for item in fields[3 + n_exec + n_argv :])
-    return fields[0], execs, argv, env
-
-def child(fds, job):  # between clone and exec: as little as can be
-    cwd, execs, argv, env = job
-    report = fds[4]
-    step = 1
+    argv = strings(fields[3 + n_exec : 3 + n_exec + n_argv])
+    envp = strings(fields[3 + n_exec + n_argv :])
+    pid, err, step = 0, 0, 0
     try:
-        os.setsid()
-        for target, source in ((0, fds[1]), (1, fds[2]), (2, fds[3])):
-            os.dup2(source, target)
-        os.closerange(3, report)
-        os.closerange(report + 1, MAXFD)
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
-            signal.signal(sig, signal.SIG_DFL)
-        os.chdir(cwd)
-        step = 2
-        first, last = 0, 2
-        for exe in execs:
-            try:
-                os.execve(exe, argv, env)
-            except OSError as exc:
-                if not first and exc.errno not in (2, 20):
-                    first = exc.errno
-                last = exc.errno
-        err = first or last
+        posix.chdir(fields[0])
     except OSError as exc:
-        err = exc.errno or 5
-    except BaseException:
-        err = 5
-    try:
-        os.write(report, struct.pack("=ii", step, err))
-    finally:
-        os._exit(127)
-
-while True:
-    head, ancillary, _flags, _addr = sock.recvmsg(4, socket.CMSG_SPACE(5 * 4), socket.MSG_CMSG_CLOEXEC)
-    if not head:
-        os._exit(0)
-    fds = []
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.extend(struct.unpack(f"={len(data) // 4}i", data[: len(data) - len(data) % 4]))
-    (length,) = struct.unpack("=I", recv_exact(4, head))
-    job = parse(recv_exact(length).split(b"\0")[:-1])
-    if len(fds) != 5:  # the daemon always sends five: cgroup, stdin, stdout, stderr, report
-        os._exit(1)
-    args = struct.pack("=11Q", FLAGS, 0, 0, 0, 0, 0, 0, 0, 0, 0, fds[0])
-    buf = ctypes.create_string_buffer(args, len(args))
-    pid = libc.syscall(ctypes.c_long(SYS_clone3), buf, ctypes.c_size_t(len(args)))
-    if pid == 0:
-        child(fds, job)
-    err = ctypes.get_errno() if pid < 0 else 0
+        err, step = exc.errno or 5, STEP_CHDIR  # nothing cloned: pid 0
+    if not err:
+        for target in (0, 1, 2):
+            posix.dup2(fds[1 + target], target)  # inheritable: the clone's stdio
+        report, report_write = posix.pipe()  # both close-on-exec
+        posix.set_blocking(report, False)
+        pid = syscall(SYS_clone3, ARGS.pack(FLAGS, 0, 0, 0, 0, 0, 0, 0, 0, 0, fds[0]), ARGS_SIZE)
+        if pid == 0:
+            child(execs, argv, envp, report_write)
+        # CLONE_VFORK: the clone has exec'd (past the point of no return) or exited,
+        # a failure written before its exit: no need to wait for the exec to end.
+        if pid < 0:
+            err = _ctypes.get_errno()
+        else:
+            try:
+                got = posix.read(report, REPORT.size)
+            except BlockingIOError:
+                got = b""
+            if len(got) == REPORT.size:
+                step, err = REPORT.unpack(got)
+    if step != STEP_CHDIR:  # before the reply: nothing of the spawn is kept
+        for target in (0, 1, 2):
+            posix.dup2(DEVNULL, target)
+        posix.close(report)
+        posix.close(report_write)
     for fd_ in fds:
-        os.close(fd_)
-    sock.sendall(REPLY.pack(pid, err))
+        posix.close(fd_)
+    posix.chdir("/")
+    sock.sendall(REPLY.pack(pid, err, step))
 """
 
 
@@ -188,13 +259,14 @@ class ServerGone(OSError):
 
 class ForkServer:
     """The running fork server of a trio run (Rule 1). Its requests are made from
-    worker threads, one at a time."""
+    the trio thread, one at a time (`busy`); only its start and end are blocking."""
 
     def __init__(self, process: subprocess.Popen[bytes], sock: socket.socket) -> None:
         self.process = process
         self.sock = sock
-        self.lock = threading.Lock()
+        self.trio_sock: trio.socket.SocketType | None = None  # for requests, made at the first
         self.broken = False
+        self.busy = False  # a spawn holds it (Rule 5)
         self.served = 0  # children it cloned and that exec'd
 
     @classmethod
@@ -225,72 +297,56 @@ class ForkServer:
             raise
         return server
 
-    def clone(
-        self,
-        cgroup_fd: int,
-        stdio: tuple[int, int, int],
-        payload: bytes,
+    async def clone(
+        self, cgroup_fd: int, stdio: tuple[int, int, int], payload: bytes
     ) -> tuple[int, int, int]:
-        """One request: (pid, errno, step), errno 0 once the child exec'd, else
-        the step that failed (it exited; the caller reaps it). Raises `ServerGone`
-        if the server could not have read the request (nothing cloned),
-        `SpawnerFailed` if it broke after it may have; `ServerGone` too if clone3
-        failed (and the server is broken from then on).
+        """One request, from the trio thread: (pid, errno, step), errno 0 once the
+        child exec'd; else the step that failed and pid 0 if nothing was cloned
+        (a bad cwd), or the pid of the child, which exited (the caller reaps it).
+        Raises `ServerGone` if the server could not have read the request or
+        clone3 failed (nothing cloned; the server is broken from then on),
+        `SpawnerFailed` if it broke after it may have cloned.
 
-        The server replies once the child exec'd or exited (Rule 2); whether it
-        exec'd is learned here, from the close-on-exec report pipe, as
-        `subprocess.Popen` does."""
-        report_read, report_write = os.pipe()
-        try:
-            with self.lock:
-                pid, err = self._request(cgroup_fd, (*stdio, report_write), payload)
-            os.close(report_write)
-            report_write = -1
-            if pid < 0:
-                # Nothing was cloned. A container's seccomp policy may refuse clone3
-                # (ENOSYS), which no retry mends: this server is done, the shim
-                # serves (Rule 4).
-                with self.lock:
-                    self._break()
-                raise ServerGone(err, f"clone3: {os.strerror(err)}")
-            got = b""
-            while part := os.read(report_read, REPORT.size):
-                got += part
-        finally:
-            os.close(report_read)
-            if report_write >= 0:
-                os.close(report_write)
-        if len(got) < REPORT.size:
-            self.served += 1
-            return pid, 0, 0
-        step, err = REPORT.unpack(got[: REPORT.size])
-        return pid, err, step
-
-    def _request(self, cgroup_fd: int, fds: tuple[int, ...], payload: bytes) -> tuple[int, int]:
+        Once sent, a request is seen through whatever cancels the caller (its
+        clone would be the daemon's child, pid unknown), bounded by
+        `REPLY_TIMEOUT_S`. The server replies once the child is past its exec's
+        point of no return or exited, having read the child's report pipe
+        (Rule 2)."""
         if self.broken:
             raise ServerGone("the fork server failed before")
-        self.sock.settimeout(REPLY_TIMEOUT_S)
-        rights = struct.pack(f"={1 + len(fds)}i", cgroup_fd, *fds)
-        try:
-            header = HEADER.pack(len(payload))
-            self.sock.sendmsg([header], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
-        except OSError as exc:
+        if self.trio_sock is None:
+            self.trio_sock = trio.socket.from_stdlib_socket(self.sock)
+        sock = self.trio_sock
+        rights = struct.pack("=4i", cgroup_fd, *stdio)
+        # One message where it fits (it mostly does): a server woken by a first
+        # part would only sleep again until the rest came.
+        message = HEADER.pack(len(payload)) + payload
+        with trio.CancelScope(shield=True):
+            try:
+                sent = await sock.sendmsg(
+                    [message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)]
+                )
+            except OSError as exc:
+                self._break()
+                raise ServerGone(f"the fork server is gone: {exc}") from exc
+            try:
+                with trio.fail_after(REPLY_TIMEOUT_S):
+                    reply = await _exchange(sock, message[sent:])
+            except (OSError, trio.TooSlowError) as exc:
+                self._break()
+                ended = await trio.to_thread.run_sync(self._reap)
+                why = exc if isinstance(exc, OSError) else "timed out"
+                raise SpawnerFailed(f"the fork server failed: {why}", server_ended=ended) from exc
+        pid, err, step = REPLY.unpack(reply)
+        if pid < 0:
+            # Nothing was cloned. A container's seccomp policy may refuse clone3
+            # (ENOSYS), which no retry mends: this server is done, the shim serves
+            # (Rule 4).
             self._break()
-            raise ServerGone(f"the fork server is gone: {exc}") from exc
-        try:
-            self.sock.sendall(payload)
-            reply = b""
-            while len(reply) < REPLY.size:
-                part = self.sock.recv(REPLY.size - len(reply))
-                if not part:
-                    raise OSError("the fork server exited")
-                reply += part
-        except OSError as exc:
-            self._break()
-            ended = self._reap()
-            raise SpawnerFailed(f"the fork server failed: {exc}", server_ended=ended) from exc
-        pid, err = REPLY.unpack(reply)
-        return pid, err
+            raise ServerGone(err, f"clone3: {os.strerror(err)}")
+        if not err:
+            self.served += 1
+        return pid, err, step
 
     def _break(self) -> None:
         self.broken = True
@@ -316,6 +372,20 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+async def _exchange(sock: trio.socket.SocketType, rest: bytes) -> bytes:
+    """Send the rest of the request, receive the reply. Raises OSError."""
+    view = memoryview(rest)
+    while view:
+        view = view[await sock.send(view) :]
+    reply = b""
+    while len(reply) < REPLY.size:
+        part = await sock.recv(REPLY.size - len(reply))
+        if not part:
+            raise OSError("the fork server exited")
+        reply += part
+    return reply
 
 
 SERVERS = 2  # fork servers per run: the spawns of a burst overlap (one per core here)
@@ -370,12 +440,12 @@ async def fork_server() -> ForkServer | None:
 
 
 def _pick(servers: list[ForkServer]) -> ForkServer | None:
-    """An idle working server if there is one, else the first working one."""
-    working = [server for server in servers if not server.broken]
-    for server in working:
-        if not server.lock.locked():
+    """A working server no spawn holds, or None: a spawn never queues behind
+    another (Rule 5)."""
+    for server in servers:
+        if not server.broken and not server.busy:
             return server
-    return working[0] if working else None
+    return None
 
 
 async def _own(server: ForkServer) -> None:
@@ -391,11 +461,10 @@ async def _own(server: ForkServer) -> None:
 
 
 class _ClonedPopen(subprocess.Popen[bytes]):
-    """A `subprocess.Popen` whose child the fork server clones into a cgroup."""
+    """A `subprocess.Popen` of a child the fork server cloned already: ``pid``."""
 
-    def __init__(self, server: ForkServer, cgroup: SessionCgroup, *args: Any, **kw: Any) -> None:
-        self._server = server
-        self._cgroup = cgroup
+    def __init__(self, pid: int, *args: Any, **kw: Any) -> None:
+        self._cloned = pid
         super().__init__(*args, **kw)
 
     def _execute_child(  # CPython's private hook
@@ -418,20 +487,7 @@ class _ClonedPopen(subprocess.Popen[bytes]):
         errwrite: int,
         *rest: object,
     ) -> None:
-        program = args[0] if executable is None else executable
-        payload = _payload(program, list(args), cwd, env)
-        if min(p2cread, c2pwrite, errwrite) < 0:
-            raise ValueError("the fork server needs the child's stdin, stdout and stderr")
-        cgroup_fd = os.open(self._cgroup.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            pid, err, step = self._server.clone(cgroup_fd, (p2cread, c2pwrite, errwrite), payload)
-        finally:
-            os.close(cgroup_fd)
-        if err:
-            os.waitpid(pid, 0)  # our child (CLONE_PARENT); it exited 127
-            filename = cwd if step == STEP_CHDIR else program
-            raise OSError(err, os.strerror(err), filename)
-        self.pid = pid
+        self.pid = self._cloned
         self._child_created = True
         self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)  # type: ignore[attr-defined]
 
@@ -451,7 +507,7 @@ def _payload(program: str, argv: list[str], cwd: str, env: Mapping[str, str]) ->
     else:
         execs = [os.path.join(os.fsencode(d), exe) for d in os.get_exec_path(dict(env))]
     fields = [
-        os.fsencode(cwd),
+        os.fsencode(cwd if os.path.isabs(cwd) else os.path.join(os.getcwd(), cwd)),  # not /
         str(len(execs)).encode(),
         *execs,
         str(len(argv)).encode(),
@@ -473,51 +529,60 @@ async def spawn_into(
     prepare: Callable[[], None],
 ) -> trio.Process | None:
     """Start ``argv`` born in ``cgroup``, in a session of its own, with piped stdin
-    and stdout and ``stderr`` (None: /dev/null). None if there is no fork server
-    (nothing was started: use the shim). Raises OSError as `subprocess.Popen`
-    would (nothing left running), `SpawnerFailed` if the server broke mid-request
-    (``cgroup`` may then hold a child: the caller kills it). Its worker threads
-    are trio's default ones: the caller may hold a spawn limiter's token.
-    ``prepare`` (making ``cgroup``) runs first, in the thread that spawns."""
+    and stdout and ``stderr`` (None: /dev/null). None if no fork server is free
+    (nothing was started: use the shim, Rules 4 and 5). Raises OSError as
+    `subprocess.Popen` would (nothing left running), `SpawnerFailed` if the
+    server broke mid-request (``cgroup`` may then hold a child: the caller kills
+    it), ValueError for what Popen refuses. ``prepare`` (making ``cgroup``) runs
+    first, in the trio thread (cgroupfs is in memory: ``agentsd.cgroup`` Rule 3);
+    the request too: no worker thread stands between the daemon and the server."""
     if not _ENABLED.get():
         return None
     server = _pick(await fork_servers())
     if server is None:
         return None
-    stdin_read, stdin_write = os.pipe()
-    stdout_read, stdout_write = os.pipe()
-    stdin_stream = trio.lowlevel.FdStream(stdin_write)
-    stdout_stream = trio.lowlevel.FdStream(stdout_read)
+    payload = _payload(argv[0], argv, cwd, env)  # Popen's refusals before anything
+    server.busy = True  # no checkpoint since the pick: no other spawn took it
     try:
+        prepare()
+        cgroup_fd = os.open(cgroup.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        stdin_read = stdin_write = stdout_read = stdout_write = -1
         try:
-
-            def start() -> _ClonedPopen:
-                prepare()
-                return _ClonedPopen(
-                    server,
-                    cgroup,
-                    argv,
-                    stdin=stdin_read,
-                    stdout=stdout_write,
-                    stderr=subprocess.DEVNULL if stderr is None else stderr,
-                    cwd=cwd,
-                    env=env,
-                    start_new_session=True,
-                    close_fds=True,
-                )
-
-            popen = await trio.to_thread.run_sync(start)
+            stdin_read, stdin_write = os.pipe()
+            stdout_read, stdout_write = os.pipe()
+            stderr_fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC) if stderr is None else stderr
+            try:
+                stdio = (stdin_read, stdout_write, stderr_fd)
+                pid, err, step = await server.clone(cgroup_fd, stdio, payload)
+            finally:
+                if stderr is None:
+                    os.close(stderr_fd)
+        except BaseException:
+            for fd in (stdin_write, stdout_read):
+                if fd >= 0:
+                    os.close(fd)
+            raise
         finally:
-            os.close(stdin_read)
-            os.close(stdout_write)
-    except BaseException as exc:
-        await stdin_stream.aclose()
-        await stdout_stream.aclose()
-        if isinstance(exc, ServerGone):
-            return None  # nothing was cloned: the shim instead (Rule 4)
-        raise
+            os.close(cgroup_fd)
+            for fd in (stdin_read, stdout_write):
+                if fd >= 0:
+                    os.close(fd)
+    except ServerGone:
+        return None  # nothing was cloned: the shim instead (Rule 4)
+    finally:
+        server.busy = False
+    if err:
+        if pid:  # cloned (our child: CLONE_PARENT) and exited 127; else a bad cwd
+            with trio.CancelScope(shield=True):  # it exits at once: never left a zombie
+                await trio.to_thread.run_sync(os.waitpid, pid, 0)
+        os.close(stdin_write)
+        os.close(stdout_read)
+        raise OSError(err, os.strerror(err), cwd if step == STEP_CHDIR else argv[0])
+    popen = _ClonedPopen(pid, argv)
     # trio's constructor is private (trio.lowlevel.open_process makes its own Popen);
     # its signature is (popen, stdin, stdout, stderr).
     create: Any = trio.Process._create
-    process: trio.Process = create(popen, stdin_stream, stdout_stream, None)
+    process: trio.Process = create(
+        popen, trio.lowlevel.FdStream(stdin_write), trio.lowlevel.FdStream(stdout_read), None
+    )
     return process

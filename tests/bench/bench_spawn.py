@@ -16,6 +16,11 @@ Figures (``python -m tests.bench spawn``):
 - close-all: ``CHILDREN`` children that ignore stdin EOF and SIGTERM, closed at once
   with zero graces: today's ladder (SIGKILL to each group, then /proc scans for
   proof) vs ``cgroup.kill`` and ``populated 0``.
+- where the fork server's time goes: making the cgroup, the request's round trip
+  (the clone of ``true``: until the server's reply) against ``subprocess.Popen``
+  of it (the daemon's own vfork, until the constructor returns), the server's CPU
+  time per clone and the page faults of a cloned ``true`` against a vforked one
+  (the clone runs a copy of the server's Python until it execs);
 - where the shim's time goes: the shell alone (``sh -c 'exec "$@"'`` against the
   program itself, spawned and reaped), a ``cgroup.procs`` write after the
   hierarchy was idle for a while (what a lone spawn through the shim pays) and one
@@ -46,7 +51,7 @@ from agentsd.cgroup import CgroupRoot, SessionCgroup
 from agentsd.child import SHELL, ChildExit, ChildSpec, new_spawn_token, open_child
 from agentsd.config import Ladder
 from agentsd.leftovers import ChildIdentity
-from agentsd.spawner import fork_server, use_fork_server
+from agentsd.spawner import ForkServer, _payload, fork_server, use_fork_server
 from tests.cgroup_root import cgroup_root, unavailable
 
 SPAWNS = 200  # per mode and heap size
@@ -181,6 +186,65 @@ def _where_the_time_goes(root: Path) -> None:
     )
 
 
+async def _server_pieces(root: CgroupRoot, server: ForkServer) -> None:
+    """Where a spawn through the fork server spends its time (see the docstring)."""
+    true = shutil.which("true") or "/bin/true"
+    payload = _payload(true, [true], "/", {})
+    made, trips, popens, faults, plain_faults = [], [], [], [], []
+    cpu_before = _cpu_s(server.process.pid)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        for _ in range(PIECES):
+            started = time.perf_counter()
+            cgroup = root.create(new_spawn_token())
+            made.append(time.perf_counter() - started)
+            fd = os.open(cgroup.path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                started = time.perf_counter()
+                pid, _err, _step = await server.clone(fd, (devnull, devnull, devnull), payload)
+                trips.append(time.perf_counter() - started)
+            finally:
+                os.close(fd)
+            faults.append(await trio.to_thread.run_sync(_faults_of, pid))
+            cgroup.remove()
+            took, plain = await trio.to_thread.run_sync(_vfork_true, true, devnull)
+            popens.append(took)
+            plain_faults.append(plain)
+    finally:
+        os.close(devnull)
+    cpu_ms = (_cpu_s(server.process.pid) - cpu_before) / PIECES * 1000
+    print(
+        f"   fork server pieces: cgroup mkdir {statistics.median(made) * 1000:.2f} ms, "
+        f"request round trip {statistics.median(trips) * 1000:.2f} ms (a vfork Popen "
+        f"{statistics.median(popens) * 1000:.2f} ms), server CPU {cpu_ms:.2f} ms a clone, "
+        f"page faults of true cloned {statistics.median(faults):.0f}, vforked "
+        f"{statistics.median(plain_faults):.0f}",
+        flush=True,
+    )
+
+
+def _faults_of(pid: int) -> int:
+    """Reap our exited child ``pid``: its minor page faults."""
+    return os.wait4(pid, 0)[2].ru_minflt
+
+
+def _vfork_true(true: str, devnull: int) -> tuple[float, int]:
+    """``subprocess.Popen`` of ``true`` (a vfork): how long its constructor took,
+    and the page faults of the child."""
+    started = time.perf_counter()
+    popen = subprocess.Popen([true], stdin=devnull, stdout=devnull, stderr=devnull)
+    took = time.perf_counter() - started
+    faults = _faults_of(popen.pid)
+    popen.returncode = 0
+    return took, faults
+
+
+def _cpu_s(pid: int) -> float:
+    """utime + stime of ``pid``, in seconds (clock ticks: a mean over many clones)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _mount_options(path: Path) -> str:
     best = ""
     options = "?"
@@ -248,13 +312,17 @@ async def _bursts(root: CgroupRoot) -> tuple[Ways, Ways]:
 
 async def _main(path: Path) -> None:
     root = CgroupRoot(path)
-    if await fork_server() is None:
+    print(f"   load average before: {_load()}", flush=True)
+    server = await fork_server()
+    if server is None:
         print("   no fork server: the figures below are the shim's", flush=True)
     _report_ways("(bench heap)", await _spawns(root))
     ballast = bytearray(os.urandom(1024)) * (BALLAST_BYTES // 1024)  # touched pages
     _report_ways("(+200 MiB heap)", await _spawns(root))
     del ballast
     await trio.to_thread.run_sync(_where_the_time_goes, path)
+    if server is not None:
+        await _server_pieces(root, server)
     _report_ways(f"(burst of {BURST} at once, per spawn)", await _bursts(root))
     use_fork_server(True)
     today = await _close_all(None)
@@ -264,6 +332,12 @@ async def _main(path: Path) -> None:
         f"{today:.2f} s, cgroup.kill {cgroup:.2f} s: {cgroup / today:.2f}x",
         flush=True,
     )
+    print(f"   load average after: {_load()}", flush=True)
+
+
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages: the cores are shared."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def main() -> None:

@@ -198,14 +198,67 @@ async def test_a_dead_fork_server_means_the_shim_still_joined_first(
     assert CgroupRoot(root).existing() == []
 
 
-async def test_spawns_at_once_are_all_served_by_the_pool(root: Path, tmp_path: Path) -> None:
-    """Spawns at once overlap on the servers, each served by one of them."""
+async def test_spawns_at_once_never_wait_for_a_busy_server(root: Path, tmp_path: Path) -> None:
+    """Spawns at once overlap on the servers; one that finds every server busy
+    goes through the shim instead of waiting, and is in its cgroup all the same."""
     servers = await fork_servers()
+    reports: list[dict[str, Any]] = []
+
+    async def one() -> None:
+        reports.append((await _report(_spec(root, tmp_path)))[0])
+
     async with trio.open_nursery() as nursery:
         for _ in range(4 * SERVERS):
-            nursery.start_soon(_report, _spec(root, tmp_path))
-    assert sum(server.served for server in servers) == 4 * SERVERS
-    assert not any(server.broken for server in servers)
+            nursery.start_soon(one)
+    assert 1 <= sum(server.served for server in servers) <= 4 * SERVERS
+    assert not any(server.broken or server.busy for server in servers)
+    assert len(reports) == 4 * SERVERS
+    for report in reports:
+        assert str(report["cgroup"]).startswith(f"0::/{root.name}/agent-")
+        assert report["ppid"] == os.getpid()
+    assert CgroupRoot(root).existing() == []
+
+
+async def test_a_busy_server_sends_the_spawn_to_the_shim(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While every server serves another spawn, a spawn is the shim's: it still
+    joins its cgroup before the agent runs (its parent is the daemon, its first
+    act sees the cgroup), and the servers serve again once free."""
+    servers = await fork_servers()
+    for server in servers:
+        server.busy = True
+    report, _, outcome = await _report(_spec(root, tmp_path))
+    assert sum(server.served for server in servers) == 0
+    assert report["cgroup"].startswith(f"0::/{root.name}/agent-")
+    assert report["ppid"] == os.getpid()
+    assert isinstance(outcome, ExitProof) and outcome.cgroup_empty
+    for server in servers:
+        server.busy = False
+    await _report(_spec(root, tmp_path))
+    assert sum(server.served for server in servers) == 1
+    assert not any(server.busy for server in servers)
+
+
+async def test_the_server_keeps_nothing_of_a_spawn(root: Path, tmp_path: Path) -> None:
+    """The server puts the child's stdio on its own 0-2 and enters its cwd before
+    the clone: after the reply it holds none of the agent's pipes (the agent's
+    stdout would never end) and is back in /."""
+    servers = await fork_servers()
+    outcomes: list[ChildExit] = []
+    with trio.fail_after(60):
+        async with open_child(_spec(root, tmp_path), QUICK, _spawned, outcomes.append) as child:
+            [server] = [s for s in servers if s.served]
+            pid = child.process.pid
+            agent_pipes = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in (0, 1)}
+            server_fds = {
+                os.readlink(f"/proc/{server.process.pid}/fd/{fd}")
+                for fd in os.listdir(f"/proc/{server.process.pid}/fd")
+            }
+            assert agent_pipes.isdisjoint(server_fds)
+            assert os.readlink(f"/proc/{server.process.pid}/cwd") == "/"
+            assert os.readlink(f"/proc/{pid}/cwd") == str(tmp_path)
+    assert isinstance(outcomes[0], ExitProof)
 
 
 async def test_a_refused_clone_breaks_the_server_and_leaves_the_spawn_to_the_shim(
@@ -299,9 +352,9 @@ def test_a_killed_daemon_leaves_no_fork_server(root: Path) -> None:
 
 # A fork server that clones the child and then dies without answering: what an
 # agent killing it at the wrong moment (same uid) does.
-REPLY_LINE = "    sock.sendall(REPLY.pack(pid, err))\n"
+REPLY_LINE = "    sock.sendall(REPLY.pack(pid, err, step))\n"
 assert REPLY_LINE in spawner.SERVER
-DIES_AFTER_CLONE = spawner.SERVER.replace(REPLY_LINE, "    os._exit(0)\n")
+DIES_AFTER_CLONE = spawner.SERVER.replace(REPLY_LINE, "    posix._exit(0)\n")
 
 
 @pytest.mark.parametrize(
@@ -379,3 +432,54 @@ async def test_a_stopped_server_fails_the_spawn_and_is_reaped_before_the_cgroup_
         for server in servers:
             if server.process.returncode is None:
                 os.kill(server.process.pid, signal.SIGCONT)
+
+
+async def _output_of(spec: ChildSpec) -> bytes:
+    outcomes: list[ChildExit] = []
+    with trio.fail_after(60):
+        async with open_child(spec, QUICK, _spawned, outcomes.append) as child:
+            out = b""
+            while not out.endswith(b"\n"):
+                out += await child.stdout.receive_some(65536)
+    [outcome] = outcomes
+    assert isinstance(outcome, ExitProof) and outcome.cgroup_empty
+    return out
+
+
+async def test_a_request_larger_than_the_socket_buffer_arrives_whole(
+    root: Path, tmp_path: Path
+) -> None:
+    """An environment of 800 KB (more than a Unix socket's buffer; each variable
+    under exec's 128 KiB limit) reaches the agent byte for byte."""
+    big = {f"BIG{i}": chr(ord("a") + i) * 100_000 for i in range(8)}
+    spec = attrs.evolve(
+        _spec(root, tmp_path),
+        env={**ENV, **big},
+        argv=[
+            sys.executable,
+            "-c",
+            "import os; print(sorted((k, len(v), v[:1]) for k, v in os.environ.items() "
+            "if k.startswith('BIG')))",
+        ],
+    )
+    out = await _output_of(spec)
+    servers = await fork_servers()
+    assert sum(s.served for s in servers) == 1
+    assert out.decode().strip() == str(sorted((k, len(v), v[:1]) for k, v in big.items()))
+
+
+async def test_a_relative_cwd_is_the_daemons_as_for_popen(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server sits in /: a relative cwd is taken from the daemon's own, as
+    Popen would, not from the server's."""
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path)
+    spec = attrs.evolve(
+        _spec(root, tmp_path),
+        cwd="work",
+        argv=[sys.executable, "-c", "import os; print(os.getcwd())"],
+    )
+    out = await _output_of(spec)
+    assert sum(s.served for s in await fork_servers()) == 1
+    assert out.decode().strip() == str(tmp_path / "work")
