@@ -15,7 +15,9 @@ and fails with "No previous sessions found for this project" (upstream issue
 google-gemini/gemini-cli#28775, open for 0.61.0). The resume test therefore waits for
 the minute to turn before it loads; a user hits the bug only by closing and resuming
 a session within a minute of creating it, and then sees the send rejected with
-``resume_failed`` naming Gemini's error.
+``resume_failed`` naming Gemini's error. So that the wait costs little, the session it
+loads is made, prompted and closed first thing in the module (``closed_early``), and
+the module's other tests use up the minute.
 
 Under CI the agent must be installed (``make test`` installs it): a missing one
 fails there, and is skipped only outside CI.
@@ -28,11 +30,12 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from agentsctl.client import Client
@@ -106,6 +109,59 @@ def agent_processes(gemini_home: Path) -> list[int]:
 def utc_minute() -> str:
     """The minute Gemini CLI names a session file after."""
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M")
+
+
+@attrs.frozen
+class Closed:
+    """A session that ran one turn and was closed, for the load test."""
+
+    sid: str
+    handle: str
+    written: str  # the UTC minute its session file is named after, or a later one
+    fake: FakeGemini
+    home: Path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def closed_early(peer_daemon: DaemonProcess) -> Iterator[Callable[[], Closed]]:
+    """The load test's session, made before the module's first test (autouse), so
+    that the minute of Gemini CLI's bug passes while the other tests run. A failure
+    here is the load test's own: it is raised there, not in every test."""
+    base = make_temp_dir()
+    with running_fake_gemini() as fake:
+        outcome: Closed | Exception
+        try:
+            outcome = first_turn_then_close(peer_daemon, fake, base)
+        except Exception as exc:
+            outcome = exc
+
+        def closed() -> Closed:
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+
+        try:
+            yield closed
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def first_turn_then_close(daemon: DaemonProcess, fake: FakeGemini, base: Path) -> Closed:
+    deadline = Deadline()
+    home, workdir = base / "gemini-home", base / "work"
+    workdir.mkdir()
+    fake.script(TextReply("The first answer."), TextReply("The second answer."))
+    with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
+        session = create(client, workdir, fake.gemini_env(home))
+        sid = session["sessionId"]
+        with Follower(daemon, sid, deadline) as follower:
+            send(client, sid, "The first question")
+            follower.wait_for("turn.completed")
+        written = utc_minute()  # the session file is named after this minute, or before
+        closed = client.call("agentSession.close", {"sessionId": sid})
+        assert closed["wasRunning"] is True
+    deadline.poll(lambda: not agent_processes(home), "Gemini CLI to exit")
+    return Closed(sid, session["providerHandle"], written, fake, home)
 
 
 def test_a_turn_streams_text_and_completes(
@@ -206,46 +262,6 @@ def test_a_cancel_mid_turn_ends_it_interrupted_and_nothing_late_is_journaled(
     assert 0 < streamed.count("word") < 200
 
 
-def test_close_then_send_loads_the_session_with_its_history(
-    client: Client,
-    peer_daemon: DaemonProcess,
-    fake: FakeGemini,
-    gemini_env: dict[str, str],
-    gemini_home: Path,
-    workdir: Path,
-) -> None:
-    deadline = Deadline(TEST_TIMEOUT_S + 60)  # up to a minute waiting for the next one
-    fake.script(TextReply("The first answer."), TextReply("The second answer."))
-    session = create(client, workdir, gemini_env)
-    sid, handle = session["sessionId"], session["providerHandle"]
-    with Follower(peer_daemon, sid, deadline) as follower:
-        send(client, sid, "The first question")
-        follower.wait_for("turn.completed")
-        written = utc_minute()  # the session file is named after this minute, or before
-        closed = client.call("agentSession.close", {"sessionId": sid})
-        assert closed["wasRunning"] is True
-        deadline.poll(lambda: not agent_processes(gemini_home), "Gemini CLI to exit")
-        # Gemini CLI's own bug (see the module's docstring): a load in the same
-        # minute erases the session.
-        deadline.poll(lambda: utc_minute() != written, "the next minute", interval_s=0.5)
-        second = send(client, sid, "The second question")
-        follower.wait_for("turn.completed", lambda b: b["turnId"] == second["turnId"])
-        # Gemini CLI offers session/load (not session/resume): the same session again.
-        ready = [e["body"] for e in follower.events if e["kind"] == "child.ready"]
-        assert [r["providerHandle"] for r in ready] == [handle, handle]
-        assert "thread.superseded" not in follower.kinds()
-        texts = [e["body"].get("text") for e in follower.events if e["kind"] == "item.completed"]
-        assert texts.count("The first answer.") == 1
-        # Gemini CLI replays the loaded conversation *after* answering session/load
-        # (ACP wants it before), so the replay reaches the daemon once the next turn
-        # has started and is taken for that turn's first words.
-        assert texts[-1].endswith("The second answer.")
-    last = fake.requests()[-1].body
-    assert "The first question" in contents_texts(last, "user")
-    assert "The first answer." in contents_texts(last, "model")
-    assert contents_texts(last, "user")[-1] == "The second question"
-
-
 def test_a_daemon_killed_mid_turn_leaves_no_agent_and_ends_the_turn(
     fake: FakeGemini, gemini_env: dict[str, str], gemini_home: Path, workdir: Path
 ) -> None:
@@ -321,3 +337,32 @@ def test_agentsctl_new_with_a_message_runs_a_turn_as_the_readme_says(
         assert contents_texts(request.body, "user")[-1] == "fix the failing test"
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+# Last in the module: the other tests use up the minute of Gemini CLI's bug.
+def test_close_then_send_loads_the_session_with_its_history(
+    client: Client, peer_daemon: DaemonProcess, closed_early: Callable[[], Closed]
+) -> None:
+    deadline = Deadline(TEST_TIMEOUT_S + 60)  # up to a minute waiting for the next one
+    closed = closed_early()
+    sid = closed.sid
+    # Gemini CLI's own bug (see the module's docstring): a load in the same minute
+    # erases the session.
+    deadline.poll(lambda: utc_minute() != closed.written, "the next minute", interval_s=0.5)
+    with Follower(peer_daemon, sid, deadline) as follower:
+        second = send(client, sid, "The second question")
+        follower.wait_for("turn.completed", lambda b: b["turnId"] == second["turnId"])
+        # Gemini CLI offers session/load (not session/resume): the same session again.
+        ready = [e["body"] for e in follower.events if e["kind"] == "child.ready"]
+        assert [r["providerHandle"] for r in ready] == [closed.handle, closed.handle]
+        assert "thread.superseded" not in follower.kinds()
+        texts = [e["body"].get("text") for e in follower.events if e["kind"] == "item.completed"]
+        assert texts.count("The first answer.") == 1
+        # Gemini CLI replays the loaded conversation *after* answering session/load
+        # (ACP wants it before), so the replay reaches the daemon once the next turn
+        # has started and is taken for that turn's first words.
+        assert texts[-1].endswith("The second answer.")
+    last = closed.fake.requests()[-1].body
+    assert "The first question" in contents_texts(last, "user")
+    assert "The first answer." in contents_texts(last, "model")
+    assert contents_texts(last, "user")[-1] == "The second question"
