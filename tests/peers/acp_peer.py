@@ -6,13 +6,29 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from agentsctl.client import Client
-from tests.daemon_process import DaemonProcess, running_daemon
+from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
+from tests.peers.conftest import Deadline, Follower
+
+NODE_MODULES = Path(__file__).resolve().parents[1] / "agents" / "node_modules"
+
+
+def installed(what: str, package: str, entry: str) -> Path:
+    """The entry point of an ACP agent that ``make test`` installs (pinned in
+    tests/agents/package.json). Outside CI a missing one skips the calling module;
+    under CI its tests run and fail, since their daemon cannot start it."""
+    path = NODE_MODULES / package / entry
+    if not path.exists() and os.environ.get("CI") != "true":
+        pytest.skip(f"{what} is not installed (make test installs it)", allow_module_level=True)
+    return path
 
 
 def daemon_args(base: Path, name: str, command: Sequence[str], env: Mapping[str, str]) -> list[str]:
@@ -33,6 +49,19 @@ def acp_daemon(
         yield d
 
 
+@contextmanager
+def module_daemon(
+    name: str, command: Sequence[str], env: Mapping[str, str]
+) -> Iterator[DaemonProcess]:
+    """A daemon with ``[agents.NAME]``, its config in a directory of its own."""
+    base = make_temp_dir()
+    try:
+        with acp_daemon(base, name, command, env) as daemon:
+            yield daemon
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def create(client: Client, provider: str, workdir: Path, env: dict[str, str]) -> dict[str, Any]:
     """Create (and start) a session; its SessionInfo as plain JSON."""
     result = client.call(
@@ -50,19 +79,21 @@ def send(client: Client, session_id: str, text: str) -> dict[str, Any]:
     return result
 
 
-def processes_with_env(name: str, value: str) -> list[int]:
-    """Pids of live processes (not zombies) whose environment has ``name=value``."""
-    needle = f"{name}={value}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-            stat = Path(f"/proc/{entry}/stat").read_bytes()
-        except OSError:
-            continue
-        state = stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3]
-        if needle in environ.split(b"\0") and state != b"Z":
-            found.append(int(entry))
-    return found
+def cancel_mid_turn(client: Client, daemon: DaemonProcess, sid: str, deadline: Deadline) -> str:
+    """Start a turn the model answers slowly with ``word word ...``, cancel it once
+    some words streamed, and check it ends ``interrupted`` (``cancelled``) with
+    nothing journaled after its end; what streamed, for the caller to check."""
+    with Follower(daemon, sid, deadline) as follower:
+        turn_id = send(client, sid, "Talk for a while")["turnId"]
+        follower.wait_for("item.updated", lambda b: "word" in b["text"])
+        assert client.call("agentSession.interrupt", {"sessionId": sid})["interrupted"] is True
+        done = follower.wait_for("turn.completed")
+        assert done["body"] == {"turnId": turn_id, "outcome": "interrupted", "reason": "cancelled"}
+        settled = done["seq"]
+    deadline.poll(
+        lambda: client.call("agentSession.get", {"sessionId": sid})["session"]["status"] == "idle",
+        "the session to be idle",
+    )
+    events = client.call("agentSession.history", {"sessionId": sid, "limit": 1000})["events"]
+    assert [e["kind"] for e in events if e["seq"] > settled] == []
+    return "".join(d["text"] for d in follower.deltas)

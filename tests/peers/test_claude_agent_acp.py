@@ -9,7 +9,6 @@ fails there, and is skipped only outside CI.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 from collections.abc import Iterator
@@ -21,8 +20,8 @@ import pytest
 from agentsctl.client import Client
 from tests.daemon_process import DaemonProcess, make_temp_dir
 from tests.peers import acp_peer
-from tests.peers.acp_peer import acp_daemon, processes_with_env, send
-from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
+from tests.peers.acp_peer import acp_daemon, send
+from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower, processes_with_env
 from tests.peers.fake_anthropic import (
     FakeAnthropic,
     TextReply,
@@ -31,19 +30,9 @@ from tests.peers.fake_anthropic import (
 )
 
 VERSION = "0.23.1"
-BINARY = (
-    Path(__file__).parents[1]
-    / "agents"
-    / "node_modules"
-    / f"claude-agent-acp-{VERSION}"
-    / "dist"
-    / "index.js"
+BINARY = acp_peer.installed(
+    f"claude-agent-acp {VERSION}", f"claude-agent-acp-{VERSION}", "dist/index.js"
 )
-if not BINARY.exists() and os.environ.get("CI") != "true":
-    pytest.skip(
-        f"claude-agent-acp {VERSION} is not installed (make test installs it)",
-        allow_module_level=True,
-    )
 COMMAND = ["node", str(BINARY)]
 # claude-agent-acp starts Claude Code with --allow-dangerously-skip-permissions, which
 # Claude Code refuses as root unless it is told it runs in a sandbox (CI runs as root).
@@ -52,12 +41,8 @@ AGENT_ENV = {"IS_SANDBOX": "1"}
 
 @pytest.fixture(scope="module")
 def peer_daemon() -> Iterator[DaemonProcess]:
-    base = make_temp_dir()
-    try:
-        with acp_daemon(base, "claude-agent-acp", COMMAND, AGENT_ENV) as daemon:
-            yield daemon
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    with acp_peer.module_daemon("claude-agent-acp", COMMAND, AGENT_ENV) as daemon:
+        yield daemon
 
 
 @pytest.fixture
@@ -155,19 +140,8 @@ def test_a_cancel_mid_turn_ends_it_interrupted_and_nothing_late_is_journaled(
 ) -> None:
     fake.script(TextReply("word " * 200, chunk_chars=5, delay_s=0.05))
     sid = create(client, home, fake)["sessionId"]
-    with Follower(peer_daemon, sid, deadline) as follower:
-        turn_id = send(client, sid, "Talk for a while")["turnId"]
-        follower.wait_for("item.updated", lambda b: "word" in b["text"])
-        assert client.call("agentSession.interrupt", {"sessionId": sid})["interrupted"] is True
-        done = follower.wait_for("turn.completed")
-        assert done["body"] == {"turnId": turn_id, "outcome": "interrupted", "reason": "cancelled"}
-        settled = done["seq"]
-    deadline.poll(
-        lambda: client.call("agentSession.get", {"sessionId": sid})["session"]["status"] == "idle",
-        "the session to be idle",
-    )
-    events = client.call("agentSession.history", {"sessionId": sid, "limit": 1000})["events"]
-    assert [e["kind"] for e in events if e["seq"] > settled] == []
+    streamed = acp_peer.cancel_mid_turn(client, peer_daemon, sid, deadline)
+    assert 0 < streamed.count("word") < 200
 
 
 def test_close_then_send_resumes_the_session_with_its_history(

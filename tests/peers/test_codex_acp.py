@@ -8,7 +8,6 @@ fails there, and is skipped only outside CI.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 from collections.abc import Iterator
@@ -20,49 +19,26 @@ import pytest
 from agentsctl.client import Client
 from tests.daemon_process import DaemonProcess, make_temp_dir
 from tests.peers import acp_peer
-from tests.peers.acp_peer import acp_daemon, processes_with_env, send
-from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
+from tests.peers.acp_peer import acp_daemon, send
+from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower, processes_with_env
 from tests.peers.fake_openai import (
     FakeOpenAI,
     ShellCall,
     TextReply,
     input_texts,
-    running_fake_openai,
     shell_call_outputs,
 )
 
 VERSION = "0.16.0"
-BINARY = (
-    Path(__file__).parents[1]
-    / "agents"
-    / "node_modules"
-    / f"codex-acp-{VERSION}"
-    / "bin"
-    / "codex-acp.js"
-)
-if not BINARY.exists() and os.environ.get("CI") != "true":
-    pytest.skip(
-        f"codex-acp {VERSION} is not installed (make test installs it)", allow_module_level=True
-    )
-
-
-COMMAND = [str(BINARY)]
+COMMAND = [
+    str(acp_peer.installed(f"codex-acp {VERSION}", f"codex-acp-{VERSION}", "bin/codex-acp.js"))
+]
 
 
 @pytest.fixture(scope="module")
 def peer_daemon() -> Iterator[DaemonProcess]:
-    base = make_temp_dir()
-    try:
-        with acp_daemon(base, "codex-acp", COMMAND, {}) as daemon:
-            yield daemon
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with running_fake_openai() as server:
-        yield server
+    with acp_peer.module_daemon("codex-acp", COMMAND, {}) as daemon:
+        yield daemon
 
 
 def create(client: Client, workdir: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -150,20 +126,7 @@ def test_a_cancel_mid_turn_ends_it_interrupted_and_nothing_late_is_journaled(
 ) -> None:
     fake.script(TextReply("word " * 200, chunks=200, chunk_delay_s=0.05))
     sid = create(client, workdir, codex_env)["sessionId"]
-    with Follower(peer_daemon, sid, deadline) as follower:
-        turn_id = send(client, sid, "Talk for a while")["turnId"]
-        follower.wait_for("item.updated", lambda b: "word" in b["text"])
-        assert client.call("agentSession.interrupt", {"sessionId": sid})["interrupted"] is True
-        done = follower.wait_for("turn.completed")
-        assert done["body"] == {"turnId": turn_id, "outcome": "interrupted", "reason": "cancelled"}
-        settled = done["seq"]
-    deadline.poll(
-        lambda: client.call("agentSession.get", {"sessionId": sid})["session"]["status"] == "idle",
-        "the session to be idle",
-    )
-    events = client.call("agentSession.history", {"sessionId": sid, "limit": 1000})["events"]
-    assert [e["kind"] for e in events if e["seq"] > settled] == []
-    streamed = "".join(d["text"] for d in follower.deltas)
+    streamed = acp_peer.cancel_mid_turn(client, peer_daemon, sid, deadline)
     assert 0 < streamed.count("word") < 200
 
 

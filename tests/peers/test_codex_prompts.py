@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +22,14 @@ from agentsd_protocol.errors import RpcError
 from tests.daemon_process import DaemonProcess, running_daemon
 from tests.e2e.test_sessions import DATABASE_NAME, db_rows, kill_carriers
 from tests.peers.agents import CODEX_RELEASES, Release
+from tests.peers.codex_peer import create_codex, send
 from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
-from tests.peers.fake_openai import FakeOpenAI, TextReply, input_texts, running_fake_openai
+from tests.peers.fake_openai import FakeOpenAI, TextReply, input_texts
 from tests.peers.test_claude_prompts import MAX_IMAGE_BYTES, tiny_png
-from tests.peers.test_codex import create_codex, send
 
 pytestmark = pytest.mark.skipif(
     find_program(CODEX) is None, reason="codex is not installed (the test extras ship it)"
 )
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with running_fake_openai() as server:
-        yield server
 
 
 def input_images(body: Any) -> list[str]:

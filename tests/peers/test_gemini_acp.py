@@ -25,7 +25,6 @@ fails there, and is skipped only outside CI.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -41,8 +40,14 @@ import pytest
 from agentsctl.client import Client
 from tests.daemon_process import DaemonProcess, make_temp_dir
 from tests.peers import acp_peer
-from tests.peers.acp_peer import acp_daemon, processes_with_env, send
-from tests.peers.conftest import CALL_TIMEOUT_S, TEST_TIMEOUT_S, Deadline, Follower
+from tests.peers.acp_peer import acp_daemon, send
+from tests.peers.conftest import (
+    CALL_TIMEOUT_S,
+    TEST_TIMEOUT_S,
+    Deadline,
+    Follower,
+    processes_with_env,
+)
 from tests.peers.fake_gemini import (
     FakeGemini,
     ShellCall,
@@ -53,29 +58,14 @@ from tests.peers.fake_gemini import (
 )
 
 VERSION = "0.61.0"
-BINARY = (
-    Path(__file__).parents[1]
-    / "agents"
-    / "node_modules"
-    / f"gemini-cli-{VERSION}"
-    / "bundle"
-    / "gemini.js"
-)
-if not BINARY.exists() and os.environ.get("CI") != "true":
-    pytest.skip(
-        f"Gemini CLI {VERSION} is not installed (make test installs it)", allow_module_level=True
-    )
+BINARY = acp_peer.installed(f"Gemini CLI {VERSION}", f"gemini-cli-{VERSION}", "bundle/gemini.js")
 COMMAND = [str(BINARY), "--acp"]
 
 
 @pytest.fixture(scope="module")
 def peer_daemon() -> Iterator[DaemonProcess]:
-    base = make_temp_dir()
-    try:
-        with acp_daemon(base, "gemini", COMMAND, {}) as daemon:
-            yield daemon
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    with acp_peer.module_daemon("gemini", COMMAND, {}) as daemon:
+        yield daemon
 
 
 @pytest.fixture
@@ -245,20 +235,7 @@ def test_a_cancel_mid_turn_ends_it_interrupted_and_nothing_late_is_journaled(
 ) -> None:
     fake.script(TextReply("word " * 200, chunks=200, chunk_delay_s=0.05))
     sid = create(client, workdir, gemini_env)["sessionId"]
-    with Follower(peer_daemon, sid, deadline) as follower:
-        turn_id = send(client, sid, "Talk for a while")["turnId"]
-        follower.wait_for("item.updated", lambda b: "word" in b["text"])
-        assert client.call("agentSession.interrupt", {"sessionId": sid})["interrupted"] is True
-        done = follower.wait_for("turn.completed")
-        assert done["body"] == {"turnId": turn_id, "outcome": "interrupted", "reason": "cancelled"}
-        settled = done["seq"]
-    deadline.poll(
-        lambda: client.call("agentSession.get", {"sessionId": sid})["session"]["status"] == "idle",
-        "the session to be idle",
-    )
-    events = client.call("agentSession.history", {"sessionId": sid, "limit": 1000})["events"]
-    assert [e["kind"] for e in events if e["seq"] > settled] == []
-    streamed = "".join(d["text"] for d in follower.deltas)
+    streamed = acp_peer.cancel_mid_turn(client, peer_daemon, sid, deadline)
     assert 0 < streamed.count("word") < 200
 
 
