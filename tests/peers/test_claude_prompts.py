@@ -12,6 +12,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import threading
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -143,14 +144,16 @@ def test_an_oversized_image_is_refused_before_anything_is_journaled(
 def test_a_queued_prompt_reaches_the_model_only_after_the_running_turn_ended(
     daemon: DaemonProcess, fake: FakeAnthropic, home: Path
 ) -> None:
-    story = "Once upon a time, " * 40  # 720 chars at 5 per 20 ms: a few seconds
-    fake.script(TextReply(story, chunk_chars=5, delay_s=0.02), TextReply("Queued answer."))
+    story = "Once upon a time, " * 40
+    held = threading.Event()  # the story's turn runs until the prompt is queued
+    fake.script(TextReply(story, chunk_chars=5, hold=held), TextReply("Queued answer."))
     with conversation(daemon, fake.claude_env(home), home / "work") as convo:
         first = convo.send("Tell me a story")
         item = convo.wait_for("item.started")
         convo.wait_for_delta(item["body"]["itemId"])
         queued = convo.call("agentSession.send", text="QUEUED PROMPT", delivery="queue")
         assert queued["queued"] is True
+        held.set()
         ended = convo.wait_for("turn.completed", lambda b: b.get("turnId") == first["turnId"])
         assert ended["body"]["outcome"] == "completed"
         submitted = convo.wait_for("submission", lambda b: b["text"] == "QUEUED PROMPT")

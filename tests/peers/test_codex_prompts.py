@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,8 @@ def test_a_queued_prompt_reaches_the_model_only_after_the_running_turn_ended(
     deadline: Deadline,
 ) -> None:
     talk = "word " * 60
-    fake.script(TextReply(talk, chunks=60, chunk_delay_s=0.03), TextReply("Queued answer."))
+    held = threading.Event()  # the first turn runs until the prompt is queued
+    fake.script(TextReply(talk, chunks=60, hold=held), TextReply("Queued answer."))
     sid = create_codex(client, workdir, codex_env)["sessionId"]
     with Follower(peer_daemon, sid, deadline) as follower:
         first = send(client, sid, "Talk for a while")
@@ -121,6 +123,7 @@ def test_a_queued_prompt_reaches_the_model_only_after_the_running_turn_ended(
             {"sessionId": sid, "text": "QUEUED PROMPT", "delivery": "queue"},
         )
         assert queued["queued"] is True
+        held.set()
         ended = follower.wait_for("turn.completed", lambda b: b["turnId"] == first["turnId"])
         assert ended["body"]["outcome"] == "completed"
         submitted = follower.wait_for("submission", lambda b: b["text"] == "QUEUED PROMPT")
