@@ -26,8 +26,8 @@ from tests.peers.fake_anthropic import (
     FakeAnthropic,
     TextReply,
     ToolUseReply,
-    running_fake_anthropic,
 )
+from tests.peers.test_claude import fake, home
 
 VERSION = "0.23.1"
 BINARY = acp_peer.installed(
@@ -37,29 +37,13 @@ COMMAND = ["node", str(BINARY)]
 # claude-agent-acp starts Claude Code with --allow-dangerously-skip-permissions, which
 # Claude Code refuses as root unless it is told it runs in a sandbox (CI runs as root).
 AGENT_ENV = {"IS_SANDBOX": "1"}
+__all__ = ["fake", "home"]  # test_claude's fake Messages API and private HOME, fixtures
 
 
 @pytest.fixture(scope="module")
 def peer_daemon() -> Iterator[DaemonProcess]:
     with acp_peer.module_daemon("claude-agent-acp", COMMAND, AGENT_ENV) as daemon:
         yield daemon
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeAnthropic]:
-    with running_fake_anthropic() as server:
-        yield server
-
-
-@pytest.fixture
-def home() -> Iterator[Path]:
-    """A private HOME (Claude Code's config and transcripts) with a ``work`` cwd."""
-    base = make_temp_dir()
-    (base / "work").mkdir()
-    try:
-        yield base
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def create(client: Client, home: Path, fake: FakeAnthropic) -> dict[str, Any]:
