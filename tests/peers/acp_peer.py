@@ -4,10 +4,12 @@ of their environment (every process an agent starts inherits it)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+import signal
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ import pytest
 
 from agentsctl.client import Client
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
-from tests.peers.conftest import Deadline, Follower
+from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
 
 NODE_MODULES = Path(__file__).resolve().parents[1] / "agents" / "node_modules"
 
@@ -97,3 +99,69 @@ def cancel_mid_turn(client: Client, daemon: DaemonProcess, sid: str, deadline: D
     events = client.call("agentSession.history", {"sessionId": sid, "limit": 1000})["events"]
     assert [e["kind"] for e in events if e["seq"] > settled] == []
     return "".join(d["text"] for d in follower.deltas)
+
+
+def close_then_send(
+    client: Client,
+    daemon: DaemonProcess,
+    session: dict[str, Any],
+    deadline: Deadline,
+    agent_gone: Callable[[], bool],
+) -> list[Any]:
+    """A first question's turn, a close (the agent gone), then a second question: the
+    agent comes back with the same session (no supersede) and answers it. The texts of
+    the ``item.completed`` events, for the caller to check the replay."""
+    sid, handle = session["sessionId"], session["providerHandle"]
+    with Follower(daemon, sid, deadline) as follower:
+        send(client, sid, "The first question")
+        follower.wait_for("turn.completed")
+        assert client.call("agentSession.close", {"sessionId": sid})["wasRunning"] is True
+        deadline.poll(agent_gone, "the agent to exit")
+        second = send(client, sid, "The second question")
+        follower.wait_for("turn.completed", lambda b: b["turnId"] == second["turnId"])
+        ready = [e["body"] for e in follower.events if e["kind"] == "child.ready"]
+        assert [r["providerHandle"] for r in ready] == [handle, handle]
+        assert "thread.superseded" not in follower.kinds()
+        return [e["body"].get("text") for e in follower.events if e["kind"] == "item.completed"]
+
+
+def daemon_killed_mid_turn_then_send(
+    base: Path,
+    daemon: Callable[[Path, Path], contextlib.AbstractContextManager[DaemonProcess]],
+    create: Callable[[Client], dict[str, Any]],
+    agents: Callable[[], list[int]],
+) -> None:
+    """A daemon SIGKILLed while the agent streams a long turn: the next daemon's
+    recovery leaves no agent running and ends the turn ``daemon-restart``, and the
+    next send resumes the same session. ``daemon(base, state)`` runs a daemon on
+    ``state``; ``agents()`` lists the agent's processes."""
+    deadline = Deadline()
+    state = base / "state"
+    with daemon(base, state) as first:
+        with Client(first.socket, timeout_s=CALL_TIMEOUT_S) as client:
+            session = create(client)
+            sid, handle = session["sessionId"], session["providerHandle"]
+            with Follower(first, sid, deadline) as follower:
+                turn_id = send(client, sid, "Talk for a long while")["turnId"]
+                follower.wait_for_delta()
+                assert agents()
+        first.stop(signal.SIGKILL)
+
+    with daemon(base, state) as second:
+        # Recovery ran before the daemon answered its first ping.
+        assert agents() == []
+        with Client(second.socket, timeout_s=CALL_TIMEOUT_S) as client:
+            info = client.call("agentSession.get", {"sessionId": sid})["session"]
+            assert info["phase"] == "stopped"
+            history = client.call("agentSession.history", {"sessionId": sid, "limit": 1000})
+            ended = [e["body"] for e in history["events"] if e["kind"] == "turn.completed"]
+            assert ended == [
+                {"turnId": turn_id, "outcome": "interrupted", "reason": "daemon-restart"}
+            ]
+            result = send(client, sid, "Are you there?")
+            with Follower(second, sid, deadline) as follower:
+                follower.wait_for("turn.completed", lambda b: b["turnId"] == result["turnId"])
+                ready = [e["body"] for e in follower.events if e["kind"] == "child.ready"]
+                assert {r["providerHandle"] for r in ready} == {handle}
+            client.call("agentSession.close", {"sessionId": sid})
+        deadline.poll(lambda: not agents(), "the agent to exit")

@@ -10,7 +10,6 @@ fails there, and is skipped only outside CI.
 from __future__ import annotations
 
 import shutil
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -137,17 +136,9 @@ def test_close_then_send_resumes_the_session_with_its_history(
 ) -> None:
     fake.script(TextReply("The first answer."), TextReply("The second answer."))
     session = create(client, home, fake)
-    sid, handle = session["sessionId"], session["providerHandle"]
-    with Follower(peer_daemon, sid, deadline) as follower:
-        send(client, sid, "The first question")
-        follower.wait_for("turn.completed")
-        assert client.call("agentSession.close", {"sessionId": sid})["wasRunning"] is True
-        deadline.poll(lambda: not agent_processes(home), "claude-agent-acp to exit")
-        second = send(client, sid, "The second question")
-        follower.wait_for("turn.completed", lambda b: b["turnId"] == second["turnId"])
-        ready = [e["body"] for e in follower.events if e["kind"] == "child.ready"]
-        assert [r["providerHandle"] for r in ready] == [handle, handle]
-        assert "thread.superseded" not in follower.kinds()
+    acp_peer.close_then_send(
+        client, peer_daemon, session, deadline, lambda: not agent_processes(home)
+    )
     texts = fake.message_requests()[-1].texts()
     assert "The first question" in texts
     assert "The first answer." in texts
@@ -157,36 +148,15 @@ def test_close_then_send_resumes_the_session_with_its_history(
 def test_a_daemon_killed_mid_turn_leaves_no_agent_and_the_next_send_resumes(
     fake: FakeAnthropic, home: Path
 ) -> None:
-    deadline = Deadline()
     base = make_temp_dir()
-    state = base / "state"
     fake.script(TextReply("word " * 400, chunk_chars=5, delay_s=0.05), TextReply("Back again."))
     try:
-        with acp_daemon(base, "claude-agent-acp", COMMAND, AGENT_ENV, state) as daemon:
-            with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
-                session = create(client, home, fake)
-                sid, handle = session["sessionId"], session["providerHandle"]
-                with Follower(daemon, sid, deadline) as follower:
-                    turn_id = send(client, sid, "Talk for a long while")["turnId"]
-                    follower.wait_for_delta()
-                    assert agent_processes(home)
-            daemon.stop(signal.SIGKILL)
-
-        with acp_daemon(base, "claude-agent-acp", COMMAND, AGENT_ENV, state) as daemon:
-            assert agent_processes(home) == []
-            with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
-                history = client.call("agentSession.history", {"sessionId": sid, "limit": 1000})
-                ended = [e["body"] for e in history["events"] if e["kind"] == "turn.completed"]
-                assert ended == [
-                    {"turnId": turn_id, "outcome": "interrupted", "reason": "daemon-restart"}
-                ]
-                result = send(client, sid, "Are you there?")
-                with Follower(daemon, sid, deadline) as follower:
-                    follower.wait_for("turn.completed", lambda b: b["turnId"] == result["turnId"])
-                    ready = [e["body"] for e in follower.events if e["kind"] == "child.ready"]
-                    assert {r["providerHandle"] for r in ready} == {handle}
-                client.call("agentSession.close", {"sessionId": sid})
-            deadline.poll(lambda: not agent_processes(home), "claude-agent-acp to exit")
+        acp_peer.daemon_killed_mid_turn_then_send(
+            base,
+            lambda base, state: acp_daemon(base, "claude-agent-acp", COMMAND, AGENT_ENV, state),
+            lambda client: create(client, home, fake),
+            lambda: agent_processes(home),
+        )
         texts = fake.message_requests()[-1].texts()
         assert "Talk for a long while" in texts
         assert texts[-1] == "Are you there?"
