@@ -130,11 +130,15 @@ def daemon_killed_mid_turn_then_send(
     daemon: Callable[[Path, Path], contextlib.AbstractContextManager[DaemonProcess]],
     create: Callable[[Client], dict[str, Any]],
     agents: Callable[[], list[int]],
+    *,
+    processes: int = 1,
+    then_send: bool = True,
 ) -> None:
-    """A daemon SIGKILLed while the agent streams a long turn: the next daemon's
-    recovery leaves no agent running and ends the turn ``daemon-restart``, and the
-    next send resumes the same session. ``daemon(base, state)`` runs a daemon on
-    ``state``; ``agents()`` lists the agent's processes."""
+    """A daemon SIGKILLed while the agent (at least ``processes`` of them) streams a
+    long turn: the next daemon's recovery leaves no agent running and ends the turn
+    ``daemon-restart``, and (``then_send``) the next send resumes the same session.
+    ``daemon(base, state)`` runs a daemon on ``state``; ``agents()`` lists the
+    agent's processes."""
     deadline = Deadline()
     state = base / "state"
     with daemon(base, state) as first:
@@ -144,7 +148,7 @@ def daemon_killed_mid_turn_then_send(
             with Follower(first, sid, deadline) as follower:
                 turn_id = send(client, sid, "Talk for a long while")["turnId"]
                 follower.wait_for_delta()
-                assert agents()
+                assert len(agents()) >= processes
         first.stop(signal.SIGKILL)
 
     with daemon(base, state) as second:
@@ -158,6 +162,8 @@ def daemon_killed_mid_turn_then_send(
             assert ended == [
                 {"turnId": turn_id, "outcome": "interrupted", "reason": "daemon-restart"}
             ]
+            if not then_send:
+                return
             result = send(client, sid, "Are you there?")
             with Follower(second, sid, deadline) as follower:
                 follower.wait_for("turn.completed", lambda b: b["turnId"] == result["turnId"])

@@ -26,7 +26,6 @@ fails there, and is skipped only outside CI.
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -244,33 +243,19 @@ def test_a_daemon_killed_mid_turn_leaves_no_agent_and_ends_the_turn(
 ) -> None:
     """Recovery's side; loading the session again is the close test's (the same
     ``session/load``, which here would land in the minute of Gemini's bug)."""
-    deadline = Deadline()
     base = make_temp_dir()
-    state = base / "state"
     fake.script(TextReply("word " * 400, chunks=400, chunk_delay_s=0.05))
     try:
-        with acp_daemon(base, "gemini", COMMAND, {}, state) as daemon:
-            with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
-                sid = create(client, workdir, gemini_env)["sessionId"]
-                with Follower(daemon, sid, deadline) as follower:
-                    turn_id = send(client, sid, "Talk for a long while")["turnId"]
-                    follower.wait_for_delta()
-                    # The launcher and the CLI it relaunched as its child (and
-                    # whatever short-lived helper either runs just now).
-                    assert len(agent_processes(gemini_home)) >= 2
-            daemon.stop(signal.SIGKILL)
-
-        with acp_daemon(base, "gemini", COMMAND, {}, state) as daemon:
-            # Recovery ran before the daemon answered its first ping.
-            assert agent_processes(gemini_home) == []
-            with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
-                info = client.call("agentSession.get", {"sessionId": sid})["session"]
-                assert info["phase"] == "stopped"
-                history = client.call("agentSession.history", {"sessionId": sid, "limit": 1000})
-                ended = [e["body"] for e in history["events"] if e["kind"] == "turn.completed"]
-                assert ended == [
-                    {"turnId": turn_id, "outcome": "interrupted", "reason": "daemon-restart"}
-                ]
+        acp_peer.daemon_killed_mid_turn_then_send(
+            base,
+            lambda base, state: acp_daemon(base, "gemini", COMMAND, {}, state),
+            lambda client: create(client, workdir, gemini_env),
+            lambda: agent_processes(gemini_home),
+            # The launcher and the CLI it relaunched as its child (and whatever
+            # short-lived helper either runs just now).
+            processes=2,
+            then_send=False,
+        )
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
