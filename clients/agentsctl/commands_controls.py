@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentsctl.cli import EXIT_DAEMON_ERROR, EXIT_OK, UsageError
 from agentsctl.commands_conversation import add_json_option, add_session_argument
@@ -19,9 +19,13 @@ from agentsd_protocol import methods
 from agentsd_protocol.api import controls as ctl
 from agentsd_protocol.api import conversation as c
 from agentsd_protocol.display import excerpt, printable
+from agentsd_protocol.methods import Method
 
 if TYPE_CHECKING:
     from agentsctl.target import Target
+
+P = TypeVar("P")
+R = TypeVar("R")
 
 WHERE = {"now": "now", "nextTurn": "at the next turn", "nextStart": "at the next start"}
 MAX_CHOICES_SHOWN = 12  # a model catalog can be long; --json has all of it
@@ -38,24 +42,39 @@ def _value_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-# -- options ------------------------------------------------------------------------
-
-
-def configure_options(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = (
-        "Prints each option as `KEY = VALUE (applies WHERE)`, then the values it may take\n"
-        "(the running agent lists its models). `agentsctl set` changes them."
-    )
+def _configure(parser: argparse.ArgumentParser, epilog: str) -> None:
+    """A command on one session (its positional SESSION first), with ``--json``."""
+    parser.epilog = epilog
     add_session_argument(parser)
     add_json_option(parser)
 
 
-def run_options(args: argparse.Namespace, target: Target) -> int:
-    """The session's options, what each may be, and where a change applies."""
+def _ask(args: argparse.Namespace, target: Target, method: Method[P, R], params: P) -> R | None:
+    """The daemon's answer to a read; None once ``--json`` printed it whole."""
     with target.client() as client:
-        result = client.call(methods.OPTIONS, ctl.OptionsParams(session_id=args.session_id))
+        result = client.call(method, params)
     if args.json:
         print_json(result)
+        return None
+    return result
+
+
+# -- options ------------------------------------------------------------------------
+
+
+def configure_options(parser: argparse.ArgumentParser) -> None:
+    _configure(
+        parser,
+        "Prints each option as `KEY = VALUE (applies WHERE)`, then the values it may take\n"
+        "(the running agent lists its models). `agentsctl set` changes them.",
+    )
+
+
+def run_options(args: argparse.Namespace, target: Target) -> int:
+    """The session's options, what each may be, and where a change applies."""
+    params = ctl.OptionsParams(session_id=args.session_id)
+    result = _ask(args, target, methods.OPTIONS, params)
+    if result is None:
         return EXIT_OK
     if not result.running:
         print(f"({result.provider}: the agent is not running; its model list comes when it is)")
@@ -78,16 +97,15 @@ def run_options(args: argparse.Namespace, target: Target) -> int:
 
 
 def configure_set(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = (
+    _configure(
+        parser,
         "Each VALUE is read as JSON when it is JSON (3, true, {...}), else as text;\n"
         "KEY=null unsets KEY. Prints where each change applies: now, at the next turn,\n"
-        "or at the next start. An unknown key or value changes nothing (exit 1)."
+        "or at the next start. An unknown key or value changes nothing (exit 1).",
     )
-    add_session_argument(parser)
     parser.add_argument(
         "changes", nargs="+", metavar="KEY=VALUE", help="an option and its new value"
     )
-    add_json_option(parser)
 
 
 def parse_changes(words: list[str]) -> dict[str, Any]:
@@ -127,19 +145,17 @@ def run_set(args: argparse.Namespace, target: Target) -> int:
 
 
 def configure_commands(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = (
+    _configure(
+        parser,
         "Lists `/NAME HINT  DESCRIPTION`: agentsd's own (compact, clear) and, while the\n"
-        "agent runs, its slash commands and skills. `agentsctl command` runs one."
+        "agent runs, its slash commands and skills. `agentsctl command` runs one.",
     )
-    add_session_argument(parser)
-    add_json_option(parser)
 
 
 def run_commands(args: argparse.Namespace, target: Target) -> int:
-    with target.client() as client:
-        result = client.call(methods.COMMANDS, ctl.CommandsParams(session_id=args.session_id))
-    if args.json:
-        print_json(result)
+    params = ctl.CommandsParams(session_id=args.session_id)
+    result = _ask(args, target, methods.COMMANDS, params)
+    if result is None:
         return EXIT_OK
     rows = [(f"/{cmd.name}" + (f" {cmd.hint}" if cmd.hint else ""), cmd) for cmd in result.commands]
     width = max(len(name) for name, _ in rows) + 2
@@ -157,29 +173,25 @@ def run_commands(args: argparse.Namespace, target: Target) -> int:
 
 
 def configure_command(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = "Runs in an idle conversation; while a turn runs it is refused (exit 1)."
-    add_session_argument(parser)
+    _configure(parser, "Runs in an idle conversation; while a turn runs it is refused (exit 1).")
     parser.add_argument("name", metavar="COMMAND", help="the command, with or without its slash")
     parser.add_argument("words", nargs="*", metavar="ARGS", help="what follows the command")
-    add_json_option(parser)
 
 
 def configure_compact(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = (
+    _configure(
+        parser,
         "The agent summarizes the conversation so far in a turn of its own (Codex: its\n"
-        "compaction; Claude Code: /compact), freeing context. Follow it with `attach`."
+        "compaction; Claude Code: /compact), freeing context. Follow it with `attach`.",
     )
-    add_session_argument(parser)
-    add_json_option(parser)
 
 
 def configure_clear(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = (
+    _configure(
+        parser,
         "Starts a fresh provider conversation in the same session: the agent starts blank;\n"
-        "the journal keeps everything before (`agentsctl log`), marked where it was cleared."
+        "the journal keeps everything before (`agentsctl log`), marked where it was cleared.",
     )
-    add_session_argument(parser)
-    add_json_option(parser)
 
 
 def _run(args: argparse.Namespace, target: Target, name: str, words: str | None) -> int:

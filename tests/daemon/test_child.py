@@ -167,9 +167,12 @@ async def test_identity_is_recorded_before_the_body_runs(make_token: MakeToken) 
             assert os.getsid(identity.pid) == identity.pid  # ... and its own session
             assert read_start_time(identity.pid) == identity.start_time
             assert identity.token == token
+            # Scanned once the agent answered: the spawn returns as soon as the exec
+            # has replaced the process image, a moment before the kernel has set up
+            # the new environment, and /proc/PID/environ reads empty until it has.
+            await JsonLines(child).handshake()
             carriers = scan_processes([token]).carrying(token)
             assert [p.pid for p in carriers] == [identity.pid]
-            await JsonLines(child).handshake()
     assert events == ["spawned", "body"]
     assert exits == [ExitProof(returncode=0, signal=None, stragglers_killed=0)]
 
@@ -343,7 +346,10 @@ async def test_grandchild_that_left_the_group_is_found_by_token_and_ended(
             await JsonLines(child).handshake()  # the fork happens before input is read
             carriers = scan_processes([token]).carrying(token)
             [grandchild] = [p for p in carriers if p.pid != child.identity.pid]
-            assert grandchild.pgid != child.identity.pgid  # it called setsid()
+            # It calls setsid() once it runs, which the handshake does not wait for.
+            while grandchild.pgid == child.identity.pgid:
+                await trio.sleep(0.01)
+                grandchild = scan_processes([token]).processes[grandchild.pid]
     assert not is_same_process(grandchild.pid, grandchild.start_time)
     assert scan_processes([token]).carrying(token) == []
     assert exits == [ExitProof(returncode=0, signal=None, stragglers_killed=1)]

@@ -15,6 +15,7 @@ from agentsd.config import Config, ProviderConfig
 from agentsd.login_shell import (
     CAPTURE_VARS,
     MAX_OUTPUT_BYTES,
+    READ_BYTES,
     CaptureFailed,
     capture,
     login_shell,
@@ -139,7 +140,14 @@ async def test_a_background_job_of_a_working_shell_dies_with_it(tmp_path: Path) 
     [
         pytest.param("echo 'not today' >&2; exit 1", "exited 1 without printing", id="exits"),
         pytest.param("kill -9 $$", "killed by signal 9", id="killed"),
-        pytest.param(f"head -c {MAX_OUTPUT_BYTES + 1} /dev/zero", "printed more than", id="flood"),
+        # Past the bound by more than one read, so the read that crosses it holds no
+        # environment: the capture reads in READ_BYTES pieces and takes an environment
+        # that came in the same piece as the bound's last byte.
+        pytest.param(
+            f"head -c {MAX_OUTPUT_BYTES + READ_BYTES + 1} /dev/zero",
+            "printed more than",
+            id="flood",
+        ),
     ],
 )
 async def test_a_broken_login_shell_is_a_reason_not_a_crash(

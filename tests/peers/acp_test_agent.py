@@ -10,7 +10,9 @@ chooses what the turn does:
 
 - ``permission``: asks for permission and reports the outcome it got;
 - ``slow``: streams words until cancelled, then ends ``cancelled``;
-- ``late-permission``: like ``slow``, and after the cancel asks for permission;
+- ``late-permission``: like ``slow``, and after the cancel streams words, then asks
+  for permission (in that order: everything late is written before the request
+  whose refusal a test waits for, so none of it can land in the next turn);
 - ``malformed``: sends malformed updates, then a good chunk;
 - ``exit``: streams a chunk and exits mid-turn;
 - ``requests``: asks ``fs/read_text_file`` and ``x/unknown`` and reports the answers;
@@ -110,8 +112,8 @@ def prompt(request_id: Any, params: dict[str, Any]) -> None:
     elif text == "late-permission":
         stream_until_cancelled(session_id, cancelled)
         write({"id": request_id, "result": {"stopReason": "cancelled"}})
-        answer = ask_permission(session_id, cancelled)
-        chunk(session_id, f"late outcome: {json.dumps(answer['result']['outcome'])}")
+        chunk(session_id, "late outcome: words after the turn ended")
+        ask_permission(session_id, cancelled)
         return
     elif text == "malformed":
         write({"method": "session/update", "params": {"sessionId": session_id, "update": 7}})

@@ -11,6 +11,7 @@ things settle.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ import pytest
 
 from agentsctl.client import Client
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
-from tests.peers.fake_openai import API_KEY_ENV, FakeOpenAI
+from tests.peers.fake_openai import API_KEY_ENV, FakeOpenAI, running_fake_openai
 
 TEST_TIMEOUT_S = 90.0  # one peer test: a few real agent turns on a shared 2-core machine
 CALL_TIMEOUT_S = 45.0  # one daemon call; a send waits for the agent's acknowledgement
@@ -150,6 +151,33 @@ def deadline() -> Deadline:
 def client(peer_daemon: DaemonProcess) -> Iterator[Client]:
     with Client(peer_daemon.socket, timeout_s=CALL_TIMEOUT_S) as c:
         yield c
+
+
+def processes_with_env(name: str, value: str) -> list[int]:
+    """Pids of live processes (not zombies) whose environment has ``name=value``:
+    an agent and everything it started (they inherit its environment)."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            stat = Path(f"/proc/{entry}/stat").read_bytes()
+        except OSError:
+            continue
+        state = stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3]
+        if needle in environ.split(b"\0") and state != b"Z":
+            found.append(int(entry))
+    return found
+
+
+# The fake OpenAI server of the Codex-speaking peers (codex app-server, codex-acp);
+# a module of another provider defines its own ``fake``.
+@pytest.fixture
+def fake() -> Iterator[FakeOpenAI]:
+    with running_fake_openai() as server:
+        yield server
 
 
 # Codex's home for the Codex-speaking peers (codex app-server, codex-acp), pointed at

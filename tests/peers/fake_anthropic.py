@@ -39,6 +39,8 @@ from typing import Any
 
 import attrs
 
+from tests.peers.fake_http import HOLD_POLL_S
+
 MODEL = "claude-sonnet-4-5"  # what the fake says it is; Claude Code only echoes it
 CLOSE_TIMEOUT_S = 5.0  # serve_forever's poll interval is 0.5 s; this is generous
 WAIT_TIMEOUT_S = 30.0  # a request a test waits for arrives within a turn's time
@@ -49,11 +51,14 @@ DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens, connecti
 @attrs.frozen
 class TextReply:
     """Stream ``text`` as ``text_delta`` events of ``chunk_chars`` characters, with
-    ``delay_s`` before each chunk (0: as fast as the socket takes them)."""
+    ``delay_s`` before each chunk (0: as fast as the socket takes them). With
+    ``hold``, every chunk after the first waits for that event to be set: the turn
+    runs until the test lets it end."""
 
     text: str
     chunk_chars: int = 16
     delay_s: float = 0.0
+    hold: threading.Event | None = None
 
 
 @attrs.frozen
@@ -340,8 +345,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Connection", "close")
         self.send_header("request-id", f"req_fake_{uuid.uuid4().hex[:12]}")
         self.end_headers()
+        hold = reply.hold if isinstance(reply, TextReply) else None
+        deltas = 0
         try:
             for name, data, delay_s in _events(reply):
+                if name == "content_block_delta" and hold is not None and deltas:
+                    while not hold.wait(HOLD_POLL_S):
+                        if self.fake.stopping.is_set():
+                            return
+                deltas += name == "content_block_delta"
                 if delay_s and self.fake.stopping.wait(delay_s):
                     break
                 self._chunk(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())

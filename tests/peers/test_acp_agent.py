@@ -197,9 +197,11 @@ def test_a_cancel_mid_turn_ends_it_interrupted_and_a_late_permission_is_refused(
         assert client.call("agentSession.interrupt", {"sessionId": sid})["interrupted"] is True
         done = follower.wait_for("turn.completed")
         assert done["body"] == {"turnId": turn_id, "outcome": "interrupted", "reason": "cancelled"}
+        # The agent's late words came before its late request, so before this.
         warning = follower.wait_for("agent.warning")["body"]
         assert warning["source"] == "session/request_permission"
         assert "no turn is running" in warning["message"]
+        assert "permission request with cancelled" in warning["message"]
         # The session goes on, and nothing of the late turn was journaled.
         send(client, sid, "after")
         follower.wait_for("turn.completed", lambda b: b["turnId"] != turn_id)

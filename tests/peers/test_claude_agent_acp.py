@@ -9,9 +9,7 @@ fails there, and is skipped only outside CI.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,60 +19,30 @@ import pytest
 from agentsctl.client import Client
 from tests.daemon_process import DaemonProcess, make_temp_dir
 from tests.peers import acp_peer
-from tests.peers.acp_peer import acp_daemon, processes_with_env, send
-from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
+from tests.peers.acp_peer import acp_daemon, send
+from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower, processes_with_env
 from tests.peers.fake_anthropic import (
     FakeAnthropic,
     TextReply,
     ToolUseReply,
-    running_fake_anthropic,
 )
+from tests.peers.test_claude import fake, home
 
 VERSION = "0.23.1"
-BINARY = (
-    Path(__file__).parents[1]
-    / "agents"
-    / "node_modules"
-    / f"claude-agent-acp-{VERSION}"
-    / "dist"
-    / "index.js"
+BINARY = acp_peer.installed(
+    f"claude-agent-acp {VERSION}", f"claude-agent-acp-{VERSION}", "dist/index.js"
 )
-if not BINARY.exists() and os.environ.get("CI") != "true":
-    pytest.skip(
-        f"claude-agent-acp {VERSION} is not installed (make test installs it)",
-        allow_module_level=True,
-    )
 COMMAND = ["node", str(BINARY)]
 # claude-agent-acp starts Claude Code with --allow-dangerously-skip-permissions, which
 # Claude Code refuses as root unless it is told it runs in a sandbox (CI runs as root).
 AGENT_ENV = {"IS_SANDBOX": "1"}
+__all__ = ["fake", "home"]  # test_claude's fake Messages API and private HOME, fixtures
 
 
 @pytest.fixture(scope="module")
 def peer_daemon() -> Iterator[DaemonProcess]:
-    base = make_temp_dir()
-    try:
-        with acp_daemon(base, "claude-agent-acp", COMMAND, AGENT_ENV) as daemon:
-            yield daemon
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeAnthropic]:
-    with running_fake_anthropic() as server:
-        yield server
-
-
-@pytest.fixture
-def home() -> Iterator[Path]:
-    """A private HOME (Claude Code's config and transcripts) with a ``work`` cwd."""
-    base = make_temp_dir()
-    (base / "work").mkdir()
-    try:
-        yield base
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    with acp_peer.module_daemon("claude-agent-acp", COMMAND, AGENT_ENV) as daemon:
+        yield daemon
 
 
 def create(client: Client, home: Path, fake: FakeAnthropic) -> dict[str, Any]:
@@ -155,19 +123,8 @@ def test_a_cancel_mid_turn_ends_it_interrupted_and_nothing_late_is_journaled(
 ) -> None:
     fake.script(TextReply("word " * 200, chunk_chars=5, delay_s=0.05))
     sid = create(client, home, fake)["sessionId"]
-    with Follower(peer_daemon, sid, deadline) as follower:
-        turn_id = send(client, sid, "Talk for a while")["turnId"]
-        follower.wait_for("item.updated", lambda b: "word" in b["text"])
-        assert client.call("agentSession.interrupt", {"sessionId": sid})["interrupted"] is True
-        done = follower.wait_for("turn.completed")
-        assert done["body"] == {"turnId": turn_id, "outcome": "interrupted", "reason": "cancelled"}
-        settled = done["seq"]
-    deadline.poll(
-        lambda: client.call("agentSession.get", {"sessionId": sid})["session"]["status"] == "idle",
-        "the session to be idle",
-    )
-    events = client.call("agentSession.history", {"sessionId": sid, "limit": 1000})["events"]
-    assert [e["kind"] for e in events if e["seq"] > settled] == []
+    streamed = acp_peer.cancel_mid_turn(client, peer_daemon, sid, deadline)
+    assert 0 < streamed.count("word") < 200
 
 
 def test_close_then_send_resumes_the_session_with_its_history(
@@ -179,17 +136,9 @@ def test_close_then_send_resumes_the_session_with_its_history(
 ) -> None:
     fake.script(TextReply("The first answer."), TextReply("The second answer."))
     session = create(client, home, fake)
-    sid, handle = session["sessionId"], session["providerHandle"]
-    with Follower(peer_daemon, sid, deadline) as follower:
-        send(client, sid, "The first question")
-        follower.wait_for("turn.completed")
-        assert client.call("agentSession.close", {"sessionId": sid})["wasRunning"] is True
-        deadline.poll(lambda: not agent_processes(home), "claude-agent-acp to exit")
-        second = send(client, sid, "The second question")
-        follower.wait_for("turn.completed", lambda b: b["turnId"] == second["turnId"])
-        ready = [e["body"] for e in follower.events if e["kind"] == "child.ready"]
-        assert [r["providerHandle"] for r in ready] == [handle, handle]
-        assert "thread.superseded" not in follower.kinds()
+    acp_peer.close_then_send(
+        client, peer_daemon, session, deadline, lambda: not agent_processes(home)
+    )
     texts = fake.message_requests()[-1].texts()
     assert "The first question" in texts
     assert "The first answer." in texts
@@ -199,36 +148,15 @@ def test_close_then_send_resumes_the_session_with_its_history(
 def test_a_daemon_killed_mid_turn_leaves_no_agent_and_the_next_send_resumes(
     fake: FakeAnthropic, home: Path
 ) -> None:
-    deadline = Deadline()
     base = make_temp_dir()
-    state = base / "state"
     fake.script(TextReply("word " * 400, chunk_chars=5, delay_s=0.05), TextReply("Back again."))
     try:
-        with acp_daemon(base, "claude-agent-acp", COMMAND, AGENT_ENV, state) as daemon:
-            with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
-                session = create(client, home, fake)
-                sid, handle = session["sessionId"], session["providerHandle"]
-                with Follower(daemon, sid, deadline) as follower:
-                    turn_id = send(client, sid, "Talk for a long while")["turnId"]
-                    follower.wait_for_delta()
-                    assert agent_processes(home)
-            daemon.stop(signal.SIGKILL)
-
-        with acp_daemon(base, "claude-agent-acp", COMMAND, AGENT_ENV, state) as daemon:
-            assert agent_processes(home) == []
-            with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
-                history = client.call("agentSession.history", {"sessionId": sid, "limit": 1000})
-                ended = [e["body"] for e in history["events"] if e["kind"] == "turn.completed"]
-                assert ended == [
-                    {"turnId": turn_id, "outcome": "interrupted", "reason": "daemon-restart"}
-                ]
-                result = send(client, sid, "Are you there?")
-                with Follower(daemon, sid, deadline) as follower:
-                    follower.wait_for("turn.completed", lambda b: b["turnId"] == result["turnId"])
-                    ready = [e["body"] for e in follower.events if e["kind"] == "child.ready"]
-                    assert {r["providerHandle"] for r in ready} == {handle}
-                client.call("agentSession.close", {"sessionId": sid})
-            deadline.poll(lambda: not agent_processes(home), "claude-agent-acp to exit")
+        acp_peer.daemon_killed_mid_turn_then_send(
+            base,
+            lambda base, state: acp_daemon(base, "claude-agent-acp", COMMAND, AGENT_ENV, state),
+            lambda client: create(client, home, fake),
+            lambda: agent_processes(home),
+        )
         texts = fake.message_requests()[-1].texts()
         assert "Talk for a long while" in texts
         assert texts[-1] == "Are you there?"

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
 import signal
 import struct
 import subprocess
+import threading
 import uuid
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +21,13 @@ import pytest
 
 from agentsctl.client import Client
 from agentsd_protocol.errors import RpcError
-from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
+from tests.daemon_process import DaemonProcess, running_daemon
 from tests.e2e.test_sessions import DATABASE_NAME, db_rows, kill_carriers
 from tests.peers.agents import CLAUDE_RELEASES, Release
 from tests.peers.fake_anthropic import (
     FakeAnthropic,
     RecordedRequest,
     TextReply,
-    running_fake_anthropic,
 )
 from tests.peers.test_claude import (
     CALL_TIMEOUT_S,
@@ -37,11 +35,15 @@ from tests.peers.test_claude import (
     Conversation,
     alarm,  # noqa: F401 (the autouse bound of every test here too)
     conversation,
+    daemon,
     eventually,
+    fake,
+    home,
     journal_of,
     needs_claude,
 )
 
+__all__ = ["daemon", "fake", "home"]  # the fixtures this module shares with test_claude
 pytestmark = needs_claude
 MAX_IMAGE_BYTES = 5 * 1024 * 1024  # agentsd.attachments.MAX_IMAGE_BYTES
 
@@ -61,29 +63,6 @@ def tiny_png(width: int = 2, height: int = 2) -> bytes:
         + chunk(b"IDAT", zlib.compress(rows))
         + chunk(b"IEND", b"")
     )
-
-
-@pytest.fixture(scope="module")
-def daemon() -> Iterator[DaemonProcess]:
-    with running_daemon() as d:
-        yield d
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeAnthropic]:
-    with running_fake_anthropic() as f:
-        yield f
-
-
-@pytest.fixture
-def home() -> Iterator[Path]:
-    """A private HOME (Claude Code's config and transcripts) with a ``work`` cwd."""
-    base = make_temp_dir()
-    (base / "work").mkdir()
-    try:
-        yield base
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def image_blocks(request: RecordedRequest) -> list[dict[str, Any]]:
@@ -143,14 +122,16 @@ def test_an_oversized_image_is_refused_before_anything_is_journaled(
 def test_a_queued_prompt_reaches_the_model_only_after_the_running_turn_ended(
     daemon: DaemonProcess, fake: FakeAnthropic, home: Path
 ) -> None:
-    story = "Once upon a time, " * 40  # 720 chars at 5 per 20 ms: a few seconds
-    fake.script(TextReply(story, chunk_chars=5, delay_s=0.02), TextReply("Queued answer."))
+    story = "Once upon a time, " * 40
+    held = threading.Event()  # the story's turn runs until the prompt is queued
+    fake.script(TextReply(story, chunk_chars=5, hold=held), TextReply("Queued answer."))
     with conversation(daemon, fake.claude_env(home), home / "work") as convo:
         first = convo.send("Tell me a story")
         item = convo.wait_for("item.started")
         convo.wait_for_delta(item["body"]["itemId"])
         queued = convo.call("agentSession.send", text="QUEUED PROMPT", delivery="queue")
         assert queued["queued"] is True
+        held.set()
         ended = convo.wait_for("turn.completed", lambda b: b.get("turnId") == first["turnId"])
         assert ended["body"]["outcome"] == "completed"
         submitted = convo.wait_for("submission", lambda b: b["text"] == "QUEUED PROMPT")

@@ -11,12 +11,10 @@ resume that lands elsewhere, garbage, silence).
 from __future__ import annotations
 
 import functools
-import json
-import os
 import shutil
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, ParamSpec
 
@@ -42,7 +40,13 @@ from agentsd_protocol.errors import (
     ResumeFailed,
 )
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
-from tests.peers.agents import CODEX_RELEASES
+from tests.peers.codex_peer import (
+    NEWEST,
+    codex_processes,
+    create_codex,
+    peer_daemon,
+    send,
+)
 from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
 from tests.peers.fake_openai import (
     FakeOpenAI,
@@ -50,7 +54,6 @@ from tests.peers.fake_openai import (
     ShellCall,
     TextReply,
     input_texts,
-    running_fake_openai,
     shell_call_outputs,
 )
 from tests.recording_sink import RecordingSink
@@ -58,71 +61,7 @@ from tests.recording_sink import RecordingSink
 pytestmark = pytest.mark.skipif(
     find_program(CODEX) is None, reason="codex is not installed (the test extras ship it)"
 )
-NEWEST = next(r for r in CODEX_RELEASES if r.newest)
-
-
-# -- fixtures ------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def peer_daemon() -> Iterator[DaemonProcess]:
-    """The module's daemon, running the newest pinned Codex (``tests/peers/agents.py``;
-    ``test_releases`` takes every pinned release through the must-hold set). Without
-    it (outside CI, before ``make test`` installed it) the test extras' codex runs."""
-    base = make_temp_dir()
-    try:
-        args: list[str] = []
-        if NEWEST.binary() is not None or os.environ.get("CI") == "true":
-            config = base / "config.toml"
-            config.write_text(f"[providers.codex]\ncommand = {json.dumps(NEWEST.command())}\n")
-            args = ["--config", str(config)]
-        with running_daemon(extra_args=args) as daemon:
-            yield daemon
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with running_fake_openai() as server:
-        yield server
-
-
-def create_codex(
-    client: Client, workdir: Path, env: dict[str, str], **options: Any
-) -> dict[str, Any]:
-    """Create (and start) a codex session; returns its SessionInfo as plain JSON."""
-    result = client.call(
-        "agentSession.create",
-        {"provider": "codex", "cwd": str(workdir), "env": env, "options": options},
-    )
-    session: dict[str, Any] = result["session"]
-    return session
-
-
-def send(client: Client, session_id: str, text: str) -> dict[str, Any]:
-    result: dict[str, Any] = client.call(
-        "agentSession.send", {"sessionId": session_id, "text": text}
-    )
-    return result
-
-
-def codex_processes(codex_home: Path) -> list[int]:
-    """Pids of live processes (not zombies) whose environment carries our CODEX_HOME."""
-    needle = f"CODEX_HOME={codex_home}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-            stat = Path(f"/proc/{entry}/stat").read_bytes()
-        except OSError:
-            continue
-        state = stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3]
-        if needle in environ.split(b"\0") and state != b"Z":
-            found.append(int(entry))
-    return found
+__all__ = ["peer_daemon"]  # the module's daemon (codex_peer), a fixture
 
 
 # -- a turn --------------------------------------------------------------------------

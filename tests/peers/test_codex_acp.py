@@ -8,9 +8,7 @@ fails there, and is skipped only outside CI.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,49 +18,26 @@ import pytest
 from agentsctl.client import Client
 from tests.daemon_process import DaemonProcess, make_temp_dir
 from tests.peers import acp_peer
-from tests.peers.acp_peer import acp_daemon, processes_with_env, send
-from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
+from tests.peers.acp_peer import acp_daemon, send
+from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower, processes_with_env
 from tests.peers.fake_openai import (
     FakeOpenAI,
     ShellCall,
     TextReply,
     input_texts,
-    running_fake_openai,
     shell_call_outputs,
 )
 
 VERSION = "0.16.0"
-BINARY = (
-    Path(__file__).parents[1]
-    / "agents"
-    / "node_modules"
-    / f"codex-acp-{VERSION}"
-    / "bin"
-    / "codex-acp.js"
-)
-if not BINARY.exists() and os.environ.get("CI") != "true":
-    pytest.skip(
-        f"codex-acp {VERSION} is not installed (make test installs it)", allow_module_level=True
-    )
-
-
-COMMAND = [str(BINARY)]
+COMMAND = [
+    str(acp_peer.installed(f"codex-acp {VERSION}", f"codex-acp-{VERSION}", "bin/codex-acp.js"))
+]
 
 
 @pytest.fixture(scope="module")
 def peer_daemon() -> Iterator[DaemonProcess]:
-    base = make_temp_dir()
-    try:
-        with acp_daemon(base, "codex-acp", COMMAND, {}) as daemon:
-            yield daemon
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with running_fake_openai() as server:
-        yield server
+    with acp_peer.module_daemon("codex-acp", COMMAND, {}) as daemon:
+        yield daemon
 
 
 def create(client: Client, workdir: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -150,20 +125,7 @@ def test_a_cancel_mid_turn_ends_it_interrupted_and_nothing_late_is_journaled(
 ) -> None:
     fake.script(TextReply("word " * 200, chunks=200, chunk_delay_s=0.05))
     sid = create(client, workdir, codex_env)["sessionId"]
-    with Follower(peer_daemon, sid, deadline) as follower:
-        turn_id = send(client, sid, "Talk for a while")["turnId"]
-        follower.wait_for("item.updated", lambda b: "word" in b["text"])
-        assert client.call("agentSession.interrupt", {"sessionId": sid})["interrupted"] is True
-        done = follower.wait_for("turn.completed")
-        assert done["body"] == {"turnId": turn_id, "outcome": "interrupted", "reason": "cancelled"}
-        settled = done["seq"]
-    deadline.poll(
-        lambda: client.call("agentSession.get", {"sessionId": sid})["session"]["status"] == "idle",
-        "the session to be idle",
-    )
-    events = client.call("agentSession.history", {"sessionId": sid, "limit": 1000})["events"]
-    assert [e["kind"] for e in events if e["seq"] > settled] == []
-    streamed = "".join(d["text"] for d in follower.deltas)
+    streamed = acp_peer.cancel_mid_turn(client, peer_daemon, sid, deadline)
     assert 0 < streamed.count("word") < 200
 
 
@@ -178,21 +140,11 @@ def test_close_then_send_resumes_the_session_with_its_history(
 ) -> None:
     fake.script(TextReply("The first answer."), TextReply("The second answer."))
     session = create(client, workdir, codex_env)
-    sid, handle = session["sessionId"], session["providerHandle"]
-    with Follower(peer_daemon, sid, deadline) as follower:
-        send(client, sid, "The first question")
-        follower.wait_for("turn.completed")
-        closed = client.call("agentSession.close", {"sessionId": sid})
-        assert closed["wasRunning"] is True
-        deadline.poll(lambda: not agent_processes(codex_home), "codex-acp to exit")
-        second = send(client, sid, "The second question")
-        follower.wait_for("turn.completed", lambda b: b["turnId"] == second["turnId"])
-        ready = [e["body"] for e in follower.events if e["kind"] == "child.ready"]
-        assert [r["providerHandle"] for r in ready] == [handle, handle]
-        assert "thread.superseded" not in follower.kinds()
-        texts = [e["body"].get("text") for e in follower.events if e["kind"] == "item.completed"]
-        # A session/load replay is not journaled a second time.
-        assert sum(1 for t in texts if t and t.endswith("The first answer.")) == 1
+    texts = acp_peer.close_then_send(
+        client, peer_daemon, session, deadline, lambda: not agent_processes(codex_home)
+    )
+    # A session/load replay is not journaled a second time.
+    assert sum(1 for t in texts if t and t.endswith("The first answer.")) == 1
     last = fake.requests()[-1].body
     assert "The first question" in input_texts(last, "user")
     assert "The first answer." in input_texts(last, "assistant")
@@ -202,39 +154,15 @@ def test_close_then_send_resumes_the_session_with_its_history(
 def test_a_daemon_killed_mid_turn_leaves_no_agent_and_the_next_send_resumes(
     fake: FakeOpenAI, codex_env: dict[str, str], codex_home: Path, workdir: Path
 ) -> None:
-    deadline = Deadline()
     base = make_temp_dir()
-    state = base / "state"
     fake.script(TextReply("word " * 400, chunks=400, chunk_delay_s=0.05), TextReply("Back again."))
     try:
-        with acp_daemon(base, "codex-acp", COMMAND, {}, state) as daemon:
-            with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
-                session = create(client, workdir, codex_env)
-                sid, handle = session["sessionId"], session["providerHandle"]
-                with Follower(daemon, sid, deadline) as follower:
-                    turn_id = send(client, sid, "Talk for a long while")["turnId"]
-                    follower.wait_for_delta()
-                    assert agent_processes(codex_home)
-            daemon.stop(signal.SIGKILL)
-
-        with acp_daemon(base, "codex-acp", COMMAND, {}, state) as daemon:
-            # Recovery ran before the daemon answered its first ping.
-            assert agent_processes(codex_home) == []
-            with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
-                info = client.call("agentSession.get", {"sessionId": sid})["session"]
-                assert info["phase"] == "stopped"
-                history = client.call("agentSession.history", {"sessionId": sid, "limit": 1000})
-                ended = [e["body"] for e in history["events"] if e["kind"] == "turn.completed"]
-                assert ended == [
-                    {"turnId": turn_id, "outcome": "interrupted", "reason": "daemon-restart"}
-                ]
-                result = send(client, sid, "Are you there?")
-                with Follower(daemon, sid, deadline) as follower:
-                    follower.wait_for("turn.completed", lambda b: b["turnId"] == result["turnId"])
-                    ready = [e["body"] for e in follower.events if e["kind"] == "child.ready"]
-                    assert {r["providerHandle"] for r in ready} == {handle}
-                client.call("agentSession.close", {"sessionId": sid})
-            deadline.poll(lambda: not agent_processes(codex_home), "codex-acp to exit")
+        acp_peer.daemon_killed_mid_turn_then_send(
+            base,
+            lambda base, state: acp_daemon(base, "codex-acp", COMMAND, {}, state),
+            lambda client: create(client, workdir, codex_env),
+            lambda: agent_processes(codex_home),
+        )
         last = fake.requests()[-1].body
         assert "Talk for a long while" in input_texts(last, "user")
         assert input_texts(last, "user")[-1] == "Are you there?"

@@ -15,11 +15,11 @@ import pytest
 from agentsctl.client import Client
 from agentsd.providers.programs import CODEX, find_program
 from tests.daemon_process import DaemonProcess
+from tests.peers.codex_peer import create_codex, peer_daemon, send
 from tests.peers.conftest import Deadline, Follower
 from tests.peers.fake_openai import FakeOpenAI, TextReply, input_texts
-from tests.peers.test_codex import create_codex, fake, peer_daemon, send
 
-__all__ = ["fake", "peer_daemon"]  # the fixtures this module shares with test_codex
+__all__ = ["peer_daemon"]  # the module's daemon (codex_peer), a fixture
 
 pytestmark = pytest.mark.skipif(
     find_program(CODEX) is None, reason="codex is not installed (the test extras ship it)"

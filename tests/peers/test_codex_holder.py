@@ -16,11 +16,9 @@ from agentsctl.client import Client
 from agentsd.holder_link import HOLDER_SCRIPT
 from agentsd.procfs import read_proc_info
 from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
+from tests.peers.codex_peer import NEWEST, create_codex
 from tests.peers.fake_openai import FakeOpenAI, TextReply
 from tests.peers.test_codex import (
-    NEWEST,
-    create_codex,
-    fake,
     test_a_turn_streams_text_and_completes,
     test_an_accepted_shell_command_runs,
     test_an_interrupt_mid_stream_ends_the_turn_interrupted,
@@ -28,7 +26,6 @@ from tests.peers.test_codex import (
 )
 
 __all__ = [
-    "fake",
     "test_a_turn_streams_text_and_completes",
     "test_an_accepted_shell_command_runs",
     "test_an_interrupt_mid_stream_ends_the_turn_interrupted",

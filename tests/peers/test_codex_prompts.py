@@ -11,7 +11,7 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +23,14 @@ from agentsd_protocol.errors import RpcError
 from tests.daemon_process import DaemonProcess, running_daemon
 from tests.e2e.test_sessions import DATABASE_NAME, db_rows, kill_carriers
 from tests.peers.agents import CODEX_RELEASES, Release
+from tests.peers.codex_peer import create_codex, send
 from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
-from tests.peers.fake_openai import FakeOpenAI, TextReply, input_texts, running_fake_openai
+from tests.peers.fake_openai import FakeOpenAI, TextReply, input_texts
 from tests.peers.test_claude_prompts import MAX_IMAGE_BYTES, tiny_png
-from tests.peers.test_codex import create_codex, send
 
 pytestmark = pytest.mark.skipif(
     find_program(CODEX) is None, reason="codex is not installed (the test extras ship it)"
 )
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with running_fake_openai() as server:
-        yield server
 
 
 def input_images(body: Any) -> list[str]:
@@ -118,7 +112,8 @@ def test_a_queued_prompt_reaches_the_model_only_after_the_running_turn_ended(
     deadline: Deadline,
 ) -> None:
     talk = "word " * 60
-    fake.script(TextReply(talk, chunks=60, chunk_delay_s=0.03), TextReply("Queued answer."))
+    held = threading.Event()  # the first turn runs until the prompt is queued
+    fake.script(TextReply(talk, chunks=60, hold=held), TextReply("Queued answer."))
     sid = create_codex(client, workdir, codex_env)["sessionId"]
     with Follower(peer_daemon, sid, deadline) as follower:
         first = send(client, sid, "Talk for a while")
@@ -128,6 +123,7 @@ def test_a_queued_prompt_reaches_the_model_only_after_the_running_turn_ended(
             {"sessionId": sid, "text": "QUEUED PROMPT", "delivery": "queue"},
         )
         assert queued["queued"] is True
+        held.set()
         ended = follower.wait_for("turn.completed", lambda b: b["turnId"] == first["turnId"])
         assert ended["body"]["outcome"] == "completed"
         submitted = follower.wait_for("submission", lambda b: b["text"] == "QUEUED PROMPT")

@@ -15,7 +15,9 @@ and fails with "No previous sessions found for this project" (upstream issue
 google-gemini/gemini-cli#28775, open for 0.61.0). The resume test therefore waits for
 the minute to turn before it loads; a user hits the bug only by closing and resuming
 a session within a minute of creating it, and then sees the send rejected with
-``resume_failed`` naming Gemini's error.
+``resume_failed`` naming Gemini's error. So that the wait costs little, the session it
+loads is made, prompted and closed first thing in the module (``closed_early``), and
+the module's other tests use up the minute.
 
 Under CI the agent must be installed (``make test`` installs it): a missing one
 fails there, and is skipped only outside CI.
@@ -23,23 +25,28 @@ fails there, and is skipped only outside CI.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from agentsctl.client import Client
 from tests.daemon_process import DaemonProcess, make_temp_dir
 from tests.peers import acp_peer
-from tests.peers.acp_peer import acp_daemon, processes_with_env, send
-from tests.peers.conftest import CALL_TIMEOUT_S, TEST_TIMEOUT_S, Deadline, Follower
+from tests.peers.acp_peer import acp_daemon, send
+from tests.peers.conftest import (
+    CALL_TIMEOUT_S,
+    TEST_TIMEOUT_S,
+    Deadline,
+    Follower,
+    processes_with_env,
+)
 from tests.peers.fake_gemini import (
     FakeGemini,
     ShellCall,
@@ -50,29 +57,14 @@ from tests.peers.fake_gemini import (
 )
 
 VERSION = "0.61.0"
-BINARY = (
-    Path(__file__).parents[1]
-    / "agents"
-    / "node_modules"
-    / f"gemini-cli-{VERSION}"
-    / "bundle"
-    / "gemini.js"
-)
-if not BINARY.exists() and os.environ.get("CI") != "true":
-    pytest.skip(
-        f"Gemini CLI {VERSION} is not installed (make test installs it)", allow_module_level=True
-    )
+BINARY = acp_peer.installed(f"Gemini CLI {VERSION}", f"gemini-cli-{VERSION}", "bundle/gemini.js")
 COMMAND = [str(BINARY), "--acp"]
 
 
 @pytest.fixture(scope="module")
 def peer_daemon() -> Iterator[DaemonProcess]:
-    base = make_temp_dir()
-    try:
-        with acp_daemon(base, "gemini", COMMAND, {}) as daemon:
-            yield daemon
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    with acp_peer.module_daemon("gemini", COMMAND, {}) as daemon:
+        yield daemon
 
 
 @pytest.fixture
@@ -106,6 +98,59 @@ def agent_processes(gemini_home: Path) -> list[int]:
 def utc_minute() -> str:
     """The minute Gemini CLI names a session file after."""
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M")
+
+
+@attrs.frozen
+class Closed:
+    """A session that ran one turn and was closed, for the load test."""
+
+    sid: str
+    handle: str
+    written: str  # the UTC minute its session file is named after, or a later one
+    fake: FakeGemini
+    home: Path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def closed_early(peer_daemon: DaemonProcess) -> Iterator[Callable[[], Closed]]:
+    """The load test's session, made before the module's first test (autouse), so
+    that the minute of Gemini CLI's bug passes while the other tests run. A failure
+    here is the load test's own: it is raised there, not in every test."""
+    base = make_temp_dir()
+    with running_fake_gemini() as fake:
+        outcome: Closed | Exception
+        try:
+            outcome = first_turn_then_close(peer_daemon, fake, base)
+        except Exception as exc:
+            outcome = exc
+
+        def closed() -> Closed:
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+
+        try:
+            yield closed
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def first_turn_then_close(daemon: DaemonProcess, fake: FakeGemini, base: Path) -> Closed:
+    deadline = Deadline()
+    home, workdir = base / "gemini-home", base / "work"
+    workdir.mkdir()
+    fake.script(TextReply("The first answer."), TextReply("The second answer."))
+    with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
+        session = create(client, workdir, fake.gemini_env(home))
+        sid = session["sessionId"]
+        with Follower(daemon, sid, deadline) as follower:
+            send(client, sid, "The first question")
+            follower.wait_for("turn.completed")
+        written = utc_minute()  # the session file is named after this minute, or before
+        closed = client.call("agentSession.close", {"sessionId": sid})
+        assert closed["wasRunning"] is True
+    deadline.poll(lambda: not agent_processes(home), "Gemini CLI to exit")
+    return Closed(sid, session["providerHandle"], written, fake, home)
 
 
 def test_a_turn_streams_text_and_completes(
@@ -189,61 +234,8 @@ def test_a_cancel_mid_turn_ends_it_interrupted_and_nothing_late_is_journaled(
 ) -> None:
     fake.script(TextReply("word " * 200, chunks=200, chunk_delay_s=0.05))
     sid = create(client, workdir, gemini_env)["sessionId"]
-    with Follower(peer_daemon, sid, deadline) as follower:
-        turn_id = send(client, sid, "Talk for a while")["turnId"]
-        follower.wait_for("item.updated", lambda b: "word" in b["text"])
-        assert client.call("agentSession.interrupt", {"sessionId": sid})["interrupted"] is True
-        done = follower.wait_for("turn.completed")
-        assert done["body"] == {"turnId": turn_id, "outcome": "interrupted", "reason": "cancelled"}
-        settled = done["seq"]
-    deadline.poll(
-        lambda: client.call("agentSession.get", {"sessionId": sid})["session"]["status"] == "idle",
-        "the session to be idle",
-    )
-    events = client.call("agentSession.history", {"sessionId": sid, "limit": 1000})["events"]
-    assert [e["kind"] for e in events if e["seq"] > settled] == []
-    streamed = "".join(d["text"] for d in follower.deltas)
+    streamed = acp_peer.cancel_mid_turn(client, peer_daemon, sid, deadline)
     assert 0 < streamed.count("word") < 200
-
-
-def test_close_then_send_loads_the_session_with_its_history(
-    client: Client,
-    peer_daemon: DaemonProcess,
-    fake: FakeGemini,
-    gemini_env: dict[str, str],
-    gemini_home: Path,
-    workdir: Path,
-) -> None:
-    deadline = Deadline(TEST_TIMEOUT_S + 60)  # up to a minute waiting for the next one
-    fake.script(TextReply("The first answer."), TextReply("The second answer."))
-    session = create(client, workdir, gemini_env)
-    sid, handle = session["sessionId"], session["providerHandle"]
-    with Follower(peer_daemon, sid, deadline) as follower:
-        send(client, sid, "The first question")
-        follower.wait_for("turn.completed")
-        written = utc_minute()  # the session file is named after this minute, or before
-        closed = client.call("agentSession.close", {"sessionId": sid})
-        assert closed["wasRunning"] is True
-        deadline.poll(lambda: not agent_processes(gemini_home), "Gemini CLI to exit")
-        # Gemini CLI's own bug (see the module's docstring): a load in the same
-        # minute erases the session.
-        deadline.poll(lambda: utc_minute() != written, "the next minute", interval_s=0.5)
-        second = send(client, sid, "The second question")
-        follower.wait_for("turn.completed", lambda b: b["turnId"] == second["turnId"])
-        # Gemini CLI offers session/load (not session/resume): the same session again.
-        ready = [e["body"] for e in follower.events if e["kind"] == "child.ready"]
-        assert [r["providerHandle"] for r in ready] == [handle, handle]
-        assert "thread.superseded" not in follower.kinds()
-        texts = [e["body"].get("text") for e in follower.events if e["kind"] == "item.completed"]
-        assert texts.count("The first answer.") == 1
-        # Gemini CLI replays the loaded conversation *after* answering session/load
-        # (ACP wants it before), so the replay reaches the daemon once the next turn
-        # has started and is taken for that turn's first words.
-        assert texts[-1].endswith("The second answer.")
-    last = fake.requests()[-1].body
-    assert "The first question" in contents_texts(last, "user")
-    assert "The first answer." in contents_texts(last, "model")
-    assert contents_texts(last, "user")[-1] == "The second question"
 
 
 def test_a_daemon_killed_mid_turn_leaves_no_agent_and_ends_the_turn(
@@ -251,33 +243,19 @@ def test_a_daemon_killed_mid_turn_leaves_no_agent_and_ends_the_turn(
 ) -> None:
     """Recovery's side; loading the session again is the close test's (the same
     ``session/load``, which here would land in the minute of Gemini's bug)."""
-    deadline = Deadline()
     base = make_temp_dir()
-    state = base / "state"
     fake.script(TextReply("word " * 400, chunks=400, chunk_delay_s=0.05))
     try:
-        with acp_daemon(base, "gemini", COMMAND, {}, state) as daemon:
-            with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
-                sid = create(client, workdir, gemini_env)["sessionId"]
-                with Follower(daemon, sid, deadline) as follower:
-                    turn_id = send(client, sid, "Talk for a long while")["turnId"]
-                    follower.wait_for_delta()
-                    # The launcher and the CLI it relaunched as its child (and
-                    # whatever short-lived helper either runs just now).
-                    assert len(agent_processes(gemini_home)) >= 2
-            daemon.stop(signal.SIGKILL)
-
-        with acp_daemon(base, "gemini", COMMAND, {}, state) as daemon:
-            # Recovery ran before the daemon answered its first ping.
-            assert agent_processes(gemini_home) == []
-            with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
-                info = client.call("agentSession.get", {"sessionId": sid})["session"]
-                assert info["phase"] == "stopped"
-                history = client.call("agentSession.history", {"sessionId": sid, "limit": 1000})
-                ended = [e["body"] for e in history["events"] if e["kind"] == "turn.completed"]
-                assert ended == [
-                    {"turnId": turn_id, "outcome": "interrupted", "reason": "daemon-restart"}
-                ]
+        acp_peer.daemon_killed_mid_turn_then_send(
+            base,
+            lambda base, state: acp_daemon(base, "gemini", COMMAND, {}, state),
+            lambda client: create(client, workdir, gemini_env),
+            lambda: agent_processes(gemini_home),
+            # The launcher and the CLI it relaunched as its child (and whatever
+            # short-lived helper either runs just now).
+            processes=2,
+            then_send=False,
+        )
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -321,3 +299,32 @@ def test_agentsctl_new_with_a_message_runs_a_turn_as_the_readme_says(
         assert contents_texts(request.body, "user")[-1] == "fix the failing test"
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+# Last in the module: the other tests use up the minute of Gemini CLI's bug.
+def test_close_then_send_loads_the_session_with_its_history(
+    client: Client, peer_daemon: DaemonProcess, closed_early: Callable[[], Closed]
+) -> None:
+    deadline = Deadline(TEST_TIMEOUT_S + 60)  # up to a minute waiting for the next one
+    closed = closed_early()
+    sid = closed.sid
+    # Gemini CLI's own bug (see the module's docstring): a load in the same minute
+    # erases the session.
+    deadline.poll(lambda: utc_minute() != closed.written, "the next minute", interval_s=0.5)
+    with Follower(peer_daemon, sid, deadline) as follower:
+        second = send(client, sid, "The second question")
+        follower.wait_for("turn.completed", lambda b: b["turnId"] == second["turnId"])
+        # Gemini CLI offers session/load (not session/resume): the same session again.
+        ready = [e["body"] for e in follower.events if e["kind"] == "child.ready"]
+        assert [r["providerHandle"] for r in ready] == [closed.handle, closed.handle]
+        assert "thread.superseded" not in follower.kinds()
+        texts = [e["body"].get("text") for e in follower.events if e["kind"] == "item.completed"]
+        assert texts.count("The first answer.") == 1
+        # Gemini CLI replays the loaded conversation *after* answering session/load
+        # (ACP wants it before), so the replay reaches the daemon once the next turn
+        # has started and is taken for that turn's first words.
+        assert texts[-1].endswith("The second answer.")
+    last = closed.fake.requests()[-1].body
+    assert "The first question" in contents_texts(last, "user")
+    assert "The first answer." in contents_texts(last, "model")
+    assert contents_texts(last, "user")[-1] == "The second question"
