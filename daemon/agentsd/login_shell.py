@@ -127,16 +127,16 @@ async def capture(shell: str, base_env: Mapping[str, str], timeout_s: float) -> 
             finished = await _read_until(process.stdout, output, markers[1])
     finally:
         await _end(process)
+    if len(output) > MAX_OUTPUT_BYTES:
+        raise CaptureFailed(
+            f"the login shell {shell} printed more than {MAX_OUTPUT_BYTES} bytes "
+            "before the end of its environment"
+        )
     env = parse_output(bytes(output), markers)
     if env is not None:
         for name in (*CAPTURE_VARS, *SHELL_STATE_VARS):
             env.pop(name, None)
         return env
-    if len(output) > MAX_OUTPUT_BYTES:
-        raise CaptureFailed(
-            f"the login shell {shell} printed more than {MAX_OUTPUT_BYTES} bytes "
-            "without its environment"
-        )
     if not finished:
         raise CaptureFailed(
             f"the login shell {shell} did not print its environment within {timeout_s:g} s"
@@ -159,6 +159,8 @@ async def _read_until(stream: trio.abc.ReceiveStream, output: bytearray, closing
         if not chunk:
             return True
         output += chunk
+        if len(output) > MAX_OUTPUT_BYTES:
+            return False  # past the bound, whatever this read holds
         if output.find(tag, search_from) >= 0:
             return True
         search_from = max(0, len(output) - len(tag) + 1)

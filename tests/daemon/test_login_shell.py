@@ -15,7 +15,6 @@ from agentsd.config import Config, ProviderConfig
 from agentsd.login_shell import (
     CAPTURE_VARS,
     MAX_OUTPUT_BYTES,
-    READ_BYTES,
     CaptureFailed,
     capture,
     login_shell,
@@ -140,13 +139,17 @@ async def test_a_background_job_of_a_working_shell_dies_with_it(tmp_path: Path) 
     [
         pytest.param("echo 'not today' >&2; exit 1", "exited 1 without printing", id="exits"),
         pytest.param("kill -9 $$", "killed by signal 9", id="killed"),
-        # Past the bound by more than one read, so the read that crosses it holds no
-        # environment: the capture reads in READ_BYTES pieces and takes an environment
-        # that came in the same piece as the bound's last byte.
+        # One byte past the bound fails, whatever the read that crossed it held.
         pytest.param(
-            f"head -c {MAX_OUTPUT_BYTES + READ_BYTES + 1} /dev/zero",
+            f"head -c {MAX_OUTPUT_BYTES + 1} /dev/zero",
             "printed more than",
             id="flood",
+        ),
+        # The environment itself would cross the bound: it is not taken.
+        pytest.param(
+            f"head -c {MAX_OUTPUT_BYTES - 16} /dev/zero",
+            "printed more than",
+            id="flood-then-environment",
         ),
     ],
 )
