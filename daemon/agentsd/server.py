@@ -268,9 +268,11 @@ def status_text(app: App) -> str:
     )
     report = app.recovery
     waiting = report.turns_cut_off - report.continued
-    if waiting or report.failed or report.lost:
+    if waiting or report.failed or report.lost or report.reattached:
+        reattached = f"{report.reattached} reattached, " if report.reattached else ""
         text += (
-            f"; at start: {report.turns_cut_off} turns cut off ({waiting} to continue), "
+            f"; at start: {reattached}{report.turns_cut_off} turns cut off "
+            f"({waiting} to continue), "
             f"{len(report.failed)} failed, {report.lost} lost"
         )
     if app.draining:
