@@ -449,6 +449,7 @@ async def _handshake(
     lease: Lease,
     task: SessionTask,
     adapter: Adapter,
+    sink: Sink,
     spec: ProcessSpec,
 ) -> None:
     timeout_s = supervisor.config.handshake_timeout_s
@@ -488,12 +489,16 @@ async def _handshake(
     events: list[Event] = [] if adapter.superseded is None else [adapter.superseded]
     if resume is not None and resume.adopt:
         events += await adapter.imported_history()
+    # What the handshake read is done with: a takeover reads on after it.
+    output = sink.handshake_position()
     with trio.move_on_after(SETTLE_TIMEOUT_S) as slow:
         await session.journal.append(
             [*events, ready],
             fence=lease.fence,
             provider_handle=handle,
+            output=output,
         )
+        sink.made_durable(output)
     if slow.cancelled_caught:
         raise StorageUnavailable(
             f"storage too slow: recording the agent ready took over {SETTLE_TIMEOUT_S:g} s"
@@ -573,7 +578,7 @@ async def _attend(
                 await _take_over(supervisor, session, task, adapter, takeover)
             else:
                 assert spec is not None
-                await _handshake(supervisor, session, lease, task, adapter, spec)
+                await _handshake(supervisor, session, lease, task, adapter, sink, spec)
         except RpcError as exc:
             failure.append(exc)
             nursery.cancel_scope.cancel()

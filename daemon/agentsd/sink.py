@@ -201,10 +201,23 @@ class Sink:
         stored = await self._session.journal.append(
             events, fence=self._lease.fence, output=position, **fields
         )
+        self.made_durable(position)
+        return stored
+
+    def handshake_position(self) -> tuple[int, int] | None:
+        """Rule 4 for the handshake's commit (``child.ready``, journaled by the
+        session task): the lines the handshake read are done with, so a takeover
+        starts after them. None without Rule 4."""
+        if self._held is None:
+            return None
+        self._held.cursor.end()
+        return self._held.cursor.position
+
+    def made_durable(self, position: tuple[int, int] | None) -> None:
+        """A commit the session task made stored ``position`` (Rule 4)."""
         if position is not None and self._held is not None:
             self._held.cursor.durable = max(self._held.cursor.durable, position[0])
             self._held.acknowledge(position[0])
-        return stored
 
     async def _commit_position(self) -> None:
         """Rule 4: the position alone, after lines that journaled nothing."""

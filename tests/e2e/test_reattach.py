@@ -299,3 +299,53 @@ async def test_a_send_in_flight_at_the_crash_is_unknown_after_the_takeover(tmp_p
                     await rpc.call("agentSession.close", {"sessionId": sid})
         finally:
             kill_carriers(tokens)
+
+
+async def test_an_idle_agent_is_reattached_without_reading_its_handshake_again() -> None:
+    """Killed before any event of its own after ``child.ready``: the takeover reads
+    on after the handshake's lines (no ``initialized`` frame taken for output), and
+    the agent serves the next turn."""
+    tokens: list[str] = []
+    with trio.fail_after(TIMEOUT_S), temp_dir() as base, holder_config("reattach") as config:
+        state = base / "state"
+        args = ["--config", str(config)]
+        try:
+            with running_daemon(state_dir=state, extra_args=args) as first:
+                async with open_rpc(first.socket) as rpc:
+                    sid = (await create(rpc, base))["sessionId"]
+                    started = await rpc.call("agentSession.start", {"sessionId": sid})
+                    pid = started["session"]["child"]["pid"]
+                    tokens = [
+                        r[0] for r in db_rows(state / DATABASE_NAME, "SELECT token FROM leases")
+                    ]
+                first.process.send_signal(signal.SIGKILL)
+                assert first.wait() == -signal.SIGKILL
+
+            with running_daemon(state_dir=state, extra_args=args) as second:
+                async with open_rpc(second.socket) as rpc:
+                    info = (await rpc.call("agentSession.get", {"sessionId": sid}))["session"]
+                    assert info["child"]["pid"] == pid
+                    assert info["status"] == "idle"
+                    reply = await rpc.call(
+                        "agentSession.send", {"sessionId": sid, "text": "echo still here"}
+                    )
+                    assert reply["dispatch"] == "accepted", reply
+                    await eventually(lambda: _turn_done(rpc, sid))
+                    journal = await history(rpc, sid)
+                    await rpc.call("agentSession.close", {"sessionId": sid})
+            kinds = [e["kind"] for e in journal]
+            assert "agent.error" not in kinds, journal
+            assert kinds.count("child.ready") == 1 and kinds.count("child.reattached") == 1
+            texts = [
+                e["body"]["text"]
+                for e in journal
+                if e["kind"] == "item.completed" and e["body"].get("type") == "agentMessage"
+            ]
+            assert texts == ["still here"]
+        finally:
+            kill_carriers(tokens)
+
+
+async def _turn_done(rpc: Rpc, sid: str) -> bool:
+    info = (await rpc.call("agentSession.get", {"sessionId": sid}))["session"]
+    return bool(info["status"] == "idle")
