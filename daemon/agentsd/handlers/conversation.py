@@ -223,7 +223,14 @@ async def _interrupt(session: Session, turn_id: str | None) -> tuple[int, bool]:
     stored = await session.journal.append(events)
     task = session.task
     adapter = None if task is None else task.adapter
-    return stored[0].seq, adapter is not None and await adapter.interrupt(turn_id)
+    if adapter is None:
+        return stored[0].seq, False
+    try:
+        return stored[0].seq, await adapter.interrupt(turn_id)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        # The agent ended as the interrupt went out (a held agent's exit is heard
+        # from the holder first): its end settles the turn.
+        return stored[0].seq, False
 
 
 async def _retry_unknown(call: Call, session: Session, params: api.SendParams) -> api.SendResult:
