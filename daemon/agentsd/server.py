@@ -168,7 +168,17 @@ async def _serve_sessions(
         async with open_supervisor(
             store, config, app.state_dir, providers, app.agent_env, app.containment, holder
         ) as supervisor:
-            reattached = await supervisor.reattach(recovered.reattachable)
+            if recovered.reattachable:
+                started = trio.current_time()
+                reattached = await supervisor.reattach(recovered.reattachable)
+                log.info(
+                    "took over %d of %d agents the holder kept, in %.2f s",
+                    len(reattached),
+                    len(recovered.reattachable),
+                    trio.current_time() - started,
+                )
+            else:
+                reattached = []
             if holder is not None:
                 holder.claimed()
             app.recovery = reconcile(recovered, supervisor.sessions.values(), reattached)
