@@ -8,8 +8,8 @@ takeover reaches the agent once."""
 
 from __future__ import annotations
 
+import os
 import signal
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -27,6 +27,7 @@ from tests.e2e.test_sessions import (
     kill_carriers,
     open_rpc,
     temp_dir,
+    token_carriers,
 )
 from tests.polling import eventually
 
@@ -250,7 +251,7 @@ async def test_a_pending_approval_answered_after_the_takeover_reaches_the_agent_
             kill_carriers(tokens)
 
 
-async def test_a_send_in_flight_at_the_crash_is_unknown_after_the_takeover(tmp_path: Path) -> None:
+async def test_a_send_in_flight_at_the_crash_is_unknown_after_the_takeover() -> None:
     """A submission journaled but with no dispatch outcome when the daemon died: the
     next daemon cannot know whether its write reached the agent (``unknown``,
     never re-sent), and the agent it took over serves the next send."""
@@ -349,3 +350,56 @@ async def test_an_idle_agent_is_reattached_without_reading_its_handshake_again()
 async def _turn_done(rpc: Rpc, sid: str) -> bool:
     info = (await rpc.call("agentSession.get", {"sessionId": sid}))["session"]
     return bool(info["status"] == "idle")
+
+
+async def test_agents_whose_holder_died_too_are_ended_and_their_sessions_settle() -> None:
+    """The daemon and then the holder are SIGKILLed: nothing can be taken over (no
+    holder has the agents' pipes), so the next daemon ends the agents by their
+    recorded identity, proves them gone and settles their sessions, as without the
+    holder."""
+    tokens: list[str] = []
+    with trio.fail_after(TIMEOUT_S), temp_dir() as base, holder_config("reattach") as config:
+        state = base / "state"
+        args = ["--config", str(config)]
+        try:
+            with running_daemon(state_dir=state, extra_args=args) as first:
+                async with open_rpc(first.socket) as rpc:
+                    sids = []
+                    for options in (
+                        {"ignoreEof": True},
+                        {"ignoreEof": True, "ignoreSigterm": True},
+                    ):
+                        sid = (await create(rpc, base, options=options))["sessionId"]
+                        await rpc.call("agentSession.start", {"sessionId": sid})
+                        sids.append(sid)
+                    pid = (await rpc.call("agentSession.get", {"sessionId": sids[0]}))["session"][
+                        "child"
+                    ]["pid"]
+                    info = read_proc_info(pid)
+                    assert info is not None
+                    holder = info.ppid
+                    tokens = [
+                        r[0] for r in db_rows(state / DATABASE_NAME, "SELECT token FROM leases")
+                    ]
+                first.process.send_signal(signal.SIGKILL)
+                assert first.wait() == -signal.SIGKILL
+            os.kill(holder, signal.SIGKILL)
+            await eventually(lambda: not _agent_alive(holder))
+            assert len(token_carriers(tokens)) == 2  # they ignore the end of their input
+
+            with running_daemon(state_dir=state, extra_args=args) as second:
+                assert token_carriers(tokens) == []  # ended before anything was served
+                async with open_rpc(second.socket) as rpc:
+                    recovery = (await rpc.call("daemon.status"))["recovery"]
+                    assert recovery["reattached"] == 0, recovery
+                    assert recovery["sessionsRecovered"] == 2 and recovery["unproven"] == 0
+                    for sid in sids:
+                        info = (await rpc.call("agentSession.get", {"sessionId": sid}))["session"]
+                        assert info["phase"] == "stopped"
+                        events = await history(rpc, sid)
+                        assert_contiguous(events)
+                        [exited] = [e for e in events if e["kind"] == "child.exited"]
+                        assert exited["body"]["cause"] == "daemon-restart"
+                        assert "child.reattached" not in [e["kind"] for e in events]
+        finally:
+            kill_carriers(tokens)
