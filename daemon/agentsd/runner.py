@@ -54,7 +54,7 @@ from agentsd.held_lease import (
 )
 from agentsd.holder_link import HolderLost, HolderRefused
 from agentsd.leases import Lease, LeaseError
-from agentsd.leftovers import EndOutcome, end_contained
+from agentsd.leftovers import ChildIdentity, EndOutcome, end_contained
 from agentsd.procfs import current_scanner
 from agentsd.providers.base import Adapter, LineLink, Provider, Resume, Takeover
 from agentsd.providers.versions import settle_version
@@ -264,7 +264,17 @@ async def _reattach(
 async def _abandon(supervisor: Supervisor, session: Session, reattach: Reattachable) -> None:
     """The lease could not be taken over: end its agent by its identity and settle
     the lease, as recovery does (shielded, bounded by the ladder and the settle)."""
-    identity = recorded_identity(reattach.lease)
+    outcome = await _end_by_identity(supervisor, recorded_identity(reattach.lease))
+    with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
+        try:
+            await settle(session, session.journal.write, "daemon-restart", outcome)
+        except RpcError as exc:
+            log.error("session %s: could not record its agent's end: %s", session.id, exc)
+
+
+async def _end_by_identity(supervisor: Supervisor, identity: ChildIdentity) -> EndOutcome:
+    """End an agent this daemon could not take over, as recovery ends a previous
+    daemon's (shielded, bounded by the ladder; never raises)."""
     with trio.CancelScope(shield=True):
         report = await end_contained(
             [identity],
@@ -273,12 +283,7 @@ async def _abandon(supervisor: Supervisor, session: Session, reattach: Reattacha
             supervisor.containment.root,
             sweep=False,
         )
-        outcome = report.outcomes.get(identity, EndOutcome.UNPROVEN)
-        with trio.move_on_after(SETTLE_TIMEOUT_S):
-            try:
-                await settle(session, session.journal.write, "daemon-restart", outcome)
-            except RpcError as exc:
-                log.error("session %s: could not record its agent's end: %s", session.id, exc)
+    return report.outcomes.get(identity, EndOutcome.UNPROVEN)
 
 
 async def _take_over_child(
@@ -295,9 +300,11 @@ async def _take_over_child(
     its adapter over the link read from the durable position, take over, serve."""
     keeper = supervisor.holder
     link = None if keeper is None else keeper.current()
-    if link is None:
-        return AgentStartFailed("the agent could not be taken over: the holder is gone")
     identity = recorded_identity(reattach.lease)
+    if link is None:
+        # Lost since recovery: end the agent by its identity, as recovery would.
+        held.child_exited(await _end_by_identity(supervisor, identity))
+        return AgentStartFailed("the agent could not be taken over: the holder is gone")
     try:
         async with adopt_held_child(
             identity,
