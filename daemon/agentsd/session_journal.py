@@ -77,7 +77,7 @@ class SessionJournal:
         session_id = session.id
         fence = session.fence if fence is None else fence
         now = time.time()
-        if fields or provisional is not None or output is not None:
+        if fields or provisional is not None:
 
             def op(conn: StoreConnection) -> list[StoredEvent]:
                 stored = session_rows.update_session(conn, session_id, fence, now, events, **fields)
@@ -90,7 +90,7 @@ class SessionJournal:
             stored = await self._store.write(op)
         else:
             items = session_rows.encode_events(events)
-            stored = await self._store.append(session_id, fence, items, now)
+            stored = await self._store.append(session_id, fence, items, now, output)
         if fields:
             session.row = attrs.evolve(session.row, **fields)
         self._committed(stored)

@@ -4,8 +4,10 @@ Figures (``python -m tests.bench holder``), each next to a baseline from the sam
 
 - streaming throughput: the flooding mock agent (``bench_stream``'s flood, one
   subscriber) with its output relayed by the holder, against the same daemon
-  spawning the agent itself (goal: >= 0.9x); the best of ``ROUNDS`` alternating
-  rounds of each;
+  spawning the agent itself (goal: >= 0.9x); and what reattach's bookkeeping costs
+  (each commit storing the output position, only durable offsets acknowledged)
+  against ``crash_policy = "end"`` (acknowledged as read); the best of ``ROUNDS``
+  alternating rounds of each;
 - the holder's RSS per held agent with ``SESSIONS`` live sessions (tiny shell agents,
   separate processes, not counted), against the holder holding one (goal: a few
   KiB);
@@ -51,9 +53,12 @@ def config(holder: bool, crash_policy: str = "reattach") -> Iterator[Path]:
         yield path
 
 
-def throughput(holder: bool) -> float:
+def throughput(holder: bool, crash_policy: str = "reattach") -> float:
     """Deltas/s of one flood to one subscriber."""
-    with config(holder) as path, running_daemon(extra_args=["--config", str(path)]) as daemon:
+    with (
+        config(holder, crash_policy) as path,
+        running_daemon(extra_args=["--config", str(path)]) as daemon,
+    ):
         session = call(
             daemon.socket,
             "agentSession.create",
@@ -107,14 +112,20 @@ def restart_to_serving(holder: bool, crash_policy: str = "reattach") -> tuple[fl
 
 
 def main() -> None:
-    direct, held = [], []
+    direct, held, ended = [], [], []
     for _ in range(ROUNDS):
         direct.append(throughput(False))
         held.append(throughput(True))
+        ended.append(throughput(True, "end"))
     ratio = max(held) / max(direct)
     print(
         f"   streaming       {max(held):9.0f} deltas/s through the holder   "
         f"{max(direct):9.0f} deltas/s direct   ratio {ratio:.2f}x (goal >= {THROUGHPUT_GOAL}x)"
+    )
+    print(
+        f"   reattach's bookkeeping   {max(held):9.0f} deltas/s storing the output position "
+        f"and acknowledging durable offsets   {max(ended):9.0f} deltas/s acknowledging as "
+        f"read (crash_policy end)   ratio {max(held) / max(ended):.2f}x"
     )
     one, many = held_memory()
     print(
