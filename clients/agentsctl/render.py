@@ -31,6 +31,7 @@ from agentsd_protocol.api.events import (
     ApprovalResolved,
     ChildExited,
     ChildReady,
+    ChildReattached,
     ChildSpawned,
     CommandRun,
     ConversationCleared,
@@ -258,6 +259,8 @@ class Transcript:
                 self.note(f"session created ({provider} in {cwd}{adopting})")
             case ChildReady(agent_version=version):
                 self.note(f"agent ready ({version})" if version else "agent ready")
+            case ChildReattached(pid=pid):
+                self.note(f"agent reattached (pid {pid}): it kept running through a daemon restart")
             case ChildExited() as exited:
                 self.note(f"agent exited: {_exit_text(exited)}")
                 if exited.stderr_tail:

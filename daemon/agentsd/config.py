@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -226,9 +227,13 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     # Per agent, with everything it starts (needs a cgroup with the controllers on).
     limits: Limits = Limits()
     # Start agents through the holder (agentsd.holder), a process that outlives the
-    # daemon and holds their pipes. Recovery at the next start still ends them:
-    # reattaching them is not built yet.
+    # daemon and holds their pipes.
     holder: bool = False
+    # What the next daemon does with the agents the holder kept through a daemon's
+    # death (a crash, SIGKILL): "reattach" them (their turns go on, nothing streamed
+    # meanwhile is lost) or "end" them (each turn cut off, `child.exited {cause:
+    # daemon-restart}`). Without the holder every agent ends with its daemon.
+    crash_policy: Literal["reattach", "end"] = "reattach"
 
 
 class ConfigError(Exception):
@@ -247,7 +252,7 @@ def load_config(path: Path, *, required: bool) -> Config:
     try:
         config = msgspec.toml.decode(data, type=Config)
     except msgspec.DecodeError as exc:
-        raise ConfigError(f"config file {path}: {exc}") from None
+        raise ConfigError(f"config file {path}: {exc}{_choices(str(exc))}") from None
     if config.log_level.lower() not in {"debug", "info", "warning", "error", "critical"}:
         raise ConfigError(
             f"config file {path}: log_level must be one of debug, info, warning, error, critical"
@@ -255,6 +260,19 @@ def load_config(path: Path, *, required: bool) -> Config:
     for key, value, problem in check_config(config):
         raise ConfigError(f"config file {path}: {key} = {_show(value)}: {problem}")
     return config
+
+
+def _choices(problem: str) -> str:
+    """What a top-level key that takes one of a few words takes, when ``problem``
+    is a value outside them (msgspec names the key, not the words)."""
+    match = re.search(r"Invalid enum value .* - at `\$\.(\w+)`$", problem)
+    if match is None:
+        return ""
+    hints = typing.get_type_hints(Config)
+    hint = hints.get(match.group(1))
+    if typing.get_origin(hint) is not Literal:
+        return ""
+    return " (it takes " + " or ".join(f'"{word}"' for word in typing.get_args(hint)) + ")"
 
 
 def check_config(value: msgspec.Struct, prefix: str = "") -> Iterator[tuple[str, Any, str]]:

@@ -34,12 +34,12 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 
 import attrs
 import trio
 
-from agentsd.cgroup import SessionCgroup
+from agentsd.cgroup import CgroupRoot, SessionCgroup
 from agentsd.child import (
     ChildExit,
     ChildSpec,
@@ -51,7 +51,14 @@ from agentsd.child import (
     spawn_limiter,
 )
 from agentsd.config import Ladder
-from agentsd.holder_link import AgentStdin, AgentStdout, HeldAgent, HolderLink, HolderLost
+from agentsd.holder_link import (
+    AgentStdin,
+    AgentStdout,
+    HeldAgent,
+    HolderLink,
+    HolderLost,
+    HolderRefused,
+)
 from agentsd.leftovers import (
     ChildIdentity,
     EndOutcome,
@@ -64,7 +71,7 @@ from agentsd.leftovers import (
 )
 from agentsd.procfs import ProcInfo, ProcScanner, current_scanner
 
-__all__ = ["HeldChild", "open_held_child"]
+__all__ = ["HeldChild", "adopt_held_child", "open_held_child"]
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +133,7 @@ async def open_held_child(
     link: HolderLink,
     *,
     scanner: ProcScanner | None = None,
+    durable_acks: bool = False,
 ) -> AsyncIterator[HeldChild]:
     """``agentsd.child.open_child`` through the holder of ``link``: the same
     contract (``on_spawned`` before the body, ``on_exit`` exactly once for every
@@ -133,7 +141,9 @@ async def open_held_child(
     except that ``on_exit`` may receive an `EndOutcome` (the holder was lost).
 
     Raises OSError if the agent cannot be started, `HolderLost` if the holder is
-    gone before it started it (nothing runs then)."""
+    gone before it started it (nothing runs then). ``durable_acks``: its output is
+    acknowledged to the holder only as it is journaled (``agentsd.holder_link``
+    Rule 3), so that a later daemon can take it over."""
     scanner = scanner if scanner is not None else current_scanner()
     cgroup = None if spec.cgroup_root is None else spec.cgroup_root.for_token(spec.token)
     try:
@@ -144,7 +154,9 @@ async def open_held_child(
         # must be heard (each request is bounded), or the agent would run unladdered.
         with trio.CancelScope(shield=True):
             try:
-                agent = await link.spawn(spec.token, argv, spec.cwd, env, spec.stderr_fd)
+                agent = await link.spawn(
+                    spec.token, argv, spec.cwd, env, spec.stderr_fd, durable_acks=durable_acks
+                )
             except HolderLost:
                 # It may have started the agent before it was lost: end whatever
                 # carries the token, and say how that went.
@@ -185,6 +197,81 @@ async def open_held_child(
                 EndOutcome.ALREADY_GONE,
             )
             if proven:
+                with trio.CancelScope(shield=True), trio.move_on_after(ladder.kill_wait_s):
+                    await link.release(agent)
+
+
+@asynccontextmanager
+async def adopt_held_child(
+    identity: ChildIdentity,
+    cgroup_root: CgroupRoot | None,
+    ladder: Ladder,
+    on_exit: Callable[[HeldExit], None],
+    link: HolderLink,
+    out_offset: int,
+    stderr_fd: int | None,
+    *,
+    scanner: ProcScanner | None = None,
+) -> AsyncIterator[HeldChild]:
+    """`open_held_child` for an agent an earlier daemon spawned through the holder
+    of ``link`` and that link found at attach (a takeover): claimed with
+    ``HolderLink.adopt`` (its stdout read from ``out_offset``, acknowledged only as
+    it is journaled; its stderr from what the holder still has), never spawned.
+    The same contract afterwards: ``on_exit`` exactly once, the shielded and
+    bounded close ladder, the holder told to forget it only after the proof.
+
+    Raises `HolderRefused` (the holder no longer has it, or no longer has
+    ``out_offset``) or `HolderLost` when it cannot be claimed; it is then ended by
+    its identity, as recovery ends a previous daemon's agent, and ``on_exit``
+    hears that outcome before the exception propagates."""
+    scanner = scanner if scanner is not None else current_scanner()
+    cgroup = None
+    if cgroup_root is not None and cgroup_root.for_token(identity.token).path.is_dir():
+        cgroup = cgroup_root.for_token(identity.token)
+    spec = ChildSpec(argv=[], cwd="/", env={}, token=identity.token, cgroup_root=cgroup_root)
+    found = link.found.get(identity.token, {})
+    err_offset = int(found.get("err_base", 0))
+    try:
+        if (found.get("pid"), found.get("start_time")) != (identity.pid, identity.start_time):
+            raise HolderRefused(
+                "unknown_agent",
+                f"the holder's agent {identity.token} is not pid {identity.pid} as recorded",
+            )
+        with trio.CancelScope(shield=True):  # each of its requests is bounded
+            agent = await link.adopt(
+                identity.token, out_offset, err_offset, stderr_fd, durable_acks=True
+            )
+    except (HolderRefused, HolderLost):
+        root = cgroup_root if cgroup is not None else None
+        with trio.CancelScope(shield=True):
+            report = await end_contained([identity], ladder, scanner, root, sweep=False)
+        ended = report.outcomes.get(identity, EndOutcome.UNPROVEN)
+        if cgroup is not None and ended is not EndOutcome.UNPROVEN:
+            with suppress(OSError):
+                cgroup.remove()
+        on_exit(ended)
+        raise
+    outcome: HeldExit = ExitUnproven(f"the close ladder of held agent {agent.pid} failed")
+    signalled: set[tuple[int, int]] = set()
+    try:
+        yield HeldChild(
+            identity=identity,
+            agent=agent,
+            stdin=agent.stdin,
+            stdout=agent.stdout,
+            ladder=ladder,
+            scanner=scanner,
+            signalled=signalled,
+        )
+    finally:
+        try:
+            outcome = await _close(agent, spec, cgroup, ladder, scanner, signalled)
+        finally:
+            on_exit(outcome)
+            if isinstance(outcome, ExitProof) or outcome in (
+                EndOutcome.ENDED,
+                EndOutcome.ALREADY_GONE,
+            ):
                 with trio.CancelScope(shield=True), trio.move_on_after(ladder.kill_wait_s):
                     await link.release(agent)
 

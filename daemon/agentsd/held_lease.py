@@ -132,7 +132,11 @@ class HeldLease:
 
 @asynccontextmanager
 async def open_lease(
-    session: Session, write: Write, refused: Callable[[RpcError], None]
+    session: Session,
+    write: Write,
+    refused: Callable[[RpcError], None],
+    *,
+    handover: Lease | None = None,
 ) -> AsyncIterator[HeldLease]:
     """Acquire the session's next lease and yield it held; settle it on exit.
 
@@ -143,6 +147,14 @@ async def open_lease(
     ``StorageUnavailable`` at once, the reservation is withdrawn (shielded, at most
     ``WITHDRAW_TIMEOUT_S``) and then that error is raised.
 
+    With ``handover`` (a live lease an earlier daemon held, whose agent the holder
+    kept running), entering takes that lease over instead of acquiring one
+    (``store.leases.hand_over_lease``: fence + 1, the same child, its undelivered
+    submissions settled ``unknown``, ``child.reattached``), from ``exit-unproven``.
+    Its agent runs already: until the body's ladder reports a proof, the held
+    lease's ``proof`` says the exit is unproven, so a body that fails before its
+    ladder leaves the lease held (Rule 1), never released on "never started".
+
     Exit runs whatever ended the body, after it: so after the child nested inside was
     laddered. The session goes ``stopping``, then `settle` runs with the held lease's
     ``proof``, ``cause`` and ``failure``, shielded and at most ``SETTLE_TIMEOUT_S``.
@@ -152,6 +164,26 @@ async def open_lease(
     """
     # Shielded: once the fence is taken durably, this task must learn it, so that
     # the lease is settled below even if a close arrived meanwhile.
+    if handover is not None:
+        taken = handover
+        undispatched = sorted(session.conversation.undispatched)
+        from_seq = session.head_seq
+        with trio.CancelScope(shield=True), trio.fail_after(SETTLE_TIMEOUT_S):
+            lease, _ = await write(
+                lambda conn: lease_rows.hand_over_lease(
+                    conn, taken, from_seq, undispatched, time.time()
+                )
+            )
+        session.lease = lease
+        session.row = attrs.evolve(session.row, fence=lease.fence)
+        session.transition("starting")
+        held = HeldLease(session=session, write=write, lease=lease)
+        held.proof = ExitUnproven("the agent taken over was never laddered")
+        try:
+            yield held
+        finally:
+            await _settle_held(session, write, held)
+        return
     with trio.CancelScope(shield=True):
         with trio.move_on_after(SETTLE_TIMEOUT_S) as slow:
             lease, _ = await write(
@@ -173,28 +205,33 @@ async def open_lease(
     try:
         yield held
     finally:
-        session.transition("stopping")
-        settled = False
-        with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
-            try:
-                await settle(session, write, held.cause, held.proof, held.failure, held.stderr_tail)
-                settled = True
-            except RpcError as exc:
-                log.error("session %s: could not record its agent's end: %s", session.id, exc)
-                held.settle_error = exc
-        if not settled:
-            # The child is gone (or unproven) but the store did not take the settle:
-            # the lease stays held durably, and the next start or close retries.
-            session.transition("exit-unproven")
-            session.error = SessionError(
-                kind="storage_unavailable",
-                message="the end of the agent could not be recorded; close to retry",
-                at=time.time(),
+        await _settle_held(session, write, held)
+
+
+async def _settle_held(session: Session, write: Write, held: HeldLease) -> None:
+    """`open_lease`'s exit."""
+    session.transition("stopping")
+    settled = False
+    with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
+        try:
+            await settle(session, write, held.cause, held.proof, held.failure, held.stderr_tail)
+            settled = True
+        except RpcError as exc:
+            log.error("session %s: could not record its agent's end: %s", session.id, exc)
+            held.settle_error = exc
+    if not settled:
+        # The child is gone (or unproven) but the store did not take the settle:
+        # the lease stays held durably, and the next start or close retries.
+        session.transition("exit-unproven")
+        session.error = SessionError(
+            kind="storage_unavailable",
+            message="the end of the agent could not be recorded; close to retry",
+            at=time.time(),
+        )
+        if held.settle_error is None:
+            held.settle_error = StorageUnavailable(
+                f"recording the end of the agent took over {SETTLE_TIMEOUT_S:g} s"
             )
-            if held.settle_error is None:
-                held.settle_error = StorageUnavailable(
-                    f"recording the end of the agent took over {SETTLE_TIMEOUT_S:g} s"
-                )
 
 
 async def settle(

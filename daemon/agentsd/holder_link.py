@@ -14,9 +14,12 @@ reported (`HeldAgent.wait` never returns); whoever owns an agent ends it by its
 recorded identity and proves it gone (``agentsd.held_child``).
 
 Rule 3 (output): an agent's stdout is read in order, offsets checked against the
-holder's numbering; each byte handed to the reader is acknowledged at once, so the
-holder retains only what is still in flight. Stderr is copied to the caller's
-stderr pipe (``agentsd.stderr_log``) and acknowledged as it is written.
+holder's numbering. Each byte handed to the reader is acknowledged at once, so the
+holder retains only what is still in flight; or, for an agent a later daemon may
+reattach (``durable_acks``), only once its effects are journaled
+(`HeldAgent.acknowledge_out`, ``agentsd.sink`` Rule 4), so the holder retains
+everything a later daemon must read again. Stderr is copied to the caller's stderr
+pipe (``agentsd.stderr_log``) and acknowledged as it is written.
 
 Rule 4 (agents nobody claims): what the holder held at attach (``found``) may be
 adopted (`HolderLink.adopt`: its output resumed from a given offset) until
@@ -87,6 +90,9 @@ class HeldAgent:
     _out_offset: int = 0  # offset of _out[0]
     _out_eof: bool = False
     _out_ready: trio.Event = attrs.field(factory=trio.Event)
+    # Rule 3: acknowledge stdout only as ``acknowledge_out`` says (durable), not as read.
+    durable_acks: bool = False
+    _out_acked: int = 0
     _err_fd: int | None = None  # our dup of the caller's stderr pipe, written in a thread
     _err_offset: int = 0
     _err_lock: trio.Lock = attrs.field(factory=trio.Lock)
@@ -126,6 +132,25 @@ class HeldAgent:
         """Let the holder drop the exited agent (after its exit was proven)."""
         with suppress(HolderLost, HolderRefused):
             await self.link.request({"op": "forget", "id": self.id})
+
+    def acknowledge_out(self, offset: int) -> None:
+        """Let the holder drop its stdout before ``offset`` (Rule 3: journaled)."""
+        if offset > self._out_acked:
+            self._out_acked = offset
+            self.link.send_nowait({"op": "ack", "id": self.id, "stream": "out", "offset": offset})
+
+    def give_up_exactness(self, offset: int) -> None:
+        """One line outgrew what the holder retains (``providers.base.OutputCursor``):
+        acknowledge what was read, or the holder and the reader wait for each other.
+        A later daemon then cannot read that line again, and cannot take over."""
+        if offset > self._out_acked:
+            log.warning(
+                "agent %s: a line past %d bytes; its output is acknowledged as read until "
+                "it ends (a crash meanwhile ends the agent instead of reattaching it)",
+                self.id,
+                offset - self._out_acked,
+            )
+            self.acknowledge_out(offset)
 
     def _lost(self) -> None:
         self._out_eof = True
@@ -184,9 +209,8 @@ class AgentStdout(trio.abc.ReceiveStream):
         data = bytes(agent._out[:size])
         del agent._out[:size]
         agent._out_offset += size
-        agent.link.send_nowait(
-            {"op": "ack", "id": agent.id, "stream": "out", "offset": agent._out_offset}
-        )
+        if not agent.durable_acks:
+            agent.acknowledge_out(agent._out_offset)
         await trio.lowlevel.checkpoint()
         return data
 
@@ -292,12 +316,14 @@ class HolderLink:
         cwd: str,
         env: Mapping[str, str],
         stderr_fd: int | None,
+        *,
+        durable_acks: bool = False,
     ) -> HeldAgent:
         """Have the holder start an agent. Raises OSError as Popen would (with the
-        holder's errno), `HolderLost`."""
+        holder's errno), `HolderLost`. ``durable_acks``: Rule 3."""
         header = {"op": "spawn", "id": agent_id, "argv": argv, "cwd": cwd, "env": dict(env)}
         # Known before the answer: the holder may report its exit right behind it.
-        agent = HeldAgent(self, agent_id, 0, None)
+        agent = HeldAgent(self, agent_id, 0, None, durable_acks=durable_acks)
         self.agents[agent_id] = agent
         try:
             reply = await self.request(header)
@@ -319,17 +345,27 @@ class HolderLink:
         return agent
 
     async def adopt(
-        self, agent_id: str, out_offset: int, err_offset: int, stderr_fd: int | None
+        self,
+        agent_id: str,
+        out_offset: int,
+        err_offset: int,
+        stderr_fd: int | None,
+        *,
+        durable_acks: bool = False,
     ) -> HeldAgent:
         """Claim an agent the holder held at attach (Rule 4) and resume its output
         at these offsets: the first byte read is the one at ``out_offset``. Raises
         `HolderRefused` (``unknown_agent``; ``offset_gone`` when the holder no
-        longer retains that offset, or never had it), `HolderLost`."""
+        longer retains that offset, or never had it), `HolderLost`.
+        ``durable_acks``: Rule 3."""
         found = self.found.pop(agent_id, None)
         if found is None:
             raise HolderRefused("unknown_agent", f"the holder held no agent {agent_id!r} at attach")
-        agent = HeldAgent(self, agent_id, found["pid"], found.get("start_time"))
+        agent = HeldAgent(
+            self, agent_id, found["pid"], found.get("start_time"), durable_acks=durable_acks
+        )
         agent._out_offset = out_offset
+        agent._out_acked = out_offset
         agent._err_offset = err_offset
         if found["returncode"] is not None:
             agent.returncode = found["returncode"]
@@ -613,6 +649,8 @@ class HolderKeeper:
     _nursery: trio.Nursery
     _link: HolderLink | None = None
     _lock: trio.Lock = attrs.field(factory=trio.Lock)
+    # While recovery may still adopt what the first link found (Rule 4).
+    claiming: bool = False
 
     async def link(self) -> HolderLink:
         """A live link; raises `HolderLost` when no holder can be attached."""
@@ -622,10 +660,22 @@ class HolderKeeper:
                     self._link = await self._nursery.start(self._hold)
                 except OSError as exc:
                     raise HolderLost(f"cannot start or reach the holder: {exc}") from None
-                # Nothing is adopted yet (reattach is not built): recovery ended
-                # what a previous daemon left in it.
-                self._link.forget_unclaimed()
+                if not self.claiming:
+                    self._link.forget_unclaimed()
             return self._link
+
+    def current(self) -> HolderLink | None:
+        """The live link, if one is attached (no holder is started for it)."""
+        if self._link is None or self._link.lost.is_set():
+            return None
+        return self._link
+
+    def claimed(self) -> None:
+        """Recovery adopted what it takes over: the rest found at attach is given
+        up (Rule 4), and every later link gives up what it finds at once."""
+        self.claiming = False
+        if self._link is not None and not self._link.lost.is_set():
+            self._link.forget_unclaimed()
 
     async def _hold(self, task_status: trio.TaskStatus[HolderLink]) -> None:
         async with open_holder_link(self.state_dir) as link:
@@ -634,12 +684,16 @@ class HolderKeeper:
 
 
 @asynccontextmanager
-async def open_holder_keeper(state_dir: Path) -> AsyncIterator[HolderKeeper]:
+async def open_holder_keeper(
+    state_dir: Path, *, claim: bool = False
+) -> AsyncIterator[HolderKeeper]:
     """Yield a `HolderKeeper`; on exit its link detaches (the holder keeps what it
     holds). A holder already listening is attached at once, so that it forgets what
-    a previous daemon left exited there (Rule 4) even if nothing is spawned."""
+    a previous daemon left exited there (Rule 4) even if nothing is spawned; with
+    ``claim``, only once `HolderKeeper.claimed` says recovery adopted what it takes
+    over."""
     async with trio.open_nursery() as nursery:
-        keeper = HolderKeeper(state_dir, nursery)
+        keeper = HolderKeeper(state_dir, nursery, claiming=claim)
         if socket_path(state_dir).exists():
             try:
                 await keeper.link()

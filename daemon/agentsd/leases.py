@@ -105,6 +105,17 @@ def go_live(lease: Lease, identity: Identity, now: float) -> Lease:
     return attrs.evolve(lease, state=ClaimState.LIVE, identity=identity, live_at=now)
 
 
+def hand_over(lease: Lease) -> Lease:
+    """The lease a daemon takes over a running child under (reattach): the same
+    claim on the same child (token, identity), under fence + 1 and a new
+    generation, so that nothing of the previous daemon's counts any more (Rule 1).
+    The previous lease is not released: no exit was proven (Rule 3); it becomes
+    this one."""
+    if lease.state is not ClaimState.LIVE or lease.identity is None:
+        raise LeaseError(f"lease fence {lease.fence} is {lease.state.value}: no child to take over")
+    return attrs.evolve(lease, fence=lease.fence + 1, generation=new_generation())
+
+
 def release(lease: Lease, evidence: ExitEvidence, now: float) -> Lease:
     if not evidence.proven:
         raise LeaseError(f"lease fence {lease.fence}: release without proof of exit")

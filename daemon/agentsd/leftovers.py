@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import os
 import signal
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -324,14 +324,21 @@ async def end_contained(
     root: CgroupRoot | None,
     *,
     sweep: bool,
+    keep: Collection[str] = (),
 ) -> EndReport:
     """`end_processes`, after ending the identities' cgroups under ``root`` (with
     ``sweep``: every session cgroup there, which at start-up are all a previous
-    daemon's). A child whose cgroup was emptied counts ``ENDED``; one whose cgroup
-    could not be emptied ``UNPROVEN``. Shielded and bounded; never raises."""
+    daemon's, but those of the spawn tokens in ``keep``: agents taken over). A child
+    whose cgroup was emptied counts ``ENDED``; one whose cgroup could not be emptied
+    ``UNPROVEN``. Shielded and bounded; never raises."""
     by_path: dict[Path, bool | None] = {}
     if root is not None:
-        cgroups = root.existing() if sweep else [root.for_token(i.token) for i in identities]
+        spared = {root.for_token(token).path for token in keep}
+        cgroups = (
+            [c for c in root.existing() if c.path not in spared]
+            if sweep
+            else [root.for_token(i.token) for i in identities]
+        )
         # Their children are no trio.Process's any more (a previous daemon's, or a
         # close ladder's that gave up): reaped here, before the lease goes.
         by_path = await end_cgroups(

@@ -30,8 +30,9 @@ TRANSITIONS: Mapping[Phase, frozenset[Phase]] = {
     # the release could not be committed (the lease stays held).
     "stopping": frozenset({"stopped", "exit-unproven"}),
     # A retry (a close, a start, or recovery at start-up) proved the exit and
-    # released the lease; or it still cannot.
-    "exit-unproven": frozenset({"stopped", "exit-unproven"}),
+    # released the lease; or it still cannot. Or a daemon takes over the agent of the
+    # lease, which the holder kept running through its predecessor's death.
+    "exit-unproven": frozenset({"stopped", "exit-unproven", "starting"}),
 }
 
 

@@ -17,6 +17,14 @@ retries, and recovery at the next daemon start re-proves the exit).
 
 Rule 3: a session task never raises into the supervisor's nursery. Failures are
 journaled, recorded on the session and reported to whoever waits for the start.
+
+Rule 4 (takeover): a task started with a ``Reattachable`` (``agentsd.reattach``)
+takes over the lease and the running agent an earlier daemon left in the holder
+instead of acquiring and spawning: no handshake, ``Adapter.take_over``, then the
+same serving and the same ladder. If the lease cannot be taken over, the agent is
+ended by its identity and the lease settled, as recovery would have; if the agent
+cannot be claimed or its adapter cannot take over, it is ended by the ladder; either
+way with cause ``daemon-restart``, so its turn is cut off as without the holder.
 """
 
 from __future__ import annotations
@@ -35,17 +43,27 @@ from agentsd.agent_watch import current_watch
 from agentsd.child import Child, open_child
 from agentsd.child import ChildSpec as ProcessSpec
 from agentsd.delivery import drain_queue
-from agentsd.held_child import HeldChild, open_held_child
-from agentsd.held_lease import SETTLE_TIMEOUT_S, HeldLease, exit_cause, open_lease
-from agentsd.holder_link import HolderLost
-from agentsd.leases import Lease
-from agentsd.providers.base import Adapter, LineLink, Provider, Resume
+from agentsd.held_child import HeldChild, adopt_held_child, open_held_child
+from agentsd.held_lease import (
+    SETTLE_TIMEOUT_S,
+    HeldLease,
+    exit_cause,
+    open_lease,
+    recorded_identity,
+    settle,
+)
+from agentsd.holder_link import HolderLost, HolderRefused
+from agentsd.leases import Lease, LeaseError
+from agentsd.leftovers import ChildIdentity, EndOutcome, end_contained
+from agentsd.procfs import current_scanner
+from agentsd.providers.base import Adapter, LineLink, Provider, Resume, Takeover
 from agentsd.providers.versions import settle_version
+from agentsd.reattach import takeover_state
 from agentsd.session import Session, had_turns, was_ready
-from agentsd.sink import Sink
+from agentsd.sink import HeldOutput, Sink
 from agentsd.stderr_log import StderrLog
 from agentsd_protocol.api.events import ChildReady, Event
-from agentsd_protocol.api.session import ExitCause
+from agentsd_protocol.api.session import ChildInfo, ExitCause
 from agentsd_protocol.errors import (
     AgentExited,
     AgentNotFound,
@@ -56,6 +74,7 @@ from agentsd_protocol.errors import (
 )
 
 if TYPE_CHECKING:
+    from agentsd.recovery import Reattachable
     from agentsd.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -138,11 +157,20 @@ def _classify_start_failure(exc: BaseException, program: str) -> RpcError:
     return AgentStartFailed(f"the agent failed to start: {type(exc).__name__}")
 
 
-async def run_session(supervisor: Supervisor, session: Session, task: SessionTask) -> None:
-    """The task body. Returns when the child is gone and its lease settled."""
+async def run_session(
+    supervisor: Supervisor,
+    session: Session,
+    task: SessionTask,
+    reattach: Reattachable | None = None,
+) -> None:
+    """The task body. Returns when the child is gone and its lease settled.
+    ``reattach``: take that agent over (Rule 4)."""
     try:
         with task.scope:
-            await _run(supervisor, session, task)
+            if reattach is None:
+                await _run(supervisor, session, task)
+            else:
+                await _reattach(supervisor, session, task, reattach)
     except RpcError as exc:
         # A failure with a name, not a bug: the store refused to take the lease
         # (``storage_unavailable`` on a full disk). Whoever waits for the start gets it.
@@ -189,6 +217,132 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
                 task.start_error = failure
 
 
+async def _reattach(
+    supervisor: Supervisor, session: Session, task: SessionTask, reattach: Reattachable
+) -> None:
+    """Rule 4."""
+    provider = supervisor.provider(session.row.provider)
+    undispatched = tuple(sorted(session.conversation.undispatched))
+    taken = False
+    try:
+        async with open_lease(
+            session,
+            session.journal.write,
+            functools.partial(_refuse_start, task),
+            handover=reattach.lease,
+        ) as held:
+            taken = True
+            task.held = held
+            stderr = StderrLog(
+                supervisor.stderr_path(session.id), supervisor.config.stderr_log_max_bytes
+            )
+            failure: RpcError | None = None
+            try:
+                async with stderr.capture() as stderr_fd:
+                    failure = await _take_over_child(
+                        supervisor, session, task, provider, held, reattach, undispatched, stderr_fd
+                    )
+            finally:
+                task.adapter = None
+                if failure is not None and task.stop_cause is None:
+                    task.stop_cause = "daemon-restart"  # not taken over: cut off, as without
+                held.cause = exit_cause(task.stop_cause, failure, held.proof)
+                if held.cause in ("failed", "unexpected", "oom"):
+                    held.stderr_tail = stderr.tail()
+                    failure = _quoting_stderr(failure, held.stderr_tail)
+                held.failure = failure
+                if failure is not None and not task.ready.is_set():
+                    task.start_error = failure
+    except (RpcError, LeaseError, trio.TooSlowError) as exc:
+        if taken:
+            raise
+        log.error("session %s: could not take its agent over: %s", session.id, exc)
+        task.start_error = AgentStartFailed(f"the agent could not be taken over: {exc}")
+        await _abandon(supervisor, session, reattach)
+
+
+async def _abandon(supervisor: Supervisor, session: Session, reattach: Reattachable) -> None:
+    """The lease could not be taken over: end its agent by its identity and settle
+    the lease, as recovery does (shielded, bounded by the ladder and the settle)."""
+    outcome = await _end_by_identity(supervisor, recorded_identity(reattach.lease))
+    with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
+        try:
+            await settle(session, session.journal.write, "daemon-restart", outcome)
+        except RpcError as exc:
+            log.error("session %s: could not record its agent's end: %s", session.id, exc)
+
+
+async def _end_by_identity(supervisor: Supervisor, identity: ChildIdentity) -> EndOutcome:
+    """End an agent this daemon could not take over, as recovery ends a previous
+    daemon's (shielded, bounded by the ladder; never raises)."""
+    with trio.CancelScope(shield=True):
+        report = await end_contained(
+            [identity],
+            supervisor.ladder,
+            current_scanner(),
+            supervisor.containment.root,
+            sweep=False,
+        )
+    return report.outcomes.get(identity, EndOutcome.UNPROVEN)
+
+
+async def _take_over_child(
+    supervisor: Supervisor,
+    session: Session,
+    task: SessionTask,
+    provider: Provider,
+    held: HeldLease,
+    reattach: Reattachable,
+    undispatched: tuple[str, ...],
+    stderr_fd: int,
+) -> RpcError | None:
+    """`_run_child` for a takeover (Rule 4): claim the agent from the holder, build
+    its adapter over the link read from the durable position, take over, serve."""
+    keeper = supervisor.holder
+    link = None if keeper is None else keeper.current()
+    identity = recorded_identity(reattach.lease)
+    if link is None:
+        # Lost since recovery: end the agent by its identity, as recovery would.
+        held.child_exited(await _end_by_identity(supervisor, identity))
+        return AgentStartFailed("the agent could not be taken over: the holder is gone")
+    try:
+        async with adopt_held_child(
+            identity,
+            supervisor.containment.root,
+            supervisor.ladder,
+            held.child_exited,
+            link,
+            reattach.out_offset,
+            stderr_fd,
+        ) as child:
+            session.child = ChildInfo(
+                pid=identity.pid,
+                pgid=identity.pgid,
+                generation=held.lease.generation,
+                started_at=time.time(),
+            )
+            state, items = await takeover_state(
+                supervisor.store, session, held.lease.fence, undispatched
+            )
+            line_link = LineLink(child.stdin, child.stdout, base=reattach.out_offset)
+            line_link.cursor.on_overrun = child.agent.give_up_exactness
+            output = HeldOutput(
+                cursor=line_link.cursor,
+                acknowledge=child.agent.acknowledge_out,
+                replay=(reattach.out_offset, reattach.out_skip),
+                open_items=items,
+            )
+            sink = Sink(session, held.lease, task, output)
+            adapter = provider.adapter(line_link, sink, session.row)
+            return await _attend(
+                supervisor, session, held.lease, task, child, adapter, sink, None, state
+            )
+    except RpcError as exc:
+        return exc
+    except (HolderLost, HolderRefused) as exc:
+        return AgentStartFailed(f"the agent could not be taken over: {exc}")
+
+
 def _refuse_start(task: SessionTask, error: RpcError) -> None:
     """Tell whoever waits for the start, now; the task goes on cleaning up."""
     if not task.ready.is_set():
@@ -215,6 +369,7 @@ async def _run_child(
         )
         program = process_spec.argv[0]
         # With the config's ``holder``, the agent is the holder's child, not ours.
+        reattachable = supervisor.reattaches
         opened = (
             open_child(process_spec, supervisor.ladder, held.child_spawned, held.child_exited)
             if supervisor.holder is None
@@ -224,11 +379,21 @@ async def _run_child(
                 held.child_spawned,
                 held.child_exited,
                 await supervisor.holder.link(),
+                durable_acks=reattachable,
             )
         )
         async with opened as child:
-            sink = Sink(session, held.lease, task)
-            adapter = provider.adapter(LineLink(child.stdin, child.stdout), sink, session.row)
+            line_link = LineLink(child.stdin, child.stdout)
+            output = None
+            if reattachable and isinstance(child, HeldChild):
+                # A later daemon may take this agent over: journal where its output
+                # is journaled up to (agentsd.sink Rule 4).
+                line_link.cursor.on_overrun = child.agent.give_up_exactness
+                output = HeldOutput(
+                    cursor=line_link.cursor, acknowledge=child.agent.acknowledge_out
+                )
+            sink = Sink(session, held.lease, task, output)
+            adapter = provider.adapter(line_link, sink, session.row)
             return await _attend(
                 supervisor, session, held.lease, task, child, adapter, sink, process_spec
             )
@@ -291,6 +456,7 @@ async def _handshake(
     lease: Lease,
     task: SessionTask,
     adapter: Adapter,
+    sink: Sink,
     spec: ProcessSpec,
 ) -> None:
     timeout_s = supervisor.config.handshake_timeout_s
@@ -330,16 +496,45 @@ async def _handshake(
     events: list[Event] = [] if adapter.superseded is None else [adapter.superseded]
     if resume is not None and resume.adopt:
         events += await adapter.imported_history()
+    # What the handshake read is done with: a takeover reads on after it.
+    output = sink.handshake_position()
     with trio.move_on_after(SETTLE_TIMEOUT_S) as slow:
         await session.journal.append(
             [*events, ready],
             fence=lease.fence,
             provider_handle=handle,
+            output=output,
         )
+        sink.made_durable(output)
     if slow.cancelled_caught:
         raise StorageUnavailable(
             f"storage too slow: recording the agent ready took over {SETTLE_TIMEOUT_S:g} s"
         )
+    session.transition("running")
+    task.adapter = adapter
+    task.touch()
+    task.ready.set()
+
+
+async def _take_over(
+    supervisor: Supervisor,
+    session: Session,
+    task: SessionTask,
+    adapter: Adapter,
+    takeover: Takeover,
+) -> None:
+    """Rule 4's handshake: the adapter restores its state from the journal's; no
+    frame is sent. Raises what ``take_over`` raises (``ResumeFailed``)."""
+    timeout_s = supervisor.config.handshake_timeout_s
+    try:
+        with trio.fail_after(timeout_s):
+            await adapter.take_over(takeover)
+    except trio.TooSlowError:
+        raise HandshakeTimeout(
+            f"the agent could not be taken over within {timeout_s:g} s"
+        ) from None
+    if session.child is not None and takeover.agent_version is not None:
+        session.child = msgspec.structs.replace(session.child, agent_version=takeover.agent_version)
     session.transition("running")
     task.adapter = adapter
     task.touch()
@@ -354,9 +549,11 @@ async def _attend(
     child: Child | HeldChild,
     adapter: Adapter,
     sink: Sink,
-    spec: ProcessSpec,
+    spec: ProcessSpec | None,
+    takeover: Takeover | None = None,
 ) -> RpcError | None:
-    """Handshake, then translate the agent's output until it ends or the task is
+    """Handshake (or, with ``takeover``, take over: Rule 4; ``spec`` is then None),
+    then translate the agent's output until it ends or the task is
     stopped. Returns the failure that ended it, if any; never raises anything but
     cancellation, so the nursery below never wraps an error in a group.
 
@@ -384,7 +581,11 @@ async def _attend(
 
     async def handshake_and_read() -> None:
         try:
-            await _handshake(supervisor, session, lease, task, adapter, spec)
+            if takeover is not None:
+                await _take_over(supervisor, session, task, adapter, takeover)
+            else:
+                assert spec is not None
+                await _handshake(supervisor, session, lease, task, adapter, sink, spec)
         except RpcError as exc:
             failure.append(exc)
             nursery.cancel_scope.cancel()

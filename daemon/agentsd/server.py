@@ -17,6 +17,11 @@ takes it as "reload": it captures the agents' environment again, as
 ``daemon.reloadEnv`` does. A daemon run in a terminal gets SIGHUP when that terminal
 hangs up, and shuts down as for SIGTERM.
 
+Rule 6: with the holder (config ``holder``) a holder left running is attached
+before recovery; under ``crash_policy = "reattach"`` recovery hands the agents it
+kept to the supervisor, which takes each over (``agentsd.runner`` Rule 4) before
+anything is served, and what it did not take is given up to the holder after.
+
 Rule 4: the first capture of the agents' environment (``agentsd.agent_env``) runs
 beside recovery and serving, never before them: a login shell that hangs delays
 the first agent start, by at most its bound, and nothing else.
@@ -30,6 +35,7 @@ import os
 import signal
 import socket
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import attrs
@@ -41,6 +47,7 @@ from agentsd.caller import UNIDENTIFIED, Caller, identify_peer
 from agentsd.cgroup import select_containment
 from agentsd.config import Config
 from agentsd.connection import Connection, Transport
+from agentsd.holder_link import HolderKeeper, open_holder_keeper
 from agentsd.listener import (
     TRANSIENT_ACCEPT_ERRNOS,
     SocketTransport,
@@ -147,14 +154,34 @@ async def _serve_sessions(
     app: App, service: ServiceManager, task_status: trio.TaskStatus[App]
 ) -> None:
     config = app.config
-    async with open_store(app.state_dir / DATABASE_NAME) as store:
-        # Rule 1: the previous daemon's children are dealt with before anything is served.
-        recovered = await recover(store, config.ladder, app.containment.root)
+    async with (
+        open_store(app.state_dir / DATABASE_NAME) as store,
+        _open_holder(app) as holder,
+    ):
+        # Rule 1: the previous daemon's children are dealt with before anything is
+        # served; with the holder and crash_policy "reattach", those it kept are
+        # taken over instead (Rule 6), also before.
+        link = None if holder is None else holder.current()
+        found = link.found if link is not None and config.crash_policy == "reattach" else None
+        recovered = await recover(store, config.ladder, app.containment.root, holder_found=found)
         providers = provider_registry(config.agents)
         async with open_supervisor(
-            store, config, app.state_dir, providers, app.agent_env, app.containment
+            store, config, app.state_dir, providers, app.agent_env, app.containment, holder
         ) as supervisor:
-            app.recovery = reconcile(recovered, supervisor.sessions.values())
+            if recovered.reattachable:
+                started = trio.current_time()
+                reattached = await supervisor.reattach(recovered.reattachable)
+                log.info(
+                    "took over %d of %d agents the holder kept, in %.2f s",
+                    len(reattached),
+                    len(recovered.reattachable),
+                    trio.current_time() - started,
+                )
+            else:
+                reattached = []
+            if holder is not None:
+                holder.claimed()
+            app.recovery = reconcile(recovered, supervisor.sessions.values(), reattached)
             app.attach(supervisor, Ledger(store))
             inherited = service.listener()
             notifier = service.notifier
@@ -181,6 +208,17 @@ async def _serve_sessions(
             notifier.stopping()
             notifier.status(f"closing {running} running sessions")
             log.info("closing %d running sessions", running)
+
+
+@asynccontextmanager
+async def _open_holder(app: App) -> AsyncIterator[HolderKeeper | None]:
+    """With the config's ``holder``, the supervisor's holder keeper, attached to a
+    holder left running (if any) before recovery, which may take over what it holds."""
+    if not app.config.holder:
+        yield None
+        return
+    async with open_holder_keeper(app.state_dir, claim=True) as keeper:
+        yield keeper
 
 
 def has_controlling_terminal() -> bool:
@@ -240,9 +278,11 @@ def status_text(app: App) -> str:
     )
     report = app.recovery
     waiting = report.turns_cut_off - report.continued
-    if waiting or report.failed or report.lost:
+    if waiting or report.failed or report.lost or report.reattached:
+        reattached = f"{report.reattached} reattached, " if report.reattached else ""
         text += (
-            f"; at start: {report.turns_cut_off} turns cut off ({waiting} to continue), "
+            f"; at start: {reattached}{report.turns_cut_off} turns cut off "
+            f"({waiting} to continue), "
             f"{len(report.failed)} failed, {report.lost} lost"
         )
     if app.draining:

@@ -296,3 +296,14 @@ def had_turns(conn: sqlite3.Connection, session_id: str) -> bool:
 def was_ready(conn: sqlite3.Connection, session_id: str) -> bool:
     """Whether a child of the session ever completed its handshake."""
     return last_seq_of_kind(conn, session_id, kind_of(ChildReady)) > 0
+
+
+def ready_generation(conn: sqlite3.Connection, session_id: str) -> str | None:
+    """The generation of the child whose ``child.ready`` is the session's last
+    (None: none ever was): whether the child of a lease completed its handshake."""
+    seq = last_seq_of_kind(conn, session_id, kind_of(ChildReady))
+    if not seq:
+        return None
+    [event], _ = read_events(conn, session_id, after_seq=seq - 1, limit=1, max_bytes=1 << 20)
+    ready = decode_event(event.kind, event.body)
+    return ready.generation if isinstance(ready, ChildReady) else None

@@ -31,6 +31,7 @@ import attrs
 
 from agentsd.feed import Delta, Feed
 from agentsd.operations import Provisional, record_provisional
+from agentsd.store import leases as lease_rows
 from agentsd.store import sessions as session_rows
 from agentsd.store.database import StoreConnection
 from agentsd.store.journal import StoredEvent, bodies_of_kind, read_events
@@ -63,12 +64,15 @@ class SessionJournal:
         *,
         fence: int | None = None,
         provisional: Provisional | None = None,
+        output: tuple[int, int] | None = None,
         **fields: Any,
     ) -> list[StoredEvent]:
         """Journal ``events`` under ``fence`` (default: the session's), with the
-        session columns ``fields`` and the ledger's ``provisional`` entry in the same
-        commit; returns the events as stored. Raises what the store raises
-        (``StorageUnavailable``), and then nothing changed, durably or in memory."""
+        session columns ``fields``, the ledger's ``provisional`` entry and the held
+        agent's ``output`` position (offset, events of that line journaled: on the
+        lease of ``fence``) in the same commit; returns the events as stored.
+        Raises what the store raises (``StorageUnavailable``), and then nothing
+        changed, durably or in memory."""
         session = self._session
         session_id = session.id
         fence = session.fence if fence is None else fence
@@ -79,12 +83,14 @@ class SessionJournal:
                 stored = session_rows.update_session(conn, session_id, fence, now, events, **fields)
                 if provisional is not None:
                     record_provisional(conn, provisional.operation, provisional.result(stored))
+                if output is not None:
+                    lease_rows.record_output(conn, session_id, fence, *output)
                 return stored
 
             stored = await self._store.write(op)
         else:
             items = session_rows.encode_events(events)
-            stored = await self._store.append(session_id, fence, items, now)
+            stored = await self._store.append(session_id, fence, items, now, output)
         if fields:
             session.row = attrs.evolve(session.row, **fields)
         self._committed(stored)

@@ -11,19 +11,32 @@ event; an item's text is kept up to ``MAX_ITEM_TEXT_CHARS``.
 Rule 3 (approvals): an approval id is stable across the journal
 (``ap-<fence>-<native id>``); approvals still pending when their turn ends are
 settled ``cancelled`` before the turn's end is journaled.
+
+Rule 4 (held output, exact): for an agent held by the holder under ``crash_policy =
+"reattach"`` (`HeldOutput`), every commit of the sink stores, in its own
+transaction, the position of the link's cursor (``providers.base.OutputCursor``):
+the stdout offset from which a later daemon reads again and how many events of the
+line there are in the journal. Only then is the offset acknowledged to the holder,
+which keeps everything after it. A sink that takes over (``replay``) drops the
+first events of the line at the stored offset, which are journaled; and starts
+each open item from its journaled text, so the deltas read again are neither lost
+nor doubled in its snapshots.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 
 from agentsd.leases import Lease, is_current
+from agentsd.providers.base import OutputCursor
 from agentsd.session import Session
+from agentsd.store.journal import StoredEvent
 from agentsd_protocol.api.events import (
     ApprovalOption,
     ApprovalRequested,
@@ -61,6 +74,16 @@ class ItemText:
         self.kept = 0
         self.journaled_length = 0
 
+    @classmethod
+    def journaled(cls, text: str, length: int) -> ItemText:
+        """An item whose text up to ``length`` is journaled (``text`` its kept head)."""
+        item = cls()
+        item.parts = [text]
+        item.kept = len(text)
+        item.length = max(length, item.kept)
+        item.journaled_length = item.length
+        return item
+
     def add(self, text: str) -> int:
         offset = self.length
         self.length += len(text)
@@ -82,6 +105,27 @@ class ItemText:
         return joined
 
 
+@attrs.frozen
+class OpenItem:
+    """An item whose streamed text the journal has up to here (its last
+    ``item.updated``), not completed: a takeover's sink goes on from it."""
+
+    text: str
+    length: int  # the whole text's (longer than ``text`` when it was truncated)
+
+
+@attrs.define(eq=False)
+class HeldOutput:
+    """Rule 4's bookkeeping for one held agent: the link's cursor, how to tell
+    the holder an offset is durable, and, for a takeover, the stored position
+    (``replay``: offset, events journaled of that line) and the open items."""
+
+    cursor: OutputCursor
+    acknowledge: Callable[[int], None]
+    replay: tuple[int, int] | None = None
+    open_items: Mapping[str, OpenItem] = attrs.field(factory=dict)
+
+
 class Sink:
     """The ``SessionSink`` of one child: journals with the fence check, fans out,
     and coalesces streaming text into ``item.updated`` snapshots.
@@ -92,15 +136,19 @@ class Sink:
 
     __slots__ = (
         "_dirty",
+        "_held",
         "_items",
         "_lease",
+        "_replay",
         "_session",
         "_task",
         "alarm",
         "snapshot_due",
     )
 
-    def __init__(self, session: Session, lease: Lease, task: SessionTask) -> None:
+    def __init__(
+        self, session: Session, lease: Lease, task: SessionTask, held: HeldOutput | None = None
+    ) -> None:
         self._session = session
         self._lease = lease
         self._task = task
@@ -110,6 +158,71 @@ class Sink:
         self._dirty: dict[str, None] = {}
         self.snapshot_due = math.inf
         self.alarm: trio.CancelScope | None = None
+        self._held = held  # Rule 4
+        self._replay: tuple[int, int] | None = None
+        if held is not None:
+            self._replay = held.replay
+            held.cursor.on_backlog = self._commit_position
+            for item_id, item in held.open_items.items():
+                self._items[item_id] = ItemText.journaled(item.text, item.length)
+
+    def _position(self, emitting: bool) -> tuple[int, int] | None:
+        """Rule 4: the position a commit stores; ``emitting``: the commit holds one
+        of the line's events, counted first."""
+        held = self._held
+        if held is None:
+            return None
+        cursor = held.cursor
+        if emitting and cursor.handling():
+            cursor.emits += 1
+        return cursor.position
+
+    def _replayed(self) -> bool:
+        """Rule 4: whether this event of the line being read again is journaled
+        already (then it is dropped, and counted as the line's)."""
+        if self._replay is None or self._held is None:
+            return False
+        cursor = self._held.cursor
+        if not cursor.handling():
+            return False
+        offset, skip = self._replay
+        if cursor.frame_start != offset:
+            if cursor.frame_start > offset:
+                self._replay = None  # past it: nothing more to drop
+            return False
+        if cursor.emits < skip:
+            cursor.emits += 1
+            return True
+        return False
+
+    async def _append(
+        self, events: list[Event], position: tuple[int, int] | None, **fields: Any
+    ) -> list[StoredEvent]:
+        stored = await self._session.journal.append(
+            events, fence=self._lease.fence, output=position, **fields
+        )
+        self.made_durable(position)
+        return stored
+
+    def handshake_position(self) -> tuple[int, int] | None:
+        """Rule 4 for the handshake's commit (``child.ready``, journaled by the
+        session task): the lines the handshake read are done with, so a takeover
+        starts after them. None without Rule 4."""
+        if self._held is None:
+            return None
+        self._held.cursor.end()
+        return self._held.cursor.position
+
+    def made_durable(self, position: tuple[int, int] | None) -> None:
+        """A commit the session task made stored ``position`` (Rule 4)."""
+        if position is not None and self._held is not None:
+            self._held.cursor.durable = max(self._held.cursor.durable, position[0])
+            self._held.acknowledge(position[0])
+
+    async def _commit_position(self) -> None:
+        """Rule 4: the position alone, after lines that journaled nothing."""
+        if self._current():
+            await self._append(self._snapshots(), self._position(emitting=False))
 
     def _current(self) -> bool:
         return is_current(self._session.lease, self._lease.fence, self._lease.generation)
@@ -138,6 +251,9 @@ class Sink:
             log.warning("dropped %s from a stale child of %s", kind_of(event), self._session.id)
             return self._session.head_seq
         self._task.touch()
+        if self._replayed():
+            return self._session.head_seq
+        position = self._position(emitting=True)
         events = self._snapshots()
         match event:
             case TurnCompleted(turn_id=turn_id):
@@ -147,7 +263,7 @@ class Sink:
             case _:
                 pass
         events.append(event)
-        stored = await self._session.journal.append(events, fence=self._lease.fence)
+        stored = await self._append(events, position)
         return stored[-1].seq
 
     def delta(self, item_id: str, text: str) -> None:
@@ -166,7 +282,7 @@ class Sink:
     async def flush_snapshots(self) -> None:
         events = self._snapshots()
         if events and self._current():
-            await self._session.journal.append(events, fence=self._lease.fence)
+            await self._append(events, self._position(emitting=False))
 
     async def approval_requested(
         self,
@@ -180,6 +296,11 @@ class Sink:
         option_details: list[ApprovalOption] | None = None,
     ) -> str:
         approval_id = f"ap-{self._lease.fence}-{native_id}"
+        if self._replay is not None:
+            # Journaled before a takeover (Rule 4), under the fence of its time.
+            for pending in self._session.conversation.approvals.values():
+                if pending.native_id == native_id:
+                    approval_id = pending.approval_id
         await self.emit(
             ApprovalRequested(
                 approval_id=approval_id,
@@ -207,16 +328,16 @@ class Sink:
         """The agent changed one of its own options (Claude leaves plan mode once its
         plan is approved): store it, so that the next start launches it as it is now
         rather than as it was configured."""
-        if not self._current():
+        if not self._current() or self._replayed():
             return
+        # Counted as the line's event even when it changes nothing, as it does when
+        # read again after a takeover that journaled it (Rule 4).
+        position = self._position(emitting=True)
         options = {**self._session.row.options, **changes}
         if options == self._session.row.options:
             return
-        await self._session.journal.append(
-            [SessionUpdated(options=options, by="agent")],
-            fence=self._lease.fence,
-            options=options,
-        )
+        events = [*self._snapshots(), SessionUpdated(options=options, by="agent")]
+        await self._append(events, position, options=options)
 
 
 def _orphaned_approvals(session: Session, turn_id: str | None) -> list[Event]:

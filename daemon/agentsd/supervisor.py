@@ -22,7 +22,7 @@ import os
 import stat
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from agentsd.operations import Operation, record_provisional
 from agentsd.procfs import current_scanner
 from agentsd.prompt_queue import derive_queue
 from agentsd.providers.base import Provider
+from agentsd.recovery import Reattachable
 from agentsd.runner import SessionTask, run_session
 from agentsd.session import Session, derive_conversation
 from agentsd.session_journal import SessionJournal
@@ -387,6 +388,38 @@ class Supervisor:
         reap_own_zombie(identity)
         await settle(session, session.journal.write, "requested", outcome)
 
+    @property
+    def reattaches(self) -> bool:
+        """Whether agents are held so that a later daemon can take them over
+        (``holder = true``, ``crash_policy = "reattach"``)."""
+        return self.holder is not None and self.config.crash_policy == "reattach"
+
+    async def reattach(self, reattachable: Sequence[Reattachable]) -> list[str]:
+        """Take over what recovery kept (``agentsd.runner`` Rule 4), all at once;
+        return once each was taken over or ended: the ids of the sessions whose
+        agent now runs under this daemon."""
+        tasks: list[tuple[Session, SessionTask]] = []
+        for kept in reattachable:
+            session = self.sessions.get(kept.lease.session_id)
+            if session is None:  # leases cascade with their session: cannot happen
+                continue
+            task = SessionTask()
+            session.task = task
+            self._nursery.start_soon(run_session, self, session, task, kept)
+            tasks.append((session, task))
+        taken = []
+        for session, task in tasks:
+            await task.ready.wait()
+            if task.start_error is None:
+                taken.append(session.id)
+            else:
+                log.warning(
+                    "session %s: its agent was not taken over: %s",
+                    session.id,
+                    task.start_error.message,
+                )
+        return taken
+
     def stop_all(self, cause: ExitCause) -> None:
         for session in self.sessions.values():
             if session.task is not None:
@@ -411,16 +444,17 @@ async def open_supervisor(
     providers: dict[str, Provider],
     agent_env: AgentEnvironment | None = None,
     containment: Containment = FALLBACK,
+    holder: HolderKeeper | None = None,
 ) -> AsyncIterator[Supervisor]:
     """Yield a loaded supervisor. On exit every session is stopped concurrently
     (cause ``shutdown``); returns once every child was reaped and lease settled.
-    Agents start with ``agent_env`` (default: the daemon's own environment)."""
+    Agents start with ``agent_env`` (default: the daemon's own environment); with
+    the config's ``holder``, through ``holder`` (default: a keeper of its own)."""
     (state_dir / "logs").mkdir(mode=0o700, exist_ok=True)
     if agent_env is None:
         agent_env = AgentEnvironment(config, "inherit")
     async with AsyncExitStack() as stack:
-        holder = None
-        if config.holder:
+        if config.holder and holder is None:
             # Outside the sessions' nursery: it outlasts their ladders.
             holder = await stack.enter_async_context(open_holder_keeper(state_dir))
         async with trio.open_nursery() as nursery:

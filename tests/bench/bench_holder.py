@@ -4,14 +4,17 @@ Figures (``python -m tests.bench holder``), each next to a baseline from the sam
 
 - streaming throughput: the flooding mock agent (``bench_stream``'s flood, one
   subscriber) with its output relayed by the holder, against the same daemon
-  spawning the agent itself (goal: >= 0.9x); the best of ``ROUNDS`` alternating
-  rounds of each;
+  spawning the agent itself (goal: >= 0.9x); and what reattach's bookkeeping costs
+  (each commit storing the output position, only durable offsets acknowledged)
+  against ``crash_policy = "end"`` (acknowledged as read); the best of ``ROUNDS``
+  alternating rounds of each;
 - the holder's RSS per held agent with ``SESSIONS`` live sessions (tiny shell agents,
   separate processes, not counted), against the holder holding one (goal: a few
   KiB);
-- restart to serving after a SIGKILL with ``SESSIONS`` live sessions, with and
-  without the holder. Reattach is not built yet: in both the next daemon's recovery
-  ends every agent, so this is the cost of that recovery, not of a reattach.
+- restart to serving after a SIGKILL with ``SESSIONS`` live mock sessions, each in
+  the middle of a slowly streamed turn: with the holder under ``crash_policy =
+  "reattach"`` (the next daemon takes every agent over before it serves), against
+  ``crash_policy = "end"`` and against no holder (recovery ends every agent).
 
 Nothing here asserts: the machine is shared.
 """
@@ -34,20 +37,28 @@ SESSIONS = 100
 THROUGHPUT_GOAL = 0.9
 
 
+# Each session's turn streams for about 60 s: still running at the kill and after.
+MID_STREAM = {"chunks": 600, "chunkDelayS": 0.1, "replyText": "word " * 600}
+
+
 @contextmanager
-def config(holder: bool) -> Iterator[Path]:
+def config(holder: bool, crash_policy: str = "reattach") -> Iterator[Path]:
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         path = Path(tmp) / "config.toml"
         path.write_text(
             f"holder = {'true' if holder else 'false'}\n"
+            f'crash_policy = "{crash_policy}"\n'
             "[ladder]\neof_grace_s = 0.2\nterm_grace_s = 0.2\nkill_wait_s = 1.0\n"
         )
         yield path
 
 
-def throughput(holder: bool) -> float:
+def throughput(holder: bool, crash_policy: str = "reattach") -> float:
     """Deltas/s of one flood to one subscriber."""
-    with config(holder) as path, running_daemon(extra_args=["--config", str(path)]) as daemon:
+    with (
+        config(holder, crash_policy) as path,
+        running_daemon(extra_args=["--config", str(path)]) as daemon,
+    ):
         session = call(
             daemon.socket,
             "agentSession.create",
@@ -75,45 +86,57 @@ def held_memory() -> tuple[int, int]:
         return one, vm_rss_kib(pid)
 
 
-def restart_to_serving(holder: bool) -> float:
-    """Seconds from the SIGKILL of a daemon with ``SESSIONS`` live sessions to the
-    next one serving on the same state directory."""
+def restart_to_serving(holder: bool, crash_policy: str = "reattach") -> tuple[float, int]:
+    """Seconds from the SIGKILL of a daemon with ``SESSIONS`` live sessions, each
+    streaming a turn, to the next one serving on the same state directory; and how
+    many agents it reattached."""
     with (
-        config(holder) as path,
+        config(holder, crash_policy) as path,
         tempfile.TemporaryDirectory(dir="/tmp") as tmp,
     ):
         state = Path(tmp) / "state"
         args = ["--config", str(path)]
-        params = {"provider": "mock", "cwd": "/tmp", "command": STUBBORN_TINY}
+        params = {"provider": "mock", "cwd": "/tmp", "options": MID_STREAM}
         with running_daemon(state_dir=state, extra_args=args) as first:
             for _ in range(SESSIONS):
-                call(first.socket, "agentSession.create", params)
+                sid = call(first.socket, "agentSession.create", params)["sessionId"]
+                call(first.socket, "agentSession.send", {"sessionId": sid, "text": "go on"})
             first.process.send_signal(signal.SIGKILL)
             first.wait()
             killed = time.monotonic()
         with running_daemon(state_dir=state, extra_args=args) as second:
             wait_until_serving(second)
-            return time.monotonic() - killed
+            elapsed = time.monotonic() - killed
+            recovery = call(second.socket, "daemon.status", {})["recovery"]
+            return elapsed, int(recovery["reattached"])
 
 
 def main() -> None:
-    direct, held = [], []
+    direct, held, ended = [], [], []
     for _ in range(ROUNDS):
         direct.append(throughput(False))
         held.append(throughput(True))
+        ended.append(throughput(True, "end"))
     ratio = max(held) / max(direct)
     print(
         f"   streaming       {max(held):9.0f} deltas/s through the holder   "
         f"{max(direct):9.0f} deltas/s direct   ratio {ratio:.2f}x (goal >= {THROUGHPUT_GOAL}x)"
+    )
+    print(
+        f"   reattach's bookkeeping   {max(held):9.0f} deltas/s storing the output position "
+        f"and acknowledging durable offsets   {max(ended):9.0f} deltas/s acknowledging as "
+        f"read (crash_policy end)   ratio {max(held) / max(ended):.2f}x"
     )
     one, many = held_memory()
     print(
         f"   holder RSS      {one} KiB holding 1 agent, {many} KiB holding {SESSIONS + 1}: "
         f"{(many - one) / SESSIONS:.1f} KiB per agent"
     )
-    with_holder = restart_to_serving(True)
-    without = restart_to_serving(False)
+    reattach, taken = restart_to_serving(True, "reattach")
+    end, _ = restart_to_serving(True, "end")
+    without, _ = restart_to_serving(False)
     print(
-        f"   SIGKILL to serving with {SESSIONS} live sessions   {with_holder:.2f} s with the "
-        f"holder   {without:.2f} s without   (recovery ends them in both: no reattach yet)"
+        f"   SIGKILL to serving with {SESSIONS} sessions mid-stream   {reattach:.2f} s "
+        f"reattaching ({taken} taken over)   {end:.2f} s ending them (crash_policy end)   "
+        f"{without:.2f} s without the holder"
     )

@@ -762,6 +762,26 @@ def test_the_transcript_shows_each_character_once_whatever_the_order() -> None:
     assert out.getvalue() == "Hello, world!\n"
 
 
+def test_the_transcript_says_an_agent_was_reattached_and_streams_on() -> None:
+    """A daemon took the agent over mid-message: one line says so, and the text goes
+    on from the snapshot without repeating what was shown."""
+    out = io.StringIO()
+    transcript = Transcript(out)
+    transcript.event(_event(1, "item.started", itemId="m1", type="agentMessage"))
+    transcript.delta(_delta(0, "Hello"))
+    transcript.event(
+        _event(2, "child.reattached", pid=4242, fence=3, generation="g", previousFence=2, fromSeq=1)
+    )
+    transcript.event(_event(3, "item.updated", itemId="m1", text="Hello, wor"))
+    transcript.delta(_delta(10, "ld"))
+    transcript.event(
+        _event(4, "item.completed", itemId="m1", type="agentMessage", text="Hello, world")
+    )
+    lines = out.getvalue().splitlines()
+    assert any("agent reattached (pid 4242)" in line for line in lines), lines
+    assert "".join(line for line in lines if "reattached" not in line) == "Hello, world"
+
+
 def test_the_transcript_ends_partial_text_before_other_lines() -> None:
     out = io.StringIO()
     transcript = Transcript(out)

@@ -74,6 +74,12 @@ def test_values_from_the_file_override_the_defaults(base: Path) -> None:
     assert config.login_shell_timeout_s == 2.5
 
 
+def test_held_agents_are_reattached_after_a_crash_by_default(base: Path) -> None:
+    assert Config().crash_policy == "reattach"
+    path = write(base, 'holder = true\ncrash_policy = "end"\n')
+    assert load_config(path, required=True).crash_policy == "end"
+
+
 def test_agents_get_the_login_shells_environment_only_under_systemd_by_default() -> None:
     assert Config().agent_env == "auto"
     assert Config().login_shell_timeout_s == 10.0
@@ -88,6 +94,12 @@ def test_agents_get_the_login_shells_environment_only_under_systemd_by_default()
         pytest.param('log_level = "loud"\n', ["log_level"], id="bad-log-level"),
         pytest.param("max_frame_bytes = [\n", ["config file"], id="not-toml"),
         pytest.param('agent_env = "zsh"\n', ["$.agent_env", "zsh"], id="bad-agent-env"),
+        pytest.param(
+            'crash_policy = "restart"\n',
+            ["$.crash_policy", "restart", "reattach", "end"],
+            id="bad-crash-policy",
+        ),
+        pytest.param("crash_policy = true\n", ["$.crash_policy"], id="crash-policy-not-a-string"),
         pytest.param("login_shell_timeout_s = 0\n", ["login_shell_timeout_s"], id="zero-bound"),
         pytest.param(
             "login_shell_timeout_s = 600\n", ["login_shell_timeout_s", "120"], id="huge-bound"

@@ -114,8 +114,8 @@ def test_the_report_counts_what_is_accounted_for_nowhere_as_lost() -> None:
     assert (report.sessions_running, report.turns_cut_off, report.lost) == (3, 1, 1)
     assert [c.session_id for c in report.cut_off] == ["cut"]
     assert report.summary == (
-        "2 sessions recovered; 3 running at the last stop; 1 turn cut off (0 continued, "
-        "1 waiting for `agentsctl continue`), 1 failed, 1 lost"
+        "2 sessions recovered; 3 running at the last stop; 0 reattached, 1 turn cut off "
+        "(0 continued, 1 waiting for `agentsctl continue`), 1 failed, 1 lost"
     )
     report = mark_continued(report, "cut")
     assert report.continued == 1 and report.cut_off[0].continued
@@ -123,3 +123,20 @@ def test_the_report_counts_what_is_accounted_for_nowhere_as_lost() -> None:
     report = mark_failed(report, "cut", "not delivered")
     assert [f.session_id for f in report.failed] == ["unproven", "cut"]
     assert report.summary.startswith("2 sessions recovered; ")
+
+
+def test_a_turn_that_goes_on_under_a_reattached_agent_is_not_lost() -> None:
+    """With the holder and ``crash_policy = "reattach"`` the agent was taken over:
+    its turn, open at recovery, is neither cut off nor lost."""
+    taken = a_session(StatusBoard(), "taken")
+    cut = a_session(StatusBoard(), "cut")
+    commit(cut, TurnCompleted(outcome="interrupted", reason="daemon-restart"))
+    recovered = Recovered(
+        RecoveryReport(sessions_recovered=1, summary="1 session recovered"),
+        sessions_running=2,
+        open_turns=frozenset({"taken", "cut"}),
+    )
+    report = reconcile(recovered, [taken, cut], reattached=["taken"])
+    assert (report.reattached, report.turns_cut_off, report.lost) == (1, 1, 0)
+    assert "2 running at the last stop; 1 reattached, 1 turn cut off" in report.summary
+    assert report.summary.endswith("0 failed, 0 lost")

@@ -50,6 +50,7 @@ KINDS_SINCE_V1 = {
     "command.run",
     "conversation.cleared",
     "message.imported",
+    "child.reattached",
 }
 # A body's field "kind" before the union (the tag owns that name now).
 RENAMED_FIELDS = {

@@ -23,6 +23,7 @@ from agentsd.connection import Call, Connection, StreamTransport
 from agentsd.dispatch import dispatch
 from agentsd.operations import Ledger
 from agentsd.providers import provider_registry
+from agentsd.providers.mock import MockAdapter
 from agentsd.session import Session
 from agentsd.store import sessions as session_rows
 from agentsd.store.journal import StoredEvent, read_events
@@ -190,3 +191,49 @@ async def test_a_write_the_store_refuses_changes_nothing_and_publishes_nothing(
             assert published.calls == []
             assert notes == []
             assert [e.seq for e in await journal(store, session.id)] == [head]
+
+
+async def test_an_answer_or_interrupt_whose_agent_just_ended_is_committed_and_answered(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's pipe broke as the answer (or the interrupt) went out: what was
+    journaled stays journaled and the client gets its result, not an internal
+    error; the agent's end settles the rest. (A held agent's exit is heard from
+    the holder, so its adapter can still be set when its stdin is gone.)"""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    config = Config(ladder=FAST_LADDER)
+    with trio.fail_after(60):
+        async with open_supervisor(store, config, state, provider_registry()) as sup:
+            app = App(config, socket_path=tmp_path / "agentsd.sock", state_dir=state)
+            app.attach(sup, Ledger(store))
+            session = await create(sup, tmp_path)
+            asked = trio.Event()
+            changed = Session.conversation_changed
+
+            def watch(self: Session) -> None:
+                changed(self)
+                if self.conversation.approvals:
+                    asked.set()
+
+            monkeypatch.setattr(Session, "conversation_changed", watch)
+            await call(app, "agentSession.send", {"sessionId": session.id, "text": "approve"})
+            await asked.wait()
+            [approval_id] = session.conversation.approvals
+
+            async def broken(*args: Any) -> Any:
+                raise trio.BrokenResourceError("the agent is gone")
+
+            monkeypatch.setattr(MockAdapter, "answer_approval", broken)
+            monkeypatch.setattr(MockAdapter, "interrupt", broken)
+            answered = await call(
+                app,
+                "agentSession.respond",
+                {"sessionId": session.id, "approvalId": approval_id, "decision": "accept"},
+            )
+            assert answered.decision == "accept"
+            stopped = await call(app, "agentSession.interrupt", {"sessionId": session.id})
+            assert stopped.interrupted is False
+            kinds = [e.kind for e in await journal(store, session.id)]
+            assert "approval.resolved" in kinds and "interrupt.requested" in kinds
+            await sup.close(session)

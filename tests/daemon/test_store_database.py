@@ -14,6 +14,7 @@ import pytest
 from agentsd.store import database
 from agentsd.store.database import SCHEMA_VERSION, SchemaTooNew, open_database
 from agentsd.store.journal import StoredEvent, append_events, read_events
+from agentsd.store.leases import held_output, load_held_leases
 from agentsd.store.sessions import load_sessions
 
 EXPECTED_COLUMNS = {
@@ -48,6 +49,8 @@ EXPECTED_COLUMNS = {
         "live_at",
         "released_at",
         "death",
+        "out_offset",
+        "out_skip",
     ],
     "events": ["id", "session_id", "seq", "ts", "fence", "kind", "body"],
     "operations": ["op_id", "method", "fingerprint", "result", "created_at", "expires_at"],
@@ -87,9 +90,9 @@ def _insert_session(conn: sqlite3.Connection, session_id: str = "s1") -> None:
     )
 
 
-def test_open_creates_directory_file_and_schema_v4(db_path: Path) -> None:
+def test_open_creates_directory_file_and_schema_v5(db_path: Path) -> None:
     with closing(open_database(db_path)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         for table, columns in EXPECTED_COLUMNS.items():
             found = [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
             assert found == columns, table
@@ -376,6 +379,30 @@ def test_a_v3_database_gains_session_limits_and_keeps_its_sessions(
         with closing(open_database(db_path)) as conn:
             _insert_session(conn, "old")
     with closing(open_database(db_path)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         [row] = load_sessions(conn)
         assert (row.id, row.limits, row.created_by) == ("old", None, None)
+
+
+def test_a_v4_database_gains_held_output_positions_and_keeps_its_leases(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Version 5 adds where a held agent's output is journaled up to; a version 4
+    file keeps its leases (held ones too, which recovery then settles), each at
+    offset 0 with nothing to skip."""
+    with monkeypatch.context() as v4:
+        v4.setattr(database, "MIGRATIONS", database.MIGRATIONS[:4])
+        v4.setattr(database, "SCHEMA_VERSION", 4)
+        with closing(open_database(db_path)) as conn:
+            _insert_session(conn, "old")
+            conn.execute(
+                "INSERT INTO leases (session_id, fence, generation, state, token, pid,"
+                " start_time, pgid, acquired_at, live_at) VALUES"
+                " ('old', 3, 'g', 'live', 'tok', 123, 456, 123, 1.0, 2.0)"
+            )
+    with closing(open_database(db_path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        [held] = load_held_leases(conn)
+        assert (held.session_id, held.fence, held.token) == ("old", 3, "tok")
+        assert held.identity is not None and held.identity.pid == 123
+        assert held_output(conn, "old", 3) == (0, 0)

@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from agentsd.store import writer
-from agentsd.store.database import SchemaTooNew
+from agentsd.store.database import SCHEMA_VERSION, SchemaTooNew
 from agentsd.store.writer import Store, open_store
 from agentsd_protocol.errors import ShuttingDown, StorageUnavailable
 
@@ -454,7 +454,7 @@ async def test_writer_health_tracks_progress(
 
 async def test_open_store_refuses_a_newer_schema(db_path: Path) -> None:
     with closing(sqlite3.connect(db_path)) as conn:
-        conn.execute("PRAGMA user_version = 5")
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     before = file_bytes(db_path)
     with pytest.raises(SchemaTooNew):
         async with open_store(db_path):

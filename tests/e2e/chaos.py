@@ -22,7 +22,16 @@ time, then SIGKILLs the daemon. After the restart it checks:
 4. no session ever had two live children (child.spawned / child.exited alternate,
    at most one lease is held);
 5. every subscription resumes from its last seq and ends with the same events as a
-   fresh reader.
+   fresh reader;
+6. no streamed text is doubled or lost: while a child lives (reattached or not),
+   each item starts at most once and each of its snapshots extends the one before,
+   up to the text it completes with;
+7. the recovery report accounts for every turn (``lost`` 0).
+
+With ``--reattach`` every agent runs in the holder under ``crash_policy =
+"reattach"`` and streams more slowly (the kills land mid-turn): check 1 then
+excuses exactly the agents the restarted daemon took over (its lease, held, is the
+one its ``child.reattached`` names), and the report must count them.
 
 It prints one summary line; violations must be 0. The run is reproducible in its
 choices (the seed fixes every worker's decisions and every kill delay), not in its
@@ -124,14 +133,22 @@ class Summary:
     # have committed), and children that recovery had to end after a restart.
     cut_off: collections.Counter[str] = attrs.field(factory=collections.Counter)
     recovered: set[tuple[str, int]] = attrs.field(factory=set)  # (session, seq) of the exits
+    reattached: int = 0  # agents restarted daemons took over (``--reattach``)
+    mid_turn: int = 0  # of them, with a turn open at the takeover
+    takeovers: dict[str, int] = attrs.field(factory=dict)  # child.reattached per session
 
     def line(self) -> str:
         cut = ", ".join(f"{op} {n}" for op, n in sorted(self.cut_off.items())) or "none"
+        taken = (
+            f"{self.reattached} agents reattached ({self.mid_turn} mid-turn); "
+            if self.reattached
+            else ""
+        )
         return (
             f"chaos: {self.rounds} rounds, {self.kills} kills, "
             f"{self.acked} acknowledged mutations ({self.acked_checked} checks), "
             f"replies cut off by a kill: {cut}; {len(self.recovered)} children ended by "
-            f"recovery; {len(self.violations)} violations"
+            f"recovery; {taken}{len(self.violations)} violations"
         )
 
 
@@ -139,12 +156,20 @@ class Summary:
 
 
 class Worker(threading.Thread):
-    def __init__(self, socket_path: Path, record: Record, rng: random.Random, cwd: Path) -> None:
+    def __init__(
+        self,
+        socket_path: Path,
+        record: Record,
+        rng: random.Random,
+        cwd: Path,
+        chunk_delay_s: float = 0.02,
+    ) -> None:
         super().__init__(daemon=True)
         self.socket_path = socket_path
         self.record = record
         self.rng = rng
         self.cwd = cwd
+        self.chunk_delay_s = chunk_delay_s  # how slowly its sessions' agents stream
         self.stop = threading.Event()
         self.in_flight: str | None = None  # the request awaiting its reply, if any
 
@@ -182,7 +207,7 @@ class Worker(threading.Thread):
         return uuid.UUID(int=self.rng.getrandbits(128)).hex
 
     def create(self, client: Client) -> None:
-        options: dict[str, Any] = {"chunks": 4, "chunkDelayS": 0.02}
+        options: dict[str, Any] = {"chunks": 4, "chunkDelayS": self.chunk_delay_s}
         if self.rng.random() < 0.3:
             options["spawnGrandchild"] = True
         try:
@@ -315,11 +340,16 @@ def _follow(socket_path: Path, follower: Follower, stop: threading.Event) -> Non
 
 
 @contextlib.contextmanager
-def start_daemon(base: Path, holder: bool = False) -> Iterator[DaemonProcess]:
+def start_daemon(
+    base: Path, holder: bool = False, reattach: bool = False
+) -> Iterator[DaemonProcess]:
     state = base / "state"
     sock = base / "run" / "agentsd.sock"
     config = base / "chaos.toml"
-    config.write_text(("holder = true\n" if holder else "") + LADDER_CONFIG)
+    held = ""
+    if holder or reattach:
+        held = f'holder = true\ncrash_policy = "{"reattach" if reattach else "end"}"\n'
+    config.write_text(held + LADDER_CONFIG)
     log_path = base / "agentsd.log"
     with log_path.open("ab") as log_file:
         process = subprocess.Popen(
@@ -380,18 +410,61 @@ def _journal(conn: sqlite3.Connection, session_id: str) -> Journal:
     ]
 
 
-def check(state: Path, tokens_before: list[str], record: Record, summary: Summary) -> None:
+def check(
+    state: Path,
+    tokens_before: list[str],
+    record: Record,
+    summary: Summary,
+    recovery: dict[str, Any] | None = None,
+) -> None:
+    """Checks 1-4 and 6 against the database of the daemon just restarted; 7
+    against its ``recovery`` report (``daemon.status``)."""
     bad = summary.violations
-    survivors = scan_processes(tokens_before)
-    for token in tokens_before:
-        for proc in survivors.carrying(token):
-            bad.append(f"process {proc.pid} with token {token[:8]} survived the restart")
     with contextlib.closing(_db(state)) as conn:
         existing = {row[0] for row in conn.execute("SELECT id FROM sessions")}
         journals = {sid: _journal(conn, sid) for sid in existing}
         held = conn.execute(
             "SELECT session_id, COUNT(*) FROM leases WHERE state != 'released' GROUP BY session_id"
         ).fetchall()
+        held_leases = conn.execute(
+            "SELECT session_id, token, fence FROM leases WHERE state != 'released'"
+        ).fetchall()
+    # Taken over by the daemon just restarted: its held lease is the one its last
+    # child.reattached names (a takeover is fence + 1, so an earlier one never is).
+    taken = {
+        token: session_id
+        for session_id, token, fence in held_leases
+        if any(
+            kind == "child.reattached" and body["fence"] == fence
+            for _, kind, body in journals.get(session_id, [])
+        )
+    }
+    survivors = scan_processes(tokens_before)
+    for token in tokens_before:
+        if token in taken:
+            continue
+        for proc in survivors.carrying(token):
+            bad.append(f"process {proc.pid} with token {token[:8]} survived the restart")
+    if recovery is not None:
+        if recovery.get("lost", 0) != 0:
+            bad.append(f"recovery lost turns: {recovery.get('summary')}")
+        # The takeovers of this restart: child.reattached events journaled since the
+        # last check (an agent taken over may have ended since, its lease released).
+        counts = {
+            sid: sum(1 for _, kind, _ in events if kind == "child.reattached")
+            for sid, events in journals.items()
+        }
+        new = {sid for sid, n in counts.items() if n > summary.takeovers.get(sid, 0)}
+        summary.takeovers = counts
+        if recovery.get("reattached", 0) != len(new):
+            bad.append(
+                f"recovery counted {recovery.get('reattached')} reattached, "
+                f"the journals show {len(new)}"
+            )
+        summary.reattached += len(new)
+        summary.mid_turn += sum(1 for sid in new if _turn_open(journals[sid]))
+    for session_id, events in journals.items():
+        bad.extend(_text_problems(session_id, events))
     for session_id, count in held:
         if count > 1:
             bad.append(f"session {session_id} holds {count} leases")
@@ -424,6 +497,53 @@ def check(state: Path, tokens_before: list[str], record: Record, summary: Summar
         problem = _check_ack(ack, journals, deleted)
         if problem:
             bad.append(problem)
+
+
+def _turn_open(events: Journal) -> bool:
+    """Whether a turn was open when the session's last child.reattached was
+    journaled (the takeover happened mid-turn)."""
+    running = False
+    at_takeover = False
+    for event in events:
+        kind = event[1]
+        if kind == "turn.started":
+            running = True
+        elif kind in ("turn.completed", "child.exited"):
+            running = False
+        elif kind == "child.reattached":
+            at_takeover = running
+    return at_takeover
+
+
+def _text_problems(session_id: str, events: Journal) -> list[str]:
+    """Check 6: within each child's life (up to its child.exited), an item starts
+    at most once, and each snapshot of its text extends the one before, up to the
+    text it completes with: text doubled or lost by a takeover breaks one of them."""
+    problems: list[str] = []
+    started: set[str] = set()
+    text: dict[str, str] = {}
+    for seq, kind, body in events:
+        if kind == "child.exited":
+            started.clear()
+            text.clear()
+            continue
+        item = str(body.get("itemId"))
+        if kind == "item.started":
+            if item in started:
+                problems.append(f"session {session_id}: item {item} started twice (seq {seq})")
+            started.add(item)
+        elif kind in ("item.updated", "item.completed") and body.get("text") is not None:
+            now = body["text"]
+            before = text.get(item, "")
+            if not now.startswith(before) and not body.get("truncated"):
+                problems.append(
+                    f"session {session_id}: item {item} at seq {seq} does not extend its text: "
+                    f"{before[-40:]!r} then {now[-40:]!r}"
+                )
+            text[item] = now
+            if kind == "item.completed":
+                del text[item]
+    return problems
 
 
 def _check_ack(ack: Acked, journals: dict[str, Journal], deleted: set[str]) -> str | None:
@@ -476,13 +596,14 @@ def check_followers(daemon: DaemonProcess, record: Record, summary: Summary) -> 
             if follower.session_id in deleted:
                 continue
             try:
-                fresh = _read_all(client, follower.session_id, 0)
+                resumed = _read_all(client, follower.session_id, follower.cursor)
             except RpcError:
                 continue  # deleted by an unacknowledged delete just before the kill
-            resumed = _read_all(client, follower.session_id, follower.cursor)
-            if follower.seen + resumed != fresh[: len(follower.seen) + len(resumed)] or (
-                len(follower.seen) + len(resumed) != len(fresh)
-            ):
+            # Read second: an agent taken over (--reattach) journals on meanwhile, so
+            # the fresh reader may see more, never something else.
+            fresh = _read_all(client, follower.session_id, 0)
+            combined = follower.seen + resumed
+            if combined != fresh[: len(combined)]:
                 summary.violations.append(
                     f"follower of {follower.session_id} diverged from a fresh reader"
                 )
@@ -511,12 +632,17 @@ def run(
     reach: frozenset[str] = frozenset(),
     max_rounds: int = 0,
     holder: bool = False,
+    reattach: bool = False,
 ) -> Summary:
     """``rounds`` rounds, then more (up to ``max_rounds``) until a kill has cut off
     the reply of every method named in ``reach``: the moment of a kill is random, so
     a window is reached by repetition, and a run stops short of it only at the cap.
     With ``holder``, every agent runs in the holder (config ``holder = true``),
-    which outlives each kill, and at the end it must have left."""
+    which outlives each kill, and at the end it must have left; under ``crash_policy
+    = "end"``, or with ``reattach`` under ``"reattach"``, its agents streaming
+    slowly so that kills land mid-turn."""
+    holder = holder or reattach
+    chunk_delay_s = 0.25 if reattach else 0.02
     rng = random.Random(seed)
     base = make_temp_dir()
     cwd = base / "work"
@@ -526,12 +652,14 @@ def run(
     tokens_before: list[str] = []
     round_no = 0
     while round_no < rounds or (reach - set(summary.cut_off) and round_no < max_rounds):
-        with start_daemon(base, holder) as daemon:
+        with start_daemon(base, holder, reattach) as daemon:
             if round_no:
-                check(daemon.state_dir, tokens_before, record, summary)
+                check(daemon.state_dir, tokens_before, record, summary, _recovery(daemon))
                 check_followers(daemon, record, summary)
             workers = [
-                Worker(daemon.socket, record, random.Random(rng.getrandbits(64)), cwd)
+                Worker(
+                    daemon.socket, record, random.Random(rng.getrandbits(64)), cwd, chunk_delay_s
+                )
                 for _ in range(clients)
             ]
             for worker in workers:
@@ -554,8 +682,8 @@ def run(
         if verbose:
             print(f"round {round_no + 1}: {summary.line()}", flush=True)
         round_no += 1
-    with start_daemon(base, holder) as daemon:
-        check(daemon.state_dir, tokens_before, record, summary)
+    with start_daemon(base, holder, reattach) as daemon:
+        check(daemon.state_dir, tokens_before, record, summary, _recovery(daemon))
         check_followers(daemon, record, summary)
         daemon.process.send_signal(signal.SIGTERM)
         if daemon.process.wait(timeout=60) != 0:
@@ -567,6 +695,12 @@ def run(
     return summary
 
 
+def _recovery(daemon: DaemonProcess) -> dict[str, Any]:
+    with Client(daemon.socket, timeout_s=CLIENT_TIMEOUT_S) as client:
+        report: dict[str, Any] = client.call("daemon.status")["recovery"]
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=200)
@@ -574,8 +708,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=3)
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--holder", action="store_true", help="agents in the holder")
+    parser.add_argument(
+        "--reattach", action="store_true", help='agents in the holder, crash_policy = "reattach"'
+    )
     args = parser.parse_args(argv)
-    summary = run(args.rounds, args.seed, args.clients, args.verbose, holder=args.holder)
+    summary = run(
+        args.rounds,
+        args.seed,
+        args.clients,
+        args.verbose,
+        holder=args.holder,
+        reattach=args.reattach,
+    )
     print(summary.line())
     for violation in summary.violations[:50]:
         print(f"  violation: {violation}")

@@ -37,9 +37,21 @@ def test_crash_chaos_short_form_has_no_violations() -> None:
 
 
 def test_crash_chaos_with_the_holder_has_no_violations() -> None:
-    """The same, every agent held by the holder: it outlives each kill with their
-    pipes, the next daemon's recovery ends them, and it leaves at the end."""
+    """The same, every agent held by the holder under ``crash_policy = "end"``: it
+    outlives each kill with their pipes, the next daemon's recovery ends them, and
+    it leaves at the end."""
     summary = run(rounds=4, seed=20261201, clients=3, holder=True)
     assert summary.kills == 4
     assert summary.acked > 0, "the workload acknowledged nothing: the harness checked nothing"
     assert summary.violations == [], summary.violations
+
+
+def test_crash_chaos_with_reattach_has_no_violations() -> None:
+    """The same, every agent held by the holder under ``crash_policy = "reattach"``
+    and streaming slowly: the kills land mid-turn, the next daemon takes the agents
+    over, and nothing is lost, doubled or out of order (checks 5 to 7 included)."""
+    summary = run(rounds=4, seed=20261201, clients=3, reattach=True)
+    assert summary.kills == 4
+    assert summary.acked > 0, "the workload acknowledged nothing: the harness checked nothing"
+    assert summary.violations == [], summary.violations
+    assert summary.mid_turn > 0, f"no agent was taken over mid-turn: {summary.line()}"

@@ -1,7 +1,8 @@
 """A real daemon with the config's ``holder = true``: agents are the holder's
-children, outlive a SIGKILLed daemon with their pipes open, and the next daemon's
-recovery ends them as it ends any previous daemon's (reattach is not built yet);
-the holder leaves once nothing is held and no daemon is attached."""
+children and outlive a SIGKILLed daemon with their pipes open. Under
+``crash_policy = "end"`` the next daemon's recovery ends them as it ends any
+previous daemon's (``test_reattach`` has the default, ``reattach``); the holder
+leaves once nothing is held and no daemon is attached."""
 
 from __future__ import annotations
 
@@ -36,12 +37,12 @@ SESSIONS = 8
 
 
 @contextmanager
-def holder_config() -> Iterator[Path]:
+def holder_config(crash_policy: str = "end") -> Iterator[Path]:
     with temp_dir() as base:
         path = base / "config.toml"
         eof, term, kill = SHORT_LADDER
         path.write_text(
-            "holder = true\n"
+            f'holder = true\ncrash_policy = "{crash_policy}"\n'
             f"[ladder]\neof_grace_s = {eof}\nterm_grace_s = {term}\nkill_wait_s = {kill}\n"
         )
         yield path
@@ -72,7 +73,9 @@ def containment(mode: str) -> Iterator[list[str]]:
 
 
 @pytest.mark.parametrize("mode", ["process-group", "cgroup"])
-async def test_held_agents_outlive_a_sigkilled_daemon_and_recovery_ends_them(mode: str) -> None:
+async def test_held_agents_outlive_a_sigkilled_daemon_and_crash_policy_end_ends_them(
+    mode: str,
+) -> None:
     tokens: list[str] = []
     with (
         trio.fail_after(120),
@@ -120,6 +123,7 @@ async def test_held_agents_outlive_a_sigkilled_daemon_and_recovery_ends_them(mod
                     recovery = (await rpc.call("daemon.status"))["recovery"]
                     assert recovery["sessionsRecovered"] == SESSIONS
                     assert recovery["unproven"] == 0
+                    assert recovery["reattached"] == 0  # crash_policy "end"
                     for sid in sids:
                         events = await history(rpc, sid)
                         assert_contiguous(events)

@@ -19,6 +19,7 @@ answers get ``already_resolved`` with the winner.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,8 @@ from agentsd_protocol.errors import (
     InvalidParams,
     InvalidState,
 )
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from agentsd.connection import Call
@@ -220,7 +223,14 @@ async def _interrupt(session: Session, turn_id: str | None) -> tuple[int, bool]:
     stored = await session.journal.append(events)
     task = session.task
     adapter = None if task is None else task.adapter
-    return stored[0].seq, adapter is not None and await adapter.interrupt(turn_id)
+    if adapter is None:
+        return stored[0].seq, False
+    try:
+        return stored[0].seq, await adapter.interrupt(turn_id)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        # The agent ended as the interrupt went out (a held agent's exit is heard
+        # from the holder first): its end settles the turn.
+        return stored[0].seq, False
 
 
 async def _retry_unknown(call: Call, session: Session, params: api.SendParams) -> api.SendResult:
@@ -319,7 +329,12 @@ async def handle_respond(call: Call, params: api.RespondParams) -> api.RespondRe
     task = session.task
     adapter = None if task is None else task.adapter
     if adapter is not None:
-        await adapter.answer_approval(approval.native_id, params.decision)
+        try:
+            await adapter.answer_approval(approval.native_id, params.decision)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            # The agent ended as the answer went out (a held agent's exit is heard
+            # from the holder first): the answer is committed, its end settles the rest.
+            log.info("session %s: its agent ended before hearing %s", session.id, approval_id)
         task.touch()  # type: ignore[union-attr]
     return api.RespondResult(approval_id=approval_id, decision=params.decision, seq=stored[0].seq)
 

@@ -26,12 +26,22 @@ Rule 4 (resume): the journal, not the provider, says whether a conversation must
 exist (``Resume.had_turns``). A provider that never saved a conversation without a
 turn gets a fresh one in its place (``Adapter.superseded``); one that lost a
 conversation with turns is ``ResumeFailed``, never a silent fresh start.
+
+Rule 5 (takeover): a daemon that reattaches a running agent an earlier daemon
+handshook (``crash_policy = "reattach"``) calls ``Adapter.take_over`` instead of
+``handshake``, then ``run``. The link then reads from the last durable position
+(``OutputCursor``): lines the earlier daemon read but whose effects it had not all
+journaled are read again, and the sink drops the first events of the line it had
+journaled already. So an adapter makes its sink calls for a line from its reading
+task, while it handles that line, the same ones for the same line whatever its
+state; an adapter whose ``take_over`` restored state from the journal (an open item)
+may leave out events that state makes redundant only at the end of a line's events.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar, Protocol
 
 import attrs
@@ -50,7 +60,12 @@ from agentsd_protocol.api.events import (
     Event,
     ThreadSuperseded,
 )
-from agentsd_protocol.errors import AgentProtocolError, InvalidParams, UnknownCommand
+from agentsd_protocol.errors import (
+    AgentProtocolError,
+    InvalidParams,
+    ResumeFailed,
+    UnknownCommand,
+)
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a tool result can be big; a line past this is broken
 MAX_BAD_LINES = 32  # non-frame lines in a row: past this the output is not the protocol
@@ -59,6 +74,12 @@ MAX_BAD_LINES = 32  # non-frame lines in a row: past this the output is not the 
 # subscriber's queue by a thousand items before its pump runs once (invariant 8).
 LINES_PER_CHECKPOINT = 256
 READ_BYTES = 64 * 1024
+# Lines read since the last durable position past which the position is committed
+# alone (``OutputCursor.on_backlog``): a quarter of what the holder retains.
+BACKLOG_BYTES = 256 * 1024
+# One line longer than this cannot be retained whole by the holder (1 MiB) beside
+# what came before it: its start is given up (``OutputCursor.on_overrun``).
+OVERRUN_BYTES = 512 * 1024
 
 _encoder = msgspec.json.Encoder()  # stateless; one for every link
 
@@ -172,6 +193,95 @@ class SessionSink(Protocol):
         ...
 
 
+@attrs.frozen
+class PendingTakeover:
+    """An approval an earlier daemon journaled and nobody answered: it stays
+    pending across the takeover, answerable with its ``native_id``."""
+
+    native_id: str
+    approval_id: str
+    kind: str
+    options: tuple[str, ...]
+
+
+@attrs.frozen
+class Takeover:
+    """What an adapter taking over a running agent learns from the journal (Rule 5).
+
+    ``generation`` is the new lease's fence, which grows with every takeover: request
+    ids the adapter sends are made unique with it (``f"g{generation}-{n}"``), so none
+    collides with an id the earlier daemon used whose response may still arrive."""
+
+    handle: str  # the provider handle (thread id, session id)
+    generation: int
+    turn_id: str | None  # the open turn per the journal, if any
+    turn_open: bool
+    approvals: tuple[PendingTakeover, ...]
+    undispatched: tuple[str, ...]  # clientMessageIds the takeover settled unknown
+    options: Mapping[str, Any]  # the session's options as they are now
+    agent_version: str | None  # from the last child.ready
+    open_items: Mapping[str, str]  # item id -> its text journaled so far
+
+
+class OutputCursor:
+    """Where the reader of an agent's stdout is (absolute byte offsets from the
+    agent's first byte), and how many events it journaled for the line it handles:
+    what makes a takeover exact (Rule 5; ``agentsd.sink`` Rule 4).
+
+    ``position`` is where a later reader starts again so that nothing is lost and
+    nothing journaled twice: between lines, the end of the last one (nothing to
+    skip); while a line is handled, its start and the number of its events
+    journaled (``emits``). ``reader`` is the task that handles lines: sink calls
+    from other tasks (a send's own events) are not a line's."""
+
+    __slots__ = (
+        "durable",
+        "emits",
+        "frame_end",
+        "frame_start",
+        "in_frame",
+        "on_backlog",
+        "on_overrun",
+        "reader",
+    )
+
+    def __init__(self, base: int = 0) -> None:
+        self.frame_start = base
+        self.frame_end = base
+        self.in_frame = False
+        self.emits = 0
+        self.reader: trio.lowlevel.Task | None = None
+        # Set by whoever makes positions durable (``agentsd.sink``): the offset last
+        # made durable; a commit of the position alone, which the link awaits between
+        # lines once ``BACKLOG_BYTES`` of lines with no event of their own went by
+        # (the holder retains what is not durable, and stops reading at its bound);
+        # and what to do when one line alone outgrows ``OVERRUN_BYTES`` (give up
+        # exactness for it: the holder could not hold it whole).
+        self.durable = base
+        self.on_backlog: Callable[[], Awaitable[None]] | None = None
+        self.on_overrun: Callable[[int], None] | None = None
+
+    def begin(self, start: int, end: int) -> None:
+        self.frame_start = start
+        self.frame_end = end
+        self.in_frame = True
+        self.emits = 0
+        self.reader = trio.lowlevel.current_task()
+
+    def end(self) -> None:
+        self.in_frame = False
+
+    def handling(self) -> bool:
+        """Whether the calling task is handling a line now."""
+        return self.in_frame and trio.lowlevel.current_task() is self.reader
+
+    @property
+    def position(self) -> tuple[int, int]:
+        if self.in_frame:
+            return self.frame_start, self.emits
+        return self.frame_end, 0
+
+
 class LineLink:
     """Newline-delimited JSON over the child's pipes, with a bound on line length.
 
@@ -185,15 +295,23 @@ class LineLink:
         "_broken",
         "_buf",
         "_lines_since_checkpoint",
+        "_offset",
         "_receive_stream",
         "_scan_from",
         "_send_lock",
         "_send_stream",
+        "cursor",
     )
 
-    def __init__(self, send: trio.abc.SendStream, receive: trio.abc.ReceiveStream) -> None:
+    def __init__(
+        self, send: trio.abc.SendStream, receive: trio.abc.ReceiveStream, base: int = 0
+    ) -> None:
+        """``base``: the offset in the agent's stdout of the first byte ``receive``
+        gives (a takeover reads from a durable position, Rule 5)."""
         self._send_stream = send
         self._receive_stream = receive
+        self._offset = base  # of _buf[0] in the agent's stdout
+        self.cursor = OutputCursor(base)
         self._buf = bytearray()
         self._scan_from = 0
         self._send_lock = trio.Lock()
@@ -211,6 +329,10 @@ class LineLink:
             await self._send_stream.send_all(data)
 
     async def receive_line(self) -> bytes | None:
+        cursor = self.cursor
+        cursor.end()  # the caller is done with the line before
+        if cursor.on_backlog is not None and cursor.frame_end - cursor.durable > BACKLOG_BYTES:
+            await cursor.on_backlog()
         if self._broken is not None:
             raise self._broken
         if self._lines_since_checkpoint >= LINES_PER_CHECKPOINT:
@@ -232,17 +354,25 @@ class LineLink:
                 line = bytes(self._buf[:newline])
                 del self._buf[: newline + 1]
                 self._scan_from = 0
+                start = self._offset
+                self._offset += newline + 1
                 if line.strip():
                     self._lines_since_checkpoint += 1
+                    self.cursor.begin(start, self._offset)
                     return line
                 continue
             self._scan_from = len(self._buf)
+            if self.cursor.on_overrun is not None and len(self._buf) > OVERRUN_BYTES:
+                self.cursor.on_overrun(self._offset + len(self._buf))
             data = await self._receive_stream.receive_some(READ_BYTES)
             self._lines_since_checkpoint = 0  # receive_some is a checkpoint
             if not data:
                 if self._buf.strip():
                     line = bytes(self._buf)
                     self._buf.clear()
+                    start = self._offset
+                    self._offset += len(line)
+                    self.cursor.begin(start, self._offset)
                     return line
                 return None
             self._buf += data
@@ -302,6 +432,13 @@ class Adapter(abc.ABC):
         earlier messages as ``message.imported`` events, oldest first, to journal
         with ``child.ready``. Raises ``ResumeFailed`` when it cannot be read."""
         return []
+
+    async def take_over(self, state: Takeover) -> None:
+        """Take over a running agent whose handshake an earlier daemon made:
+        restore what the adapter needs from ``state`` (no frame is sent). Raises
+        ResumeFailed when this adapter cannot (the caller then ends the agent and
+        settles the session as today)."""
+        raise ResumeFailed("this agent cannot be taken over")
 
     @abc.abstractmethod
     async def run(self) -> None:

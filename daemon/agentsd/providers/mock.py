@@ -27,8 +27,9 @@ from agentsd.providers.base import (
     Resume,
     SessionSink,
     Submission,
+    Takeover,
 )
-from agentsd.providers.mock_agent import MODELS, OPTION_NAMES
+from agentsd.providers.mock_agent import COMMANDS, MODELS, OPTION_NAMES
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.api.controls import OptionChoice
 from agentsd_protocol.api.events import (
@@ -140,6 +141,20 @@ class MockAdapter(Adapter):
                 f"the mock agent resumed {handle!r} instead of {resume_handle!r}"
             )
         return handle
+
+    async def take_over(self, state: Takeover) -> None:
+        """The mock agent keeps its conversation itself; the adapter needs the open
+        turn (an interrupt names it), the items whose ``item.started`` is journaled
+        (not started again) and the commands its handshake listed (always the
+        mock's own). Acks of prompts the earlier daemon sent are read again and
+        passed over: nobody here waits for them."""
+        self._turn_id = state.turn_id if state.turn_open else None
+        self._open_items = dict.fromkeys(state.open_items)
+        self._commands = [
+            AgentCommand(name=c["name"], description=c.get("description"), hint=c.get("hint"))
+            for c in COMMANDS
+        ]
+        await trio.lowlevel.checkpoint()
 
     async def run(self) -> None:
         try:

@@ -223,6 +223,16 @@ def _migrate_3_to_4(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE sessions ADD COLUMN created_by TEXT")
 
 
+def _migrate_4_to_5(conn: sqlite3.Connection) -> None:
+    # Where the next daemon resumes reading a held agent's stdout after a crash
+    # (``crash_policy = "reattach"``): the offset of the first byte whose effects are
+    # not all journaled, and how many of that line's events are. Written in the same
+    # transaction as those events, so what the holder is told it may drop is always
+    # journaled. 0, 0 for every older lease: their agents are not held.
+    conn.execute("ALTER TABLE leases ADD COLUMN out_offset INTEGER NOT NULL DEFAULT 0")
+    conn.execute("ALTER TABLE leases ADD COLUMN out_skip INTEGER NOT NULL DEFAULT 0")
+
+
 # MIGRATIONS[n] takes a database from version n to n + 1. Append only: a released
 # migration is never edited, because files in the field already ran it.
 MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (
@@ -230,9 +240,10 @@ MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (
     _migrate_1_to_2,
     _migrate_2_to_3,
     _migrate_3_to_4,
+    _migrate_4_to_5,
 )
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 def _ro_uri(path: Path, *, immutable: bool) -> str:

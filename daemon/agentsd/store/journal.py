@@ -120,11 +120,21 @@ class Append(msgspec.Struct, frozen=True):
     fence: int
     items: Sequence[tuple[str, bytes]]
     ts: float
+    # A held agent's output position (offset, events of that line journaled) to
+    # store on the lease of ``fence`` in the same transaction (``agentsd.sink``
+    # Rule 4): an append that is still one of the writer's batched appends.
+    output: tuple[int, int] | None = None
 
     def reserve(self, conn: StoreConnection, params: list[object]) -> list[StoredEvent]:
         """Take the next seqs and add the rows to ``params`` (flat, as ``insert_rows``
-        takes them). Raises ``UnknownSession``, having reserved nothing."""
+        takes them). Raises ``UnknownSession``, having reserved nothing; the output
+        position is written first, so an error there leaves nothing either."""
         session_id, fence, ts = self.session_id, self.fence, self.ts
+        if self.output is not None:
+            conn.execute(
+                "UPDATE leases SET out_offset = ?, out_skip = ? WHERE session_id = ? AND fence = ?",
+                (*self.output, session_id, fence),
+            )
         if not self.items:
             conn.memory.head(conn, session_id)
             return []

@@ -18,7 +18,14 @@ from agentsd.leases import ClaimState, ExitEvidence, Identity, Lease
 from agentsd.store.database import StoreConnection
 from agentsd.store.journal import StoredEvent
 from agentsd.store.sessions import Events, append, load_json, update_session
-from agentsd_protocol.api.events import ChildSpawned, LeaseAcquired, LeaseReleased
+from agentsd_protocol.api.events import (
+    ChildReattached,
+    ChildSpawned,
+    Event,
+    LeaseAcquired,
+    LeaseReleased,
+    SubmissionDispatched,
+)
 
 _json = msgspec.json.Encoder()
 
@@ -198,3 +205,61 @@ def lease_unproven(
     _write_lease(conn, held)
     stored = append(conn, lease.session_id, lease.fence, events, now)
     return held, stored
+
+
+def held_output(conn: sqlite3.Connection, session_id: str, fence: int) -> tuple[int, int]:
+    """Where the held agent of lease ``fence`` is journaled up to (schema v5): the
+    stdout offset to read from again, and how many events of the line there were
+    journaled already. ``(0, 0)`` for a lease that recorded none."""
+    row = conn.execute(
+        "SELECT out_offset, out_skip FROM leases WHERE session_id = ? AND fence = ?",
+        (session_id, fence),
+    ).fetchone()
+    return (0, 0) if row is None else (int(row[0]), int(row[1]))
+
+
+def record_output(
+    conn: StoreConnection, session_id: str, fence: int, offset: int, skip: int
+) -> None:
+    """Record where the held agent of lease ``fence`` is journaled up to, in the
+    transaction of the events that got it there (``agentsd.sink`` Rule 4)."""
+    conn.execute(
+        "UPDATE leases SET out_offset = ?, out_skip = ? WHERE session_id = ? AND fence = ?",
+        (offset, skip, session_id, fence),
+    )
+
+
+def hand_over_lease(
+    conn: StoreConnection, lease: Lease, from_seq: int, undispatched: list[str], now: float
+) -> tuple[Lease, list[StoredEvent]]:
+    """Take the live ``lease`` over for a daemon that reattaches its child: the same
+    row (its child and its output position) under fence + 1 and a new generation,
+    the session's fence with it, ``child.reattached`` journaled under the new fence,
+    and each submission in ``undispatched`` settled ``unknown`` (the previous daemon
+    may or may not have written it to the agent). Raises ``LeaseError`` if the lease
+    is not the session's current live one."""
+    taken = leases.hand_over(lease)
+    row = conn.execute("SELECT fence FROM sessions WHERE id = ?", (lease.session_id,)).fetchone()
+    current = latest_lease(conn, lease.session_id)
+    if row is None or row[0] != lease.fence or current != lease:
+        raise leases.LeaseError(f"session {lease.session_id}: lease fence {lease.fence} is stale")
+    conn.execute(
+        "UPDATE leases SET fence = ?, generation = ? WHERE session_id = ? AND fence = ?",
+        (taken.fence, taken.generation, lease.session_id, lease.fence),
+    )
+    conn.execute("UPDATE sessions SET fence = ? WHERE id = ?", (taken.fence, lease.session_id))
+    assert taken.identity is not None
+    events: list[Event] = [
+        ChildReattached(
+            pid=taken.identity.pid,
+            fence=taken.fence,
+            generation=taken.generation,
+            previous_fence=lease.fence,
+            from_seq=from_seq,
+        ),
+        *(
+            SubmissionDispatched(client_message_id=cmid, outcome="unknown", reason="daemon-restart")
+            for cmid in undispatched
+        ),
+    ]
+    return taken, append(conn, lease.session_id, taken.fence, events, now)

@@ -230,13 +230,19 @@ class Store:
         return cast(T, request.value)
 
     async def append(
-        self, session_id: str, fence: int, items: Sequence[tuple[str, bytes]], ts: float
+        self,
+        session_id: str,
+        fence: int,
+        items: Sequence[tuple[str, bytes]],
+        ts: float,
+        output: tuple[int, int] | None = None,
     ) -> list[StoredEvent]:
         """Append ``items`` (kind, encoded body) to the session's journal; the stored
         events once committed. As ``write`` (``journal.append_events`` as the op),
         sharing its INSERT with the appends around it in the batch. Raises
-        ``UnknownSession`` if the session does not exist."""
-        return await self.write(Append(session_id, fence, items, ts))
+        ``UnknownSession`` if the session does not exist. ``output``: a held
+        agent's output position, stored in the same commit (``journal.Append``)."""
+        return await self.write(Append(session_id, fence, items, ts, output))
 
     @property
     def operation_rows(self) -> int:

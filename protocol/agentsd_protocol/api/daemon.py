@@ -50,7 +50,10 @@ class RecoveryReport(Result, frozen=True, kw_only=True):
     restart or stop cut off and nobody carried on, listed in ``cut_off``;
     ``failed``: sessions recovery could not settle (their agent could not be proven
     gone) or whose continuation failed; ``lost``: turns that were running and are
-    accounted for nowhere (neither cut off nor failed): always 0, or a bug."""
+    accounted for nowhere (neither cut off nor failed): always 0, or a bug;
+    ``reattached``: agents the holder kept running through the previous daemon's
+    death that this daemon took over (``crash_policy = "reattach"``): their turns go
+    on, so they are neither cut off nor lost."""
 
     sessions_recovered: int = 0
     orphans_ended: int = 0
@@ -62,6 +65,7 @@ class RecoveryReport(Result, frozen=True, kw_only=True):
     lost: int = 0
     cut_off: list[CutOffTurn] = []
     failed: list[RecoveryFailure] = []
+    reattached: int = 0
 
 
 class SessionCounts(Result, frozen=True, kw_only=True):

@@ -311,6 +311,21 @@ class ChildReady(EventStruct, tag="child.ready", frozen=True, kw_only=True):
     agent_name: str | None = None
 
 
+class ChildReattached(EventStruct, tag="child.reattached", frozen=True, kw_only=True):
+    """A daemon took over a running agent the holder kept through the previous
+    daemon's death (config ``crash_policy = "reattach"``): the same process (``pid``),
+    now under the lease ``fence`` (the previous one's fence + 1, ``previous_fence``)
+    and ``generation``. What the agent wrote meanwhile follows in order; every event
+    up to ``from_seq`` was journaled before the takeover. Its open turn and pending
+    approvals go on; a submission whose delivery was not recorded is ``unknown``."""
+
+    pid: int
+    fence: int
+    generation: str
+    previous_fence: int
+    from_seq: int
+
+
 class ChildExited(EventStruct, tag="child.exited", frozen=True, kw_only=True):
     """The child is proven gone and its lease released. ``detail`` says how the
     proof was had (recovery); ``error`` is the failure that ended it;
@@ -495,6 +510,7 @@ Event = (
     | ApprovalResolved
     | ChildSpawned
     | ChildReady
+    | ChildReattached
     | ChildExited
     | ExitUnproven
     | LeaseAcquired
