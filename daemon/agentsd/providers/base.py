@@ -7,6 +7,7 @@ an ``Adapter`` speaks to one running child. The session task owns both:
     adapter = provider.adapter(link, sink, session)
     handle = await adapter.handshake(resume)       # under the handshake deadline
     adapter.superseded                             # set when a fresh conversation replaced resume
+    # or, for an agent an earlier daemon started: await adapter.take_over(state)
     await adapter.run()                            # translate frames until EOF
     # meanwhile, from RPC handlers: send / interrupt / answer_approval
 
@@ -26,6 +27,12 @@ Rule 4 (resume): the journal, not the provider, says whether a conversation must
 exist (``Resume.had_turns``). A provider that never saved a conversation without a
 turn gets a fresh one in its place (``Adapter.superseded``); one that lost a
 conversation with turns is ``ResumeFailed``, never a silent fresh start.
+
+Rule 5 (takeover): an adapter that takes over a running agent (``take_over``)
+writes nothing to it until asked to; it answers the approvals the earlier adapter
+recorded with their native ids; its own request ids carry ``Takeover.generation``,
+so they never equal an id the earlier adapter used and whose response may still
+arrive; and a response to an id it never sent is logged and ignored.
 """
 
 from __future__ import annotations
@@ -50,7 +57,12 @@ from agentsd_protocol.api.events import (
     Event,
     ThreadSuperseded,
 )
-from agentsd_protocol.errors import AgentProtocolError, InvalidParams, UnknownCommand
+from agentsd_protocol.errors import (
+    AgentProtocolError,
+    InvalidParams,
+    ResumeFailed,
+    UnknownCommand,
+)
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a tool result can be big; a line past this is broken
 MAX_BAD_LINES = 32  # non-frame lines in a row: past this the output is not the protocol
@@ -80,6 +92,37 @@ class Resume:
     # (``create {resumeFrom}``): check it belongs to the session's cwd, and keep
     # its history for ``Adapter.imported_history``. ``had_turns`` is then true.
     adopt: bool = False
+
+
+@attrs.frozen
+class PendingTakeover:
+    """An approval the agent asked an earlier adapter and nobody answered yet: the
+    adapter that takes over answers it with the agent's own id (``native_id``).
+    ``request`` is the agent's request as the earlier adapter recorded it with the
+    approval (``SessionSink.approval_requested``); None when it was not kept, and
+    then an answer that needs it takes the safe reading (nothing granted)."""
+
+    native_id: str
+    approval_id: str
+    kind: str
+    options: tuple[str, ...]
+    request: Mapping[str, Any] | None = None
+
+
+@attrs.frozen
+class Takeover:
+    """What an adapter needs to carry on with a running agent whose handshake an
+    earlier adapter (an earlier daemon) made; built from the journal."""
+
+    handle: str  # provider handle (thread id / session id)
+    generation: int  # the new lease generation (for unique request ids)
+    turn_id: str | None  # open turn per the journal, if any
+    turn_open: bool
+    approvals: tuple[PendingTakeover, ...]
+    undispatched: tuple[str, ...]  # clientMessageIds with no dispatch outcome
+    options: Mapping[str, Any]  # session options as they are now
+    agent_version: str | None  # from the last child.ready
+    open_items: Mapping[str, str]  # item id -> text journaled so far (snapshots)
 
 
 @attrs.frozen
@@ -157,11 +200,14 @@ class SessionSink(Protocol):
         *,
         item_id: str | None = None,
         option_details: list[ApprovalOption] | None = None,
+        request: Mapping[str, Any] | None = None,
     ) -> str:
         """Record an approval durably and return its stable approval id. ``item_id``
         is the item (tool call) it asks about, when the agent names one: clients then
         show the question and the tool run as one thing. ``option_details`` describe
-        the options when the agent does (names and kinds)."""
+        the options when the agent does (names and kinds). ``request`` is what the
+        adapter needs to answer it (the agent's request), kept for an adapter that
+        takes over (``PendingTakeover.request``)."""
         ...
 
     async def approval_cancelled(self, native_id: str) -> None: ...
@@ -302,6 +348,13 @@ class Adapter(abc.ABC):
         earlier messages as ``message.imported`` events, oldest first, to journal
         with ``child.ready``. Raises ``ResumeFailed`` when it cannot be read."""
         return []
+
+    async def take_over(self, state: Takeover) -> None:
+        """Take over a running agent whose handshake an earlier daemon made:
+        restore what the adapter needs from ``state`` (no frame is sent). Raises
+        ResumeFailed when this adapter cannot (the caller then ends the agent and
+        settles the session as today)."""
+        raise ResumeFailed("this agent cannot be taken over")
 
     @abc.abstractmethod
     async def run(self) -> None:
