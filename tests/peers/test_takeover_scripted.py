@@ -8,11 +8,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
 from trio.testing import wait_all_tasks_blocked
 
+from agentsd.providers.acp_adapter import AcpAdapter
+from agentsd.providers.acp_agents import AcpAgent
 from agentsd.providers.base import (
     Adapter,
     Dispatch,
@@ -381,6 +384,88 @@ async def test_a_claude_not_launched_here_can_be_taken_over_but_not_initialized(
     claude = ScriptedClaude(RecordingSink())
     with pytest.raises(ResumeFailed):  # launched for another session
         await claude.adapter.take_over(takeover("another-session"))
+
+
+# -- ACP -----------------------------------------------------------------------------
+
+ACP_SESSION = "acp-session-1"
+
+
+def acp_update(update: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "method": "session/update",
+        "params": {"sessionId": ACP_SESSION, "update": update},
+    }
+
+
+def chunk(text: str) -> dict[str, Any]:
+    return acp_update(
+        {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}
+    )
+
+
+async def test_an_acp_turn_taken_over_ends_with_the_earlier_prompts_answer() -> None:
+    """The turn an earlier adapter prompted goes on: its message item streams on and
+    completes whole, its tool call completes, its permission request is answered
+    with the agent's id, and the answer to the earlier ``session/prompt`` (an id the
+    new adapter never sent) ends it; a late answer to anything else is ignored."""
+    pipes = Pipes()
+    row = attrs.evolve(codex_row(), provider="acp-test", provider_handle=ACP_SESSION)
+    sink = RecordingSink()
+    adapter = AcpAdapter(pipes.link(), sink, row, AcpAgent("acp-test", ("x",), "Test agent"))
+    asked = PendingTakeover("7", "ap-7", "execute", ("allow", "reject"), {"id": 7})
+    await adapter.take_over(
+        takeover(
+            ACP_SESSION,
+            generation=6,
+            turn_id="t-1",
+            approvals=(asked,),
+            open_items={"t-1-2": "Hel", "call-1": ""},
+        )
+    )
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(adapter.run)
+            await pipes.peer.send({"jsonrpc": "2.0", "id": 1, "result": {}})  # a late one
+            await pipes.peer.send(chunk("lo"))
+            await adapter.answer_approval("7", "allow")
+            assert await pipes.receive() == {
+                "jsonrpc": "2.0",
+                "id": 7,
+                "result": {"outcome": {"outcome": "selected", "optionId": "allow"}},
+            }
+            await pipes.peer.send(
+                acp_update(
+                    {
+                        "sessionUpdate": "tool_call_update",
+                        "toolCallId": "call-1",
+                        "status": "completed",
+                    }
+                )
+            )
+            await pipes.peer.send(chunk("!"))
+            await pipes.peer.send({"jsonrpc": "2.0", "id": 2, "result": {"stopReason": "end_turn"}})
+            await wait_all_tasks_blocked()
+            # The next prompt is the new adapter's, in its generation's range.
+            nursery.start_soon(adapter.send, Submission("m-2", "next"))
+            prompt = await pipes.receive()
+            assert prompt["method"] == "session/prompt"
+            assert prompt["id"] == (6 << GENERATION_SHIFT) + 1
+            assert prompt["params"]["sessionId"] == ACP_SESSION
+            nursery.cancel_scope.cancel()
+    events = [(kind, body.get("itemId"), body.get("text")) for kind, body in sink.events]
+    assert events == [
+        ("item.completed", "t-1-2", "Hello"),
+        ("item.completed", "call-1", None),
+        ("item.started", "t-1-3", None),
+        ("item.completed", "t-1-3", "!"),
+        ("turn.completed", None, None),
+        ("turn.started", None, None),
+    ]
+    assert sink.events[4][1]["turnId"] == "t-1"
+    assert sink.events[4][1]["outcome"] == "completed"
+    assert sink.deltas == [("t-1-2", "lo"), ("t-1-3", "!")]
 
 
 async def test_an_adapter_that_cannot_take_over_says_resume_failed() -> None:
