@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import attrs
+import pytest
 import trio
 
 from agentsd.providers.base import (
@@ -34,6 +35,7 @@ from agentsd.providers.codex import CodexProvider
 from agentsd.store.sessions import SessionRow
 from agentsd_protocol.api.events import Event
 from tests.peers import fake_anthropic, fake_openai
+from tests.peers.agents import CLAUDE_RELEASES
 from tests.peers.test_releases import Agent
 from tests.peers.test_releases import agent as agent
 from tests.peers.test_releases import release as release
@@ -353,3 +355,46 @@ async def test_an_approval_asked_before_a_takeover_and_answered_after_it_reaches
             outputs = tool_outputs(agent)
             assert len(outputs) == 1, outputs
             assert not sink.approvals  # nothing asked twice
+
+
+@pytest.mark.parametrize("release", CLAUDE_RELEASES, indirect=True, ids=lambda r: r.id)
+async def test_a_prompt_claude_queued_before_a_takeover_runs_as_a_turn_after_it(
+    agent: Agent,
+) -> None:
+    """A prompt sent during the turn the takeover lands in, which Claude Code runs
+    once that turn ended: the new adapter journals it as a turn of its own."""
+    agent.script(agent.say("Once upon a time", seconds=STREAM_S), agent.say("And again."))
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with spawned(agent) as (provider, row, process):
+            assert process.stdin is not None and process.stdout is not None
+            sink_a = WatchedSink()
+            gate = FrameGate(process.stdout)
+            first = provider.adapter(LineLink(process.stdin, gate), sink_a, row)
+            handle = await first.handshake(None)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(first.run)
+                for n, text in enumerate(("Tell a story", "And then?")):
+                    dispatch = await first.send(Submission(f"m-{n}", text))
+                    assert dispatch.outcome == "accepted", dispatch
+                seen = len(sink_a.deltas)
+                await sink_a.until(lambda s: len(s.deltas) >= seen + DELTAS_BEFORE_STOP)
+                gate.stop()
+                await gate.parked.wait()
+                nursery.cancel_scope.cancel()
+            before = Before(sink_a, handle, first.agent_version)
+            state = takeover_state(before, row)
+            assert state.turn_open
+            adapter, sink = await second_adapter(provider, row, process, state)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(adapter.run)
+                await sink.until(lambda s: len(turn_ends(s)) == 2)
+                nursery.cancel_scope.cancel()
+    turns = [(k, b["turnId"]) for k, b in sink.events if k in ("turn.started", "turn.completed")]
+    assert turns[0] == ("turn.completed", state.turn_id)
+    assert [k for k, _ in turns] == ["turn.completed", "turn.started", "turn.completed"]
+    assert turns[1][1] == turns[2][1] != state.turn_id
+    texts = [
+        b["text"] for b in agent_messages(sink, "item.completed") if b["turnId"] == turns[1][1]
+    ]
+    assert texts == ["And again."]
+    assert agent.user_texts().count("And then?") == 1

@@ -299,6 +299,30 @@ async def test_claude_after_a_takeover_finishes_the_blocks_and_tools_begun_befor
     assert "claude answered agentsd-2, which this adapter never sent" in caplog.text
 
 
+async def test_a_prompt_the_earlier_claude_adapter_queued_runs_as_a_turn_of_its_own() -> None:
+    """A prompt written into the running turn before the takeover, which the CLI
+    takes up only once that turn ended, is a turn of its own after it."""
+    sink = RecordingSink()
+    claude = ScriptedClaude(sink)
+    await claude.adapter.take_over(takeover(SESSION, turn_id="turn-1"))
+    result = {"type": "result", "subtype": "success", "is_error": False, "result": "ok"}
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(claude.adapter.run)
+            await claude.peer.send(result)
+            queued = {"role": "user", "content": "and then?"}
+            await claude.peer.send(
+                {"type": "user", "isReplay": True, "uuid": "u-queued", "message": queued}
+            )
+            await claude.peer.send(result)
+            await wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+    turns = [(kind, body["turnId"]) for kind, body in sink.events if kind.startswith("turn.")]
+    assert [kind for kind, _ in turns] == ["turn.completed", "turn.started", "turn.completed"]
+    assert turns[0][1] == "turn-1"
+    assert turns[1][1] == turns[2][1] != "turn-1"
+
+
 async def test_claude_questions_answered_after_a_takeover_are_answered_as_before_it() -> None:
     """A tool, a plan and a two-question form whose first question was answered
     before the takeover: the CLI receives the same answers, each once, with its own

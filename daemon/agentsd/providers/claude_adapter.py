@@ -67,7 +67,9 @@ Rule 7 (takeover, base Rule 5): an adapter that takes over a running CLI
 restores the session id, the open turn, the open items and the pending
 ``can_use_tool`` questions, writes nothing, and names its control requests
 ``agentsd-g<generation>-<n>``, which no earlier adapter used; it learns again
-whether the CLI shows ``command_lifecycle`` (until then prompts get a barrier).
+whether the CLI shows ``command_lifecycle`` (until then prompts get a barrier). A
+prompt the earlier adapter wrote that the CLI takes up only after the turn ended
+(its replay echo, no turn running) runs as a turn of its own.
 """
 
 from __future__ import annotations
@@ -190,6 +192,7 @@ class ClaudeAdapter(Adapter):
         did not (an agent an earlier daemon started) can only be taken over."""
         self._link = link
         self._launched = launched
+        self._taken_over = False  # Rule 7
         self._sink = sink
         self.session_id = session_id  # chosen at launch; system/init must agree
         self._replaces = replaces  # the id without a transcript it was launched over
@@ -295,6 +298,7 @@ class ClaudeAdapter(Adapter):
                 f"claude was launched for session {self.session_id}, not {state.handle}"
             )
         self.session_id = state.handle
+        self._taken_over = True
         self._id_prefix = f"agentsd-g{state.generation}-"
         self._version = state.agent_version
         if state.turn_open:
@@ -404,6 +408,7 @@ class ClaudeAdapter(Adapter):
                     await self._items.on_assistant(frame, self._turn_id)
             case "user":
                 if frame.get("isReplay"):
+                    await self._foreign_prompt(frame.get("uuid"))
                     self._taken_up(frame.get("uuid"), picked=True)
                 else:
                     await self._items.on_tool_results(frame, self._turn_id)
@@ -438,6 +443,13 @@ class ClaudeAdapter(Adapter):
             self._waiting.discard(message_uuid)
             if not dropped:
                 self._cmids.pop(message_uuid, None)
+
+    async def _foreign_prompt(self, message_uuid: Any) -> None:
+        """Rule 7: a prompt the earlier adapter wrote, taken up by the CLI once the
+        turn it was sent into had ended, runs as a turn of its own."""
+        ours = message_uuid in self._acks or message_uuid in self._waiting
+        if self._taken_over and self._turn_id is None and not ours:
+            await self._sink.emit(TurnStarted(turn_id=self._open_turn()))
 
     def _on_lifecycle(self, frame: dict[str, Any]) -> None:
         self._lifecycle = True
