@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 import attrs
+import msgspec
 import pytest
 import trio
 import trio.testing
@@ -29,8 +30,10 @@ from agentsd.providers.claude import ClaudeProvider
 from agentsd.providers.claude_adapter import ClaudeAdapter
 from agentsd.providers.codex import CodexAdapter
 from agentsd.providers.codex_rpc import GENERATION_SHIFT
+from agentsd.session import Conversation
 from agentsd.sink import MAX_REQUEST_BYTES, kept_request
 from agentsd.store.sessions import SessionRow
+from agentsd_protocol.api.events import ApprovalRequested
 from agentsd_protocol.errors import AgentStartFailed, ResumeFailed
 from tests.peers.test_claude_handshake import SESSION, ScriptedClaude
 from tests.peers.test_codex import THREAD, TURN, ScriptedCodex
@@ -251,6 +254,9 @@ async def test_claude_after_a_takeover_finishes_the_blocks_and_tools_begun_befor
             nursery.start_soon(claude.adapter.run)
             # The earlier adapter's barrier is answered only now.
             await claude.respond({"request_id": "agentsd-2"}, {"mcpServers": []})
+            # The block's start is read again (the takeover read from before it).
+            start = {"type": "content_block_start", "index": 1, "content_block": {"type": "text"}}
+            await claude.peer.send(stream_event("msg_1", start))
             delta = {"type": "text_delta", "text": "lo"}
             await claude.peer.send(
                 stream_event("msg_1", {"type": "content_block_delta", "index": 1, "delta": delta})
@@ -290,12 +296,13 @@ async def test_claude_after_a_takeover_finishes_the_blocks_and_tools_begun_befor
     assert sink.deltas == [("msg_1:1", "lo")]
     events = [(kind, body.get("itemId"), body.get("turnId")) for kind, body in sink.events]
     assert events == [
+        ("item.started", "msg_1:1", "turn-1"),  # the same event again, for the sink
         ("item.completed", "msg_1:1", "turn-1"),
         ("item.completed", "toolu_1", "turn-1"),
         ("turn.completed", None, "turn-1"),
     ]
-    assert sink.events[0][1]["text"] == "Hello"
-    assert sink.events[1][1]["output"]["text"] == "ok"
+    assert sink.events[1][1]["text"] == "Hello"
+    assert sink.events[2][1]["output"]["text"] == "ok"
     assert "claude answered agentsd-2, which this adapter never sent" in caplog.text
 
 
@@ -518,3 +525,36 @@ def test_an_approvals_request_is_journaled_whole_or_not_at_all() -> None:
     assert kept_request(small) == small
     assert kept_request({"input": "x" * MAX_REQUEST_BYTES}) is None
     assert kept_request(None) is None
+
+
+def test_a_pending_approval_keeps_the_request_a_takeover_answers_with() -> None:
+    """The conversation the daemon rebuilds from the journal keeps each pending
+    approval's request, which its recovery hands to ``take_over``."""
+    convo = Conversation()
+    record = {"request_id": "r-1", "kind": "tool", "input": {"command": "ls"}, "item_id": None}
+    convo.apply(
+        5,
+        ApprovalRequested(
+            approval_id="ap-1-r-1",
+            native_id="r-1",
+            approval_kind="tool",
+            title="Bash",
+            detail="ls",
+            options=["allow", "deny"],
+            request=record,
+        ),
+    )
+    assert convo.approvals["ap-1-r-1"].request == record
+    # And through the wire form the journal stores.
+    encoded = msgspec.json.encode(
+        ApprovalRequested(
+            approval_id="a",
+            native_id="n",
+            approval_kind="k",
+            title="",
+            detail="",
+            options=[],
+            request=record,
+        )
+    )
+    assert b'"request":{"request_id":"r-1"' in encoded

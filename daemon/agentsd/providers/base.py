@@ -27,12 +27,6 @@ Rule 4 (resume): the journal, not the provider, says whether a conversation must
 exist (``Resume.had_turns``). A provider that never saved a conversation without a
 turn gets a fresh one in its place (``Adapter.superseded``); one that lost a
 conversation with turns is ``ResumeFailed``, never a silent fresh start.
-
-Rule 5 (takeover): an adapter that takes over a running agent (``take_over``)
-writes nothing to it until asked to; it answers the approvals the earlier adapter
-recorded with their native ids; its own request ids carry ``Takeover.generation``,
-so they never equal an id the earlier adapter used and whose response may still
-arrive; and a response to an id it never sent is logged and ignored.
 """
 
 from __future__ import annotations
@@ -92,37 +86,6 @@ class Resume:
     # (``create {resumeFrom}``): check it belongs to the session's cwd, and keep
     # its history for ``Adapter.imported_history``. ``had_turns`` is then true.
     adopt: bool = False
-
-
-@attrs.frozen
-class PendingTakeover:
-    """An approval the agent asked an earlier adapter and nobody answered yet: the
-    adapter that takes over answers it with the agent's own id (``native_id``).
-    ``request`` is the agent's request as the earlier adapter recorded it with the
-    approval (``SessionSink.approval_requested``); None when it was not kept, and
-    then an answer that needs it takes the safe reading (nothing granted)."""
-
-    native_id: str
-    approval_id: str
-    kind: str
-    options: tuple[str, ...]
-    request: Mapping[str, Any] | None = None
-
-
-@attrs.frozen
-class Takeover:
-    """What an adapter needs to carry on with a running agent whose handshake an
-    earlier adapter (an earlier daemon) made; built from the journal."""
-
-    handle: str  # provider handle (thread id / session id)
-    generation: int  # the new lease generation (for unique request ids)
-    turn_id: str | None  # open turn per the journal, if any
-    turn_open: bool
-    approvals: tuple[PendingTakeover, ...]
-    undispatched: tuple[str, ...]  # clientMessageIds with no dispatch outcome
-    options: Mapping[str, Any]  # session options as they are now
-    agent_version: str | None  # from the last child.ready
-    open_items: Mapping[str, str]  # item id -> text journaled so far (snapshots)
 
 
 @attrs.frozen
@@ -216,6 +179,40 @@ class SessionSink(Protocol):
         """The agent changed session options itself: keep ``changes`` (merged over
         the session's options) for its next start."""
         ...
+
+
+@attrs.frozen
+class PendingTakeover:
+    """An approval an earlier daemon journaled and nobody answered: it stays
+    pending across the takeover, answerable with its ``native_id``."""
+
+    native_id: str
+    approval_id: str
+    kind: str
+    options: tuple[str, ...]
+    # What the adapter needs to answer it, as the earlier one recorded it
+    # (``ApprovalRequested.request``); None when not kept: an answer that needs it
+    # then takes the safe reading (nothing granted).
+    request: Mapping[str, Any] | None = None
+
+
+@attrs.frozen
+class Takeover:
+    """What an adapter taking over a running agent learns from the journal (Rule 5).
+
+    ``generation`` is the new lease's fence, which grows with every takeover: request
+    ids the adapter sends are made unique with it (``f"g{generation}-{n}"``), so none
+    collides with an id the earlier daemon used whose response may still arrive."""
+
+    handle: str  # the provider handle (thread id, session id)
+    generation: int
+    turn_id: str | None  # the open turn per the journal, if any
+    turn_open: bool
+    approvals: tuple[PendingTakeover, ...]
+    undispatched: tuple[str, ...]  # clientMessageIds the takeover settled unknown
+    options: Mapping[str, Any]  # the session's options as they are now
+    agent_version: str | None  # from the last child.ready
+    open_items: Mapping[str, str]  # item id -> its text journaled so far
 
 
 class LineLink:

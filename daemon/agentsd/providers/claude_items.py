@@ -91,7 +91,11 @@ class Items:
             if _dict(event.get("content_block")).get("type") != "text":
                 return  # a tool call is journaled whole, from its assistant frame
             text = _Text(item_id=f"{message_id}:{index}", index=index)
-            self._texts.setdefault(message_id, []).append(text)
+            blocks = self._texts.setdefault(message_id, [])
+            # Read again after a takeover that restored it (Rule 3): the same event,
+            # but one block.
+            if all(block.item_id != text.item_id for block in blocks):
+                blocks.append(text)
             await self._sink.emit(
                 ItemStarted(item_id=text.item_id, turn_id=turn_id, type="agentMessage")
             )
