@@ -15,13 +15,17 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 import trio
 
+from agentsd.providers.acp import AcpProvider
+from agentsd.providers.acp_agents import AcpAgent
 from agentsd.providers.base import (
     Adapter,
     LineLink,
@@ -82,43 +86,13 @@ class FrameGate(trio.abc.ReceiveStream):
         pass  # the pipe is the agent's, and outlives this reader
 
 
-@attrs.frozen
-class Story:
-    """One real agent under test, with its provider and session row."""
-
-    agent: Agent
-    row: SessionRow
-    process: trio.Process
-
-    def provider(self) -> Provider:
-        """A provider as a new daemon has it (nothing launched by it)."""
-        return ClaudeProvider() if self.agent.claude is not None else CodexProvider()
-
-    @property
-    def yes(self) -> str:
-        return "allow" if self.agent.claude is not None else "accept"
-
-
 @contextlib.asynccontextmanager
-async def spawned(agent: Agent) -> AsyncIterator[tuple[Provider, SessionRow, trio.Process]]:
-    """The agent, launched as its provider launches it (the provider returned did)."""
-    row = SessionRow(
-        id="s-takeover",
-        host_id="h",
-        provider=agent.release.provider,
-        cwd=str(agent.work),
-        title=None,
-        options=dict(agent.options),
-        env={},
-        command=agent.release.command(),
-        provider_handle=None,
-        created_at=0.0,
-        updated_at=0.0,
-    )
-    provider: Provider = ClaudeProvider() if agent.claude is not None else CodexProvider()
-    env = {**os.environ, **agent.env}
+async def launched(
+    provider: Provider, row: SessionRow, env: dict[str, str], logs: Path
+) -> AsyncIterator[trio.Process]:
+    """``row``'s agent, launched as ``provider`` launches it; killed at the end."""
     spec = provider.launch(row, None, env)
-    with (agent.work.parent / "stderr.log").open("wb") as stderr:
+    with (logs / "stderr.log").open("wb") as stderr:
         process = await trio.lowlevel.open_process(
             spec.argv,
             stdin=subprocess.PIPE,
@@ -128,11 +102,43 @@ async def spawned(agent: Agent) -> AsyncIterator[tuple[Provider, SessionRow, tri
             env={**env, **spec.env},
         )
     try:
-        yield provider, row, process
+        yield process
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(10):
             process.kill()
             await process.wait()
+
+
+def session_row(provider: str, cwd: Path, **fields: Any) -> SessionRow:
+    return SessionRow(
+        id="s-takeover",
+        host_id="h",
+        provider=provider,
+        cwd=str(cwd),
+        title=None,
+        options={},
+        env={},
+        command=None,
+        provider_handle=None,
+        created_at=0.0,
+        updated_at=0.0,
+        **fields,
+    )
+
+
+@contextlib.asynccontextmanager
+async def spawned(agent: Agent) -> AsyncIterator[tuple[Provider, SessionRow, trio.Process]]:
+    """The release's agent, launched as its provider launches it (the provider
+    returned did)."""
+    row = session_row(
+        agent.release.provider,
+        agent.work,
+        options=dict(agent.options),
+        command=agent.release.command(),
+    )
+    provider: Provider = ClaudeProvider() if agent.claude is not None else CodexProvider()
+    async with launched(provider, row, {**os.environ, **agent.env}, agent.work.parent) as process:
+        yield provider, row, process
 
 
 class WatchedSink(RecordingSink):
@@ -398,3 +404,80 @@ async def test_a_prompt_claude_queued_before_a_takeover_runs_as_a_turn_after_it(
     ]
     assert texts == ["And again."]
     assert agent.user_texts().count("And then?") == 1
+
+
+# -- an ACP agent (the tests' own, stdlib only) ---------------------------------------
+
+ACP_AGENT = AcpAgent(
+    "acp-test", (sys.executable, str(Path(__file__).with_name("acp_test_agent.py"))), "Test"
+)
+
+
+@contextlib.asynccontextmanager
+async def acp_spawned(
+    workdir: Path,
+) -> AsyncIterator[tuple[Provider, SessionRow, trio.Process]]:
+    provider = AcpProvider(ACP_AGENT)
+    row = session_row(ACP_AGENT.name, workdir)
+    async with launched(provider, row, dict(os.environ), workdir.parent) as process:
+        yield provider, row, process
+
+
+async def test_an_acp_turn_taken_over_mid_stream_streams_on_and_is_interrupted(
+    workdir: Path,
+) -> None:
+    """The test agent streams words until cancelled: the new adapter streams the
+    rest to the same item, its interrupt reaches the agent, and the answer to the
+    earlier adapter's prompt ends the turn it took over."""
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with acp_spawned(workdir) as (provider, row, process):
+
+            def mid_stream(sink: WatchedSink) -> bool:
+                return len(sink.deltas) >= DELTAS_BEFORE_STOP
+
+            before = await first_adapter(provider, row, process, "slow", mid_stream)
+            state = takeover_state(before, row)
+            (item,) = agent_messages(before.sink, "item.started")
+            item_id = item["itemId"]
+            adapter, sink = await second_adapter(provider, row, process, state)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(adapter.run)
+                await sink.until(lambda s: any(i == item_id for i, _ in s.deltas))
+                assert await adapter.interrupt(state.turn_id)
+                await sink.until(turn_ends)
+                # The same conversation serves the new adapter's next prompt.
+                dispatch = await adapter.send(Submission("m-2", "hello again"))
+                assert dispatch.outcome == "accepted", dispatch
+                await sink.until(lambda s: len(turn_ends(s)) == 2)
+                nursery.cancel_scope.cancel()
+            assert process.poll() is None
+    (end, _) = turn_ends(sink)
+    assert end["turnId"] == state.turn_id and end["outcome"] == "interrupted"
+    text = streamed(before.sink, item_id) + streamed(sink, item_id)
+    completed = [b for b in agent_messages(sink, "item.completed") if b["itemId"] == item_id]
+    assert [b["text"] for b in completed] == [text]
+    assert text == "word " * (len(text) // 5) and streamed(sink, item_id)
+
+
+async def test_an_acp_permission_asked_before_a_takeover_is_answered_once_after_it(
+    workdir: Path,
+) -> None:
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with acp_spawned(workdir) as (provider, row, process):
+            before = await first_adapter(
+                provider, row, process, "permission", lambda sink: bool(sink.approvals)
+            )
+            state = takeover_state(before, row)
+            (pending,) = state.approvals
+            adapter, sink = await second_adapter(provider, row, process, state)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(adapter.run)
+                await adapter.answer_approval(pending.native_id, "yes")
+                await adapter.answer_approval(pending.native_id, "yes")  # nothing more
+                await sink.until(turn_ends)
+                nursery.cancel_scope.cancel()
+    (end,) = turn_ends(sink)
+    assert end["turnId"] == state.turn_id and end["outcome"] == "completed"
+    texts = [b["text"] for b in agent_messages(sink, "item.completed")]
+    assert texts == ['outcome: {"outcome": "selected", "optionId": "yes"}']
+    assert not [k for k, _ in sink.events if k == "agent.error"]
