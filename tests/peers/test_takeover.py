@@ -109,20 +109,25 @@ async def launched(
             await process.wait()
 
 
-def session_row(provider: str, cwd: Path, **fields: Any) -> SessionRow:
+def session_row(
+    provider: str,
+    cwd: Path,
+    *,
+    options: dict[str, Any] | None = None,
+    command: list[str] | None = None,
+) -> SessionRow:
     return SessionRow(
         id="s-takeover",
         host_id="h",
         provider=provider,
         cwd=str(cwd),
         title=None,
-        options={},
+        options=options or {},
         env={},
-        command=None,
+        command=command,
         provider_handle=None,
         created_at=0.0,
         updated_at=0.0,
-        **fields,
     )
 
 
