@@ -41,6 +41,7 @@ class RecordingSink:
         *,
         item_id: str | None = None,
         option_details: list[ApprovalOption] | None = None,
+        request: Mapping[str, Any] | None = None,
     ) -> str:
         if self.refuse_approvals:
             raise StorageUnavailable("the disk is full")
@@ -53,6 +54,7 @@ class RecordingSink:
                 "options": options,
                 "itemId": item_id,
                 "optionDetails": option_details,
+                "request": request,
             }
         )
         return f"ap-{native_id}"

@@ -98,6 +98,7 @@ async def takeover_state(
                 approval_id=a.approval_id,
                 kind=a.kind,
                 options=tuple(a.options),
+                request=a.request,
             )
             for a in convo.approvals.values()
         ),

@@ -20,7 +20,7 @@ events goes through that port.
 from __future__ import annotations
 
 import sqlite3
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import msgspec
@@ -79,6 +79,9 @@ class PendingApproval:
     options: list[str]
     turn_id: str | None = None  # the turn that raised it; it cannot outlive that turn
     title: str = ""
+    # What the adapter needs to answer it (``ApprovalRequested.request``), for an
+    # adapter that takes the agent over (``PendingTakeover.request``).
+    request: dict[str, Any] | None = None
 
 
 @attrs.define
@@ -124,6 +127,7 @@ class Conversation:
                     options=event.options,
                     turn_id=self.turn_id,
                     title=event.title,
+                    request=event.request,
                 )
             case ApprovalResolved(approval_id=approval_id):
                 self.approvals.pop(approval_id, None)

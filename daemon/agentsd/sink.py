@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import msgspec
 import trio
 
 from agentsd.leases import Lease, is_current
@@ -56,6 +57,20 @@ log = logging.getLogger(__name__)
 
 MAX_ITEM_TEXT_CHARS = 1 << 20  # one streamed message; a longer one is kept truncated
 SNAPSHOT_INTERVAL_S = 0.05  # streaming text reaches the journal at most this stale
+# An approval's request is kept whole or not at all (an answer made from a cut one
+# would be wrong); a tool's input is kilobytes, a file it writes rarely a megabyte.
+MAX_REQUEST_BYTES = 1 << 20
+
+
+def kept_request(request: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """``request`` as the journal keeps it: whole, or None past ``MAX_REQUEST_BYTES``."""
+    if request is None:
+        return None
+    kept = dict(request)
+    if len(msgspec.json.encode(kept)) > MAX_REQUEST_BYTES:
+        log.info("an approval's request is past %d bytes: not kept", MAX_REQUEST_BYTES)
+        return None
+    return kept
 
 
 class ItemText:
@@ -294,6 +309,7 @@ class Sink:
         *,
         item_id: str | None = None,
         option_details: list[ApprovalOption] | None = None,
+        request: Mapping[str, Any] | None = None,
     ) -> str:
         approval_id = f"ap-{self._lease.fence}-{native_id}"
         if self._replay is not None:
@@ -311,6 +327,7 @@ class Sink:
                 options=options,
                 item_id=item_id,
                 option_details=option_details or [],
+                request=kept_request(request),
             )
         )
         return approval_id

@@ -26,6 +26,13 @@ turn settled, or ``session/load``'s replay), except the session-wide ones: a mod
 change (kept in the session's options, set again at the next start) and the
 commands offered (``commands.updated``, when they changed). A malformed update is
 journaled as ``agent.error``; the session goes on.
+
+Rule 4 (takeover, base Rule 5): an adapter that takes over restores the session
+id, the running turn (with its items, ``acp_updates`` Rule 4) and the open
+permission requests, and writes nothing. The turn it took over ends with the
+answer to the earlier adapter's ``session/prompt``, an id it never sent: a
+response to an id not its own that carries a stop reason (or an error) while that
+turn runs ends it; any other is logged and ignored (``codex_rpc`` Rule 3).
 """
 
 from __future__ import annotations
@@ -64,6 +71,7 @@ from agentsd.providers.base import (
     Resume,
     SessionSink,
     Submission,
+    Takeover,
 )
 from agentsd.providers.codex_rpc import Call, Garbage, RpcPeer, clip, error_message
 from agentsd.store.sessions import SessionRow
@@ -154,6 +162,29 @@ class AcpAdapter(Adapter):
             self.superseded = self._opener.superseded
         return session_id
 
+    async def take_over(self, state: Takeover) -> None:
+        """Carry on with an ACP agent whose session an earlier adapter opened (Rule
+        4): nothing is written."""
+        self._rpc.take_over(state.generation)
+        self._opener.session_id = state.handle
+        self._opener.version = state.agent_version
+        mode = state.options.get("mode")
+        if isinstance(mode, str):
+            self._opener.mode = mode
+        if state.turn_open:
+            turn_id = state.turn_id or f"{self._turn_prefix}-{next(self._turn_ids)}"
+            self._turn = Turn(turn_id, TurnItems(turn_id))
+            self._turn.items.restore(state.open_items)
+        for approval in state.approvals:
+            record = approval.request or {}
+            request_id = record.get("id")
+            if not isinstance(request_id, int | str) or isinstance(request_id, bool):
+                native = approval.native_id
+                request_id = int(native) if native.isdecimal() else native
+            self._requests[approval.native_id] = PermissionRequest(
+                request_id, tuple(approval.options)
+            )
+
     # -- the reader -------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -194,6 +225,11 @@ class AcpAdapter(Adapter):
         elif "id" in frame and ("result" in frame or "error" in frame):
             call = self._rpc.resolve(frame)
             turn = self._turn
+            if call is None and turn is not None and turn.call is None and _prompt_answer(frame):
+                # Rule 4: the earlier adapter's session/prompt, answered now.
+                call = Call("session/prompt")
+                call.settle(result=frame.get("result"), error=frame.get("error"))
+                turn.call = call
             if call is not None and turn is not None and call is turn.call:
                 await self._turn_ended(turn, call)
         else:
@@ -324,6 +360,7 @@ class AcpAdapter(Adapter):
                 options=ask.options,
                 item_id=ask.item_id,
                 option_details=ask.option_details,
+                request={"id": request_id},
             )
         except RpcError as exc:
             # Rule 2: a question nobody can durably answer is refused, not left hanging.
@@ -430,6 +467,15 @@ class AcpAdapter(Adapter):
             log.info("no open permission request %s to answer", native_id)
             return
         await self._rpc.respond(request.request_id, permission_answer(request.option_ids, decision))
+
+
+def _prompt_answer(frame: dict[str, Any]) -> bool:
+    """Whether a response is what ``session/prompt`` answers (a stop reason, or an
+    error): the end of a turn an earlier adapter started (Rule 4)."""
+    result = frame.get("result")
+    return frame.get("error") is not None or (
+        isinstance(result, dict) and isinstance(result.get("stopReason"), str)
+    )
 
 
 def prompt_blocks(submission: Submission) -> list[dict[str, Any]]:

@@ -15,11 +15,17 @@ A tool call still open when the turn ends is completed ``incomplete``.
 
 Rule 3: a payload that does not have ACP's shape raises ``MalformedUpdate``; the
 adapter journals it as an ``agent.error`` and the turn goes on.
+
+Rule 4 (takeover): item ids follow from the turn id and the stream, so a turn
+taken over (``restore``) goes on with the items begun before: the text item in
+progress (the last one; taken to be the agent's message, and split off should
+the next chunk be a thought) and the tool calls not yet done.
 """
 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -74,6 +80,7 @@ class Streamed:
     message_id: str | None
     parts: list[str] = attrs.field(factory=list)
     kept: int = 0
+    taken_over: bool = False  # begun before a takeover: its messageId is not known
 
     def add(self, text: str) -> None:
         room = MAX_ITEM_TEXT_CHARS - self.kept
@@ -92,6 +99,19 @@ class TurnItems:
     _tools: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     _count: int = 0
     deltas: list[tuple[str, str]] = attrs.field(factory=list)
+
+    def restore(self, open_items: Mapping[str, str]) -> None:
+        """Take over the items an earlier adapter left open in this turn (Rule 4)."""
+        prefix = f"{self.turn_id}-"
+        for item_id, text in open_items.items():
+            number = item_id.removeprefix(prefix)
+            if item_id.startswith(prefix) and number.isdecimal():
+                if int(number) > self._count:
+                    self._count = int(number)
+                    self._text = Streamed(item_id, "agentMessage", None, taken_over=True)
+                    self._text.add(text)
+            else:
+                self._tools[item_id] = {}
 
     def update(self, update: Any) -> list[Event]:
         """The events of one update payload (``params.update``). Raises
@@ -119,6 +139,8 @@ class TurnItems:
         message_id = _str(update.get("messageId"))
         events: list[Event] = []
         current = self._text
+        if current is not None and current.taken_over:
+            current.message_id, current.taken_over = message_id, False
         if current is None or current.type != item_type or current.message_id != message_id:
             events.extend(self.close_text())
             self._count += 1

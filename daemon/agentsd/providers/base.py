@@ -7,6 +7,7 @@ an ``Adapter`` speaks to one running child. The session task owns both:
     adapter = provider.adapter(link, sink, session)
     handle = await adapter.handshake(resume)       # under the handshake deadline
     adapter.superseded                             # set when a fresh conversation replaced resume
+    # or, for an agent an earlier daemon started: await adapter.take_over(state)
     await adapter.run()                            # translate frames until EOF
     # meanwhile, from RPC handlers: send / interrupt / answer_approval
 
@@ -178,11 +179,14 @@ class SessionSink(Protocol):
         *,
         item_id: str | None = None,
         option_details: list[ApprovalOption] | None = None,
+        request: Mapping[str, Any] | None = None,
     ) -> str:
         """Record an approval durably and return its stable approval id. ``item_id``
         is the item (tool call) it asks about, when the agent names one: clients then
         show the question and the tool run as one thing. ``option_details`` describe
-        the options when the agent does (names and kinds)."""
+        the options when the agent does (names and kinds). ``request`` is what the
+        adapter needs to answer it (the agent's request), kept for an adapter that
+        takes over (``PendingTakeover.request``)."""
         ...
 
     async def approval_cancelled(self, native_id: str) -> None: ...
@@ -202,6 +206,10 @@ class PendingTakeover:
     approval_id: str
     kind: str
     options: tuple[str, ...]
+    # What the adapter needs to answer it, as the earlier one recorded it
+    # (``ApprovalRequested.request``); None when not kept: an answer that needs it
+    # then takes the safe reading (nothing granted).
+    request: Mapping[str, Any] | None = None
 
 
 @attrs.frozen

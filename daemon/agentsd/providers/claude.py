@@ -277,6 +277,10 @@ class ClaudeProvider(Provider):
 
     def adapter(self, link: LineLink, sink: SessionSink, session: SessionRow) -> Adapter:
         launched = self._launched.pop(session.id, None)
+        if launched is None and session.provider_handle is not None:
+            # Not launched here: a child an earlier daemon started, which the adapter
+            # can only take over (its handshake refuses, keeping Rule 1).
+            return ClaudeAdapter(link, sink, session_id=session.provider_handle, launched=False)
         if launched is None or launched.fence != session.fence:
             # Rule 1 broken: a bug, not the agent's doing. Refusing to guess keeps a
             # wrong id from ever becoming the provider handle.

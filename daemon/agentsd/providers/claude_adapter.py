@@ -62,6 +62,14 @@ Rule 6 (an interrupt starts nothing): before interrupting, every prompt of ours
 the CLI has not taken up is dropped from its queue, and again any its answer
 reports ``still_queued``; each one dropped is journaled ``submission.dispatched``
 ``rejected`` (the user's text is theirs again, never run unasked).
+
+Rule 7 (takeover, base Rule 5): an adapter that takes over a running CLI
+restores the session id, the open turn, the open items and the pending
+``can_use_tool`` questions, writes nothing, and names its control requests
+``agentsd-g<generation>-<n>``, which no earlier adapter used; it learns again
+whether the CLI shows ``command_lifecycle`` (until then prompts get a barrier). A
+prompt the earlier adapter wrote that the CLI takes up only after the turn ended
+(its replay echo, no turn running) runs as a turn of its own.
 """
 
 from __future__ import annotations
@@ -87,6 +95,7 @@ from agentsd.providers.base import (
     Resume,
     SessionSink,
     Submission,
+    Takeover,
 )
 from agentsd.providers.claude_events import (
     call_context_tokens,
@@ -177,13 +186,19 @@ class ClaudeAdapter(Adapter):
         session_id: str,
         replaces: str | None = None,
         transcript: Path | None = None,
+        launched: bool = True,
     ) -> None:
+        """``launched``: the provider launched the child for ``session_id``; one it
+        did not (an agent an earlier daemon started) can only be taken over."""
         self._link = link
+        self._launched = launched
+        self._taken_over = False  # Rule 7
         self._sink = sink
         self.session_id = session_id  # chosen at launch; system/init must agree
         self._replaces = replaces  # the id without a transcript it was launched over
         self._transcript = transcript  # the resumed session's, for this cwd
         self._ids = itertools.count(1)
+        self._id_prefix = "agentsd-"  # Rule 7: per generation once taken over
         self._controls: dict[str, _Control] = {}
         self._closed = False
         self._bad_lines = 0
@@ -226,7 +241,7 @@ class ClaudeAdapter(Adapter):
         ``trio.BrokenResourceError`` (or Closed) when the child is gone."""
         if self._closed:
             raise trio.ClosedResourceError("claude has exited")
-        request_id = f"agentsd-{next(self._ids)}"
+        request_id = f"{self._id_prefix}{next(self._ids)}"
         control = _Control(str(request.get("subtype")), barrier_for=barrier_for)
         self._controls[request_id] = control
         try:
@@ -241,6 +256,10 @@ class ClaudeAdapter(Adapter):
     # -- the handshake ----------------------------------------------------------------
 
     async def handshake(self, resume: Resume | None) -> str:
+        if not self._launched:
+            raise AgentStartFailed(
+                f"claude for session {self.session_id} was not launched by agentsd"
+            )
         resuming = resume is not None and self._replaces is None
         if resume is not None:
             self._replace(resume)
@@ -270,6 +289,25 @@ class ClaudeAdapter(Adapter):
             refuse_if_too_old(CLAUDE, reported, MIN_VERSION)
             self._version = reported
         return self.session_id
+
+    async def take_over(self, state: Takeover) -> None:
+        """Carry on with a Claude Code an earlier adapter initialized (Rule 7):
+        nothing is written."""
+        if self._launched and state.handle != self.session_id:
+            raise ResumeFailed(
+                f"claude was launched for session {self.session_id}, not {state.handle}"
+            )
+        self.session_id = state.handle
+        self._taken_over = True
+        self._id_prefix = f"agentsd-g{state.generation}-"
+        self._version = state.agent_version
+        if state.turn_open:
+            self._open_turn()
+            if state.turn_id is not None:
+                self._turn_id = state.turn_id
+        self._items.restore(state.open_items)
+        for approval in state.approvals:
+            self._permissions.restore(approval)
 
     def _replace(self, resume: Resume) -> None:
         """Check ``resume`` against the launch: it resumes ``session_id``, or it has no
@@ -370,6 +408,7 @@ class ClaudeAdapter(Adapter):
                     await self._items.on_assistant(frame, self._turn_id)
             case "user":
                 if frame.get("isReplay"):
+                    await self._foreign_prompt(frame.get("uuid"))
                     self._taken_up(frame.get("uuid"), picked=True)
                 else:
                     await self._items.on_tool_results(frame, self._turn_id)
@@ -404,6 +443,13 @@ class ClaudeAdapter(Adapter):
             self._waiting.discard(message_uuid)
             if not dropped:
                 self._cmids.pop(message_uuid, None)
+
+    async def _foreign_prompt(self, message_uuid: Any) -> None:
+        """Rule 7: a prompt the earlier adapter wrote, taken up by the CLI once the
+        turn it was sent into had ended, runs as a turn of its own."""
+        ours = message_uuid in self._acks or message_uuid in self._waiting
+        if self._taken_over and self._turn_id is None and not ours:
+            await self._sink.emit(TurnStarted(turn_id=self._open_turn()))
 
     def _on_lifecycle(self, frame: dict[str, Any]) -> None:
         self._lifecycle = True
@@ -603,7 +649,11 @@ class ClaudeAdapter(Adapter):
         request_id = response.get("request_id")
         control = self._controls.pop(request_id, None) if isinstance(request_id, str) else None
         if control is None:
-            return  # an echo of our own answer, or a waiter that gave up
+            # An echo of our own answer to the CLI's request, or (Rule 7) the answer
+            # to an earlier adapter's request.
+            if isinstance(request_id, str) and request_id.startswith("agentsd-"):
+                log.info("claude answered %s, which this adapter never sent: ignored", request_id)
+            return
         if control.barrier_for is not None:
             self._taken_up(control.barrier_for, picked=False)  # Rule 4
         if response.get("subtype") == "success":

@@ -14,12 +14,17 @@ completes. A tool call is its ``tool_use`` id: announced by the ``assistant`` fr
 
 Rule 2: an item a turn left open (a stream cut short, a tool never reported) is
 completed when the turn ends, marked as such, so no client waits on it forever.
+
+Rule 3 (takeover): the ids depend only on the stream, so an adapter that takes over
+mid-block (``restore``) streams the rest of a text block to the item the earlier
+adapter started, and its ``assistant`` frame completes it with the whole text.
 """
 
 from __future__ import annotations
 
 import itertools
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -56,6 +61,21 @@ class Items:
         self._tools: dict[str, ItemStarted] = {}  # announced, not yet reported back; by id
         self._unstreamed = itertools.count(1)
 
+    def restore(self, open_items: Mapping[str, str]) -> None:
+        """Take over the items an earlier adapter left open (Rule 3): text blocks
+        (``<message id>:<block index>``) with the text journaled so far, and tool
+        calls (their ``tool_use`` id) awaiting their result."""
+        for item_id, text in open_items.items():
+            message_id, _, index = item_id.rpartition(":")
+            if message_id and index.isdecimal():
+                block = _Text(item_id=item_id, index=int(index), parts=[text] if text else [])
+                blocks = self._texts.setdefault(message_id, [])
+                blocks.append(block)
+                blocks.sort(key=lambda b: b.index)
+                self._message_id = message_id  # frames without api_message_id
+            else:
+                self._tools[item_id] = ItemStarted(item_id=item_id, turn_id=None, type="toolCall")
+
     async def on_stream_event(self, frame: dict[str, Any], turn_id: str | None) -> None:
         event = _dict(frame.get("event"))
         kind = event.get("type")
@@ -71,7 +91,11 @@ class Items:
             if _dict(event.get("content_block")).get("type") != "text":
                 return  # a tool call is journaled whole, from its assistant frame
             text = _Text(item_id=f"{message_id}:{index}", index=index)
-            self._texts.setdefault(message_id, []).append(text)
+            blocks = self._texts.setdefault(message_id, [])
+            # Read again after a takeover that restored it (Rule 3): the same event,
+            # but one block.
+            if all(block.item_id != text.item_id for block in blocks):
+                blocks.append(text)
             await self._sink.emit(
                 ItemStarted(item_id=text.item_id, turn_id=turn_id, type="agentMessage")
             )

@@ -45,7 +45,7 @@ import msgspec
 import trio
 
 from agentsd.providers import elicitation
-from agentsd.providers.base import LineLink, SessionSink
+from agentsd.providers.base import LineLink, PendingTakeover, SessionSink
 from agentsd.providers.claude_questions import (
     PLAN_TOOL,
     QUESTION_TOOL,
@@ -98,8 +98,12 @@ def describe_permission(request: dict[str, Any]) -> tuple[str, str]:
 
 def permission_response(decision: str, tool_input: Any) -> dict[str, Any]:
     """The ``can_use_tool`` answer for a committed decision: ``allow`` runs the tool
-    with the input it asked for; anything else (``deny``, ``cancel``) refuses it."""
+    with the input it asked for (its own, when that was not kept over a takeover:
+    2.1.332 takes an allow without ``updatedInput``); anything else (``deny``,
+    ``cancel``) refuses it."""
     if decision == "allow":
+        if tool_input is None:
+            return {"behavior": "allow"}
         return {"behavior": "allow", "updatedInput": tool_input}
     reason = "the user cancelled the request" if decision == "cancel" else "the user denied it"
     return {"behavior": "deny", "message": f"Permission to use this tool was refused: {reason}."}
@@ -115,6 +119,18 @@ class _Open:
     item_id: str | None
     native_id: str  # the approval that asks now (Rule 2)
     form: QuestionForm | None = None  # for questions
+
+    def record(self) -> dict[str, Any]:
+        """What an adapter that takes over needs to answer it (``Permissions.restore``)."""
+        record = {
+            "request_id": self.request_id,
+            "kind": self.kind,
+            "input": self.tool_input,
+            "item_id": self.item_id,
+        }
+        if self.form is not None:
+            record.update(self.form.progress())
+        return record
 
 
 class Permissions:
@@ -222,6 +238,7 @@ class Permissions:
                 detail=ask.detail,
                 options=ask.options,
                 item_id=pending.item_id,
+                request=pending.record(),
             )
         except RpcError as exc:
             # Rule 1: a question nobody can durably answer is refused, not left hanging.
@@ -237,6 +254,42 @@ class Permissions:
                 }
             )
             await self._respond(pending.request_id, {"subtype": "success", "response": refusal})
+
+    def restore(self, approval: PendingTakeover) -> None:
+        """Take over an approval an earlier adapter asked (``_Open.record``); without
+        a record, from its native id and kind (a tool's allow then runs the input
+        the CLI has)."""
+        record = approval.request or {}
+        request_id = record.get("request_id")
+        if not isinstance(request_id, str):
+            request_id = approval.native_id.split("#", 1)[0]
+        kind = record.get("kind")
+        if kind not in ("tool", "question", "plan", "elicitation"):
+            kind = approval.kind if approval.kind in ("question", "plan", "elicitation") else "tool"
+        tool_input = record.get("input")
+        pending = _Open(
+            request_id, kind, tool_input, _str(record.get("item_id")), approval.native_id
+        )
+        if kind == "question":
+            questions = parse_questions(tool_input)
+            if not questions:
+                log.warning(
+                    "cannot answer claude's question %s after a takeover: its questions "
+                    "were not kept; it is denied when answered",
+                    approval.native_id,
+                )
+                # As a tool whose options are labels: any answer denies it.
+                pending.kind = "tool"
+            else:
+                answers = record.get("answers")
+                index = record.get("index")
+                pending.form = QuestionForm(
+                    tool_input,
+                    questions,
+                    answers=answers if isinstance(answers, dict) else None,
+                    index=index if isinstance(index, int) else 0,
+                )
+        self._pending[approval.native_id] = pending
 
     async def on_cancel(self, frame: dict[str, Any]) -> None:
         request_id = frame.get("request_id")

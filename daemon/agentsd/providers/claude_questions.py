@@ -113,13 +113,25 @@ class QuestionForm:
     or one declined), None while another question follows.
     """
 
-    def __init__(self, tool_input: Any, questions: list[Question]) -> None:
+    def __init__(
+        self,
+        tool_input: Any,
+        questions: list[Question],
+        *,
+        answers: dict[str, str] | None = None,
+        index: int = 0,
+    ) -> None:
+        """``answers`` and ``index``: a form taken over part-answered (``progress``)."""
         if not questions:
             raise ValueError("a question form needs at least one question")
         self._input: dict[str, Any] = dict(tool_input) if isinstance(tool_input, dict) else {}
         self._questions = questions
-        self._answers: dict[str, str] = {}
-        self._index = 0
+        self._answers: dict[str, str] = dict(answers or {})
+        self._index = min(max(index, 0), len(questions) - 1)
+
+    def progress(self) -> dict[str, Any]:
+        """The answers so far and the current question's index, to take it over."""
+        return {"answers": dict(self._answers), "index": self._index}
 
     @property
     def number(self) -> int:

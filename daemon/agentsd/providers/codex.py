@@ -53,6 +53,7 @@ from agentsd.providers.base import (
     Resume,
     SessionSink,
     Submission,
+    Takeover,
 )
 from agentsd.providers.codex_approvals import (
     APPROVAL_METHODS,
@@ -60,6 +61,7 @@ from agentsd.providers.codex_approvals import (
     answer_at_once,
     describe,
     response,
+    restored,
 )
 from agentsd.providers.codex_events import (
     agent_error,
@@ -274,6 +276,29 @@ class CodexAdapter(Adapter):
         self._thread_id = thread_id
         return thread_id
 
+    async def take_over(self, state: Takeover) -> None:
+        """Carry on with a ``codex app-server`` an earlier adapter initialized: its
+        thread, its running turn and the approvals it asked, answered later with
+        Codex's own request ids. Nothing is written (base Rule 5)."""
+        self._rpc.take_over(state.generation)
+        self._thread_id = state.handle
+        self._turn_id = state.turn_id if state.turn_open else None
+        self._version = state.agent_version
+        self._raw_options = dict(state.options)
+        self._options = parse_options(self._raw_options)
+        for pending in state.approvals:
+            request = restored(pending.native_id, pending.kind, pending.request)
+            if request is None:
+                # Not a question this adapter asks: answering it is a no-op, and the
+                # turn's end settles it.
+                log.warning(
+                    "cannot answer codex's request %s after a takeover: its record is not "
+                    "a codex approval",
+                    pending.native_id,
+                )
+                continue
+            self._requests[pending.native_id] = request
+
     async def _read_adopted(self, thread_id: str) -> None:
         """``thread/read`` of a thread the session adopts: it must exist in this
         ``CODEX_HOME`` and belong to the session's cwd; its turns become the history
@@ -422,6 +447,7 @@ class CodexAdapter(Adapter):
                 detail=ask.detail,
                 options=ask.options,
                 item_id=item_id if isinstance(item_id, str) else None,
+                request=request.record(),
             )
         except RpcError as exc:
             # Rule 2: a question nobody can durably answer is refused, not left hanging.

@@ -70,6 +70,45 @@ class ServerRequest:
     def native_id(self) -> str:
         return str(self.request_id)
 
+    def record(self) -> dict[str, Any]:
+        """What an adapter that takes over needs to answer it (``restored``)."""
+        return {"id": self.request_id, "method": self.method, "params": self.params}
+
+
+# An approval's kind -> the request it asked (for a record that was not kept).
+KIND_METHODS = {
+    "command": COMMAND,
+    "fileChange": FILE_CHANGE,
+    "permissions": PERMISSIONS,
+    "question": USER_INPUT,
+    "elicitation": ELICITATION,
+}
+
+
+def restored(native_id: str, kind: str, record: Mapping[str, Any] | None) -> ServerRequest | None:
+    """The request an approval an earlier adapter recorded answers, from its
+    ``record``; without one (not kept), from its kind with empty params, which
+    ``response`` answers with the safe reading (nothing granted, nothing answered).
+    None for a record that is not a Codex approval request."""
+    if record is not None:
+        request_id, method, params = record.get("id"), record.get("method"), record.get("params")
+        if (
+            isinstance(request_id, int | str)
+            and not isinstance(request_id, bool)
+            and str(request_id) == native_id
+            and isinstance(method, str)
+            and method in APPROVAL_METHODS
+            and isinstance(params, dict)
+        ):
+            return ServerRequest(request_id, method, params)
+        return None
+    method = KIND_METHODS.get(kind)
+    if method is None:
+        return None
+    # Codex numbers its requests with integers (native_id is their decimal form).
+    number: int | str = int(native_id) if native_id.isdecimal() else native_id
+    return ServerRequest(number, method, {})
+
 
 @attrs.frozen
 class Ask:

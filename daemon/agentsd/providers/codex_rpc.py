@@ -11,6 +11,11 @@ open, so nobody waits for a response that can no longer come.
 Rule 2: a message with ``method`` is the server's (a request when it also has an
 ``id``); one without ``method`` but with ``id`` and ``result``/``error`` is a
 response to us; anything else is garbage.
+
+Rule 3 (takeover): a peer that takes over from an earlier one (``take_over``)
+numbers its requests from ``generation << GENERATION_SHIFT``, a range no earlier
+generation used, so a late response to the earlier peer's request is never taken
+for one of ours; a response nobody waits for is logged and dropped.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ from agentsd.providers.base import LineLink
 log = logging.getLogger(__name__)
 
 _encoder = msgspec.json.Encoder()
+# Request ids of generation g start at g << 32: 2**32 requests per generation, and
+# ids stay below 2**53 (exact in JavaScript agents) up to generation 2**21.
+GENERATION_SHIFT = 32
 
 
 def clip(value: Any, limit: int = 300) -> str:
@@ -87,6 +95,10 @@ class RpcPeer:
         self._ids = itertools.count(1)
         self._calls: dict[int, Call] = {}
         self.closed = False
+
+    def take_over(self, generation: int) -> None:
+        """Number the next requests in ``generation``'s range (Rule 3)."""
+        self._ids = itertools.count((generation << GENERATION_SHIFT) + 1)
 
     async def request(self, method: str, params: dict[str, Any]) -> Call:
         """Send a request. Raises ``trio.ClosedResourceError`` once the output ended
@@ -148,6 +160,12 @@ class RpcPeer:
         request_id = frame.get("id")
         call = self._calls.pop(request_id, None) if isinstance(request_id, int) else None
         if call is None:
+            log.info(
+                "%s answered request %s, which this adapter never sent (an earlier "
+                "daemon's, before a takeover): ignored",
+                self._agent,
+                clip(request_id, 40),
+            )
             return None
         if "error" in frame:
             call.settle(error=frame["error"] if frame["error"] is not None else {})

@@ -269,6 +269,10 @@ class ApprovalRequested(EventStruct, tag="approval.requested", frozen=True, kw_o
     # Each option as the agent described it, when it does (ACP agents: their option
     # ids are ``options``, with a name and ACP's kind).
     option_details: list[ApprovalOption] = []
+    # The agent's request as its adapter needs it to answer (opaque, per provider):
+    # a daemon that takes the agent over after a restart answers with it. None when
+    # not kept (past the journal's bound).
+    request: dict[str, Any] | None = None
 
 
 class ApprovalResolved(EventStruct, tag="approval.resolved", frozen=True, kw_only=True):
