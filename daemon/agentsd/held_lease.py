@@ -103,6 +103,9 @@ class HeldLease:
     # held it was lost and it was ended by its identity (agentsd.held_child).
     proof: Proof = None
     settle_error: RpcError | None = None  # why the settle could not be committed
+    # Its agent was handed over to the next image (``agentsd.runner`` Rule 4): it
+    # runs on, nothing ended, so nothing is settled and the lease stays held.
+    handed_over: bool = False
 
     async def child_spawned(self, identity: ChildIdentity) -> None:
         """Make the child's identity durable (the lease goes live) before its
@@ -145,7 +148,9 @@ async def open_lease(
 
     Exit runs whatever ended the body, after it: so after the child nested inside was
     laddered. The session goes ``stopping``, then `settle` runs with the held lease's
-    ``proof``, ``cause`` and ``failure``, shielded and at most ``SETTLE_TIMEOUT_S``.
+    ``proof``, ``cause`` and ``failure``, shielded and at most ``SETTLE_TIMEOUT_S``;
+    unless the child was handed over (``handed_over``): then nothing is settled and
+    the lease stays held, durably as it is, for the next daemon.
     Exit never raises: if the store refuses or is too slow, the lease stays held, the
     session is ``exit-unproven`` with a ``storage_unavailable`` error, and
     ``settle_error`` says why. The body's exception propagates unchanged.
@@ -174,27 +179,35 @@ async def open_lease(
         yield held
     finally:
         session.transition("stopping")
-        settled = False
-        with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
-            try:
-                await settle(session, write, held.cause, held.proof, held.failure, held.stderr_tail)
-                settled = True
-            except RpcError as exc:
-                log.error("session %s: could not record its agent's end: %s", session.id, exc)
-                held.settle_error = exc
-        if not settled:
-            # The child is gone (or unproven) but the store did not take the settle:
-            # the lease stays held durably, and the next start or close retries.
-            session.transition("exit-unproven")
-            session.error = SessionError(
-                kind="storage_unavailable",
-                message="the end of the agent could not be recorded; close to retry",
-                at=time.time(),
+        if held.handed_over:
+            log.info("session %s: lease %d handed over, still held", session.id, lease.fence)
+        else:
+            await _settle_held(session, write, held)
+
+
+async def _settle_held(session: Session, write: Write, held: HeldLease) -> None:
+    """`open_lease`'s exit for a child that ended (or never started)."""
+    settled = False
+    with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
+        try:
+            await settle(session, write, held.cause, held.proof, held.failure, held.stderr_tail)
+            settled = True
+        except RpcError as exc:
+            log.error("session %s: could not record its agent's end: %s", session.id, exc)
+            held.settle_error = exc
+    if not settled:
+        # The child is gone (or unproven) but the store did not take the settle:
+        # the lease stays held durably, and the next start or close retries.
+        session.transition("exit-unproven")
+        session.error = SessionError(
+            kind="storage_unavailable",
+            message="the end of the agent could not be recorded; close to retry",
+            at=time.time(),
+        )
+        if held.settle_error is None:
+            held.settle_error = StorageUnavailable(
+                f"recording the end of the agent took over {SETTLE_TIMEOUT_S:g} s"
             )
-            if held.settle_error is None:
-                held.settle_error = StorageUnavailable(
-                    f"recording the end of the agent took over {SETTLE_TIMEOUT_S:g} s"
-                )
 
 
 async def settle(

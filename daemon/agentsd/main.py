@@ -9,6 +9,7 @@ import os
 import resource
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import msgspec
 import trio
@@ -20,6 +21,7 @@ from agentsd.listener import SocketInUse
 from agentsd.logging_setup import configure_logging
 from agentsd.paths import AlreadyRunning, UnsafeDirectory
 from agentsd.providers import BUILTIN_PROVIDERS, provider_registry
+from agentsd.reexec import exec_in_place
 from agentsd.server import ServiceManager, serve_daemon
 from agentsd.store.database import SchemaTooNew
 from agentsd.store.integrity import DatabaseDamaged
@@ -33,9 +35,6 @@ log = logging.getLogger("agentsd")
 EXIT_OK = 0
 EXIT_FAILURE = 1  # could not start: another daemon, unsafe directory, damaged store
 EXIT_USAGE = 2  # bad options or configuration: nothing was started
-# daemon.restart under a service manager: exit with this for it to start the daemon
-# again (EX_TEMPFAIL; systemd/agentsd.service: RestartForceExitStatus=, SuccessExitStatus=).
-EXIT_RESTART = 75
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -147,17 +146,12 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(EXIT_OK)
 
 
-def _restart(service: ServiceManager, argv: list[str]) -> None:
-    """Start again after ``daemon.restart``: a service manager does it when we exit
-    with ``EXIT_RESTART`` (and keeps the socket bound meanwhile); otherwise this
-    process becomes a new daemon with the same arguments (same pid, log and
-    environment; whatever was installed since is what runs)."""
-    logging.shutdown()
-    if service.notifier.active or service.inherited:
-        sys.exit(EXIT_RESTART)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", "agentsd", *argv])
+def _restart(service: ServiceManager, argv: list[str]) -> NoReturn:
+    """Start again after ``daemon.restart``, in place (``agentsd.reexec``): this
+    process becomes a new daemon with the same arguments, pid, log and environment,
+    and the sockets a service manager passed; whatever was installed since is what
+    runs. The old image said ``RELOADING=1``; the new one says ``READY=1``."""
+    exec_in_place(argv, service.image_env(), service.kept_fds())
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

@@ -17,6 +17,15 @@ retries, and recovery at the next daemon start re-proves the exit).
 
 Rule 3: a session task never raises into the supervisor's nursery. Failures are
 journaled, recorded on the session and reported to whoever waits for the start.
+
+Rule 4 (handover): a planned restart whose agents the holder keeps stops each
+served session with `SessionTask.hand_over` instead of `SessionTask.stop`: the
+reader stops between two frames (``LineLink.stop_at_boundary``), the streamed text
+is journaled (a commit), and the agent is left running: no close ladder
+(``HeldChild.hand_over``), no settle (``HeldLease.handed_over``: the lease stays
+held, for the next image to take over), the holder link detaches. A handover that
+cannot be made (the agent exited meanwhile, the holder was lost) or that a
+``stop`` overtakes before the boundary ends the agent as a shutdown does.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import attrs
 import msgspec
@@ -70,6 +79,16 @@ EXIT_EOF_GRACE_S = 0.5
 EXIT_DRAIN_S = 10.0
 MAX_QUOTED_CHARS = 500  # of the agent's last stderr line, in a start error's message
 
+StopCause = ExitCause | Literal["handover"]
+"""Why a session task stops: an ``ExitCause``, journaled with its agent's end; or
+``handover`` (Rule 4), which ends no agent and is never journaled: if the handover
+cannot be made the agent ends as in a shutdown (`journaled_cause`)."""
+
+
+def journaled_cause(stop: StopCause | None) -> ExitCause | None:
+    """The exit cause a stop is journaled with once its agent ends."""
+    return "shutdown" if stop == "handover" else stop
+
 
 @attrs.define(eq=False)
 class SessionTask:
@@ -82,8 +101,13 @@ class SessionTask:
     # Its lease, once acquired; ``held.settle_error`` says why the end of its agent
     # could not be recorded (the lease stays held; Rule 2).
     held: HeldLease | None = None
-    stop_cause: ExitCause | None = None
+    stop_cause: StopCause | None = None
     adapter: Adapter | None = None
+    # While the agent's output is read after its handshake: its link and the scope
+    # around the reader, which a handover cancels at a frame boundary (Rule 4).
+    reader: tuple[LineLink, trio.CancelScope] | None = None
+    at_boundary: bool = False  # the reader stopped for a handover, between two frames
+    handed_over: bool = False  # the agent was left running in the holder
     last_activity: float = attrs.field(factory=time.monotonic)
     # While the agent is served: where the queue's head is sent from, and whether a
     # send of it runs (``wake_queue``).
@@ -116,9 +140,34 @@ class SessionTask:
             self._draining = False
 
     def stop(self, cause: ExitCause) -> None:
-        if self.stop_cause is None:
+        """Stop the task now (cancellation); its agent is ended and its lease
+        settled with ``cause``. A handover whose reader reached its boundary is
+        left to finish; one that had not is abandoned (Rule 4)."""
+        if self.stop_cause == "handover":
+            if self.at_boundary:
+                return
+            self.stop_cause = cause
+        elif self.stop_cause is None:
             self.stop_cause = cause
         self.scope.cancel()
+
+    def hand_over(self) -> bool:
+        """Stop at the next frame boundary and leave the agent running for the next
+        image (Rule 4); ``done`` is set once the task has finished. False, and
+        nothing is done, when the task is stopping already or its agent's output
+        is not being read (before its handshake completed): stop it instead."""
+        if self.stop_cause is not None or self.reader is None:
+            return False
+        self.stop_cause = "handover"
+        link, reading = self.reader
+
+        def at_boundary() -> None:
+            if self.stop_cause == "handover":  # not abandoned meanwhile
+                self.at_boundary = True
+                reading.cancel()
+
+        link.stop_at_boundary(at_boundary)
+        return True
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
@@ -179,7 +228,8 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
                 failure = await _run_child(supervisor, session, task, provider, held, stderr_fd)
         finally:
             task.adapter = None
-            held.cause = exit_cause(task.stop_cause, failure, held.proof)
+            held.handed_over = task.handed_over
+            held.cause = exit_cause(journaled_cause(task.stop_cause), failure, held.proof)
             if held.cause in ("failed", "unexpected", "oom"):
                 # The agent's own words on why it ended (``agentsd.stderr_log`` Rule 2).
                 held.stderr_tail = stderr.tail()
@@ -228,10 +278,14 @@ async def _run_child(
         )
         async with opened as child:
             sink = Sink(session, held.lease, task)
-            adapter = provider.adapter(LineLink(child.stdin, child.stdout), sink, session.row)
-            return await _attend(
-                supervisor, session, held.lease, task, child, adapter, sink, process_spec
+            link = LineLink(child.stdin, child.stdout)
+            adapter = provider.adapter(link, sink, session.row)
+            failure = await _attend(
+                supervisor, session, held.lease, task, child, (link, adapter), sink, process_spec
             )
+            if task.at_boundary and isinstance(child, HeldChild):
+                task.handed_over = child.hand_over()  # Rule 4
+            return failure
     except RpcError as exc:
         return exc
     except (OSError, trio.TooSlowError) as exc:
@@ -352,13 +406,14 @@ async def _attend(
     lease: Lease,
     task: SessionTask,
     child: Child | HeldChild,
-    adapter: Adapter,
+    agent: tuple[LineLink, Adapter],
     sink: Sink,
     spec: ProcessSpec,
 ) -> RpcError | None:
-    """Handshake, then translate the agent's output until it ends or the task is
-    stopped. Returns the failure that ended it, if any; never raises anything but
-    cancellation, so the nursery below never wraps an error in a group.
+    """Handshake, then translate the agent's output until it ends, the task is
+    stopped, or a handover stops the reader at a frame boundary (Rule 4). Returns
+    the failure that ended it, if any; never raises anything but cancellation, so
+    the nursery below never wraps an error in a group.
 
     The child itself is watched meanwhile (``agentsd.agent_watch``, which ends
     ``_keep_time``; then ``_outlive``): its exit, not the end of its output, is
@@ -373,6 +428,7 @@ async def _attend(
     agent, and the session task itself keeps the session's time (``_keep_time``)
     instead of waiting idle in the nursery. The agent's exit and its stderr are
     watched by the daemon's one watcher thread (``agentsd.agent_watch``)."""
+    link, adapter = agent
     failure: list[RpcError] = []
     exited = False  # the watch saw the child exit
 
@@ -395,11 +451,15 @@ async def _attend(
             return
         task.serve_queue((nursery, functools.partial(drain_queue, supervisor, session)))
         try:
-            await adapter.run()
+            with trio.CancelScope() as reading:
+                task.reader = (link, reading)
+                await adapter.run()
         except RpcError as exc:
             failure.append(exc)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the pipe broke: the child is gone, the ladder proves it
+        finally:
+            task.reader = None
         if task.stop_cause is None:
             task.stop_cause = "failed" if failure else "unexpected"
         nursery.cancel_scope.cancel()

@@ -20,6 +20,13 @@ hangs up, and shuts down as for SIGTERM.
 Rule 4: the first capture of the agents' environment (``agentsd.agent_env``) runs
 beside recovery and serving, never before them: a login shell that hangs delays
 the first agent start, by at most its bound, and nothing else.
+
+Rule 6: a restart (``daemon.restart``) is a shutdown that says ``RELOADING=1``
+instead of ``STOPPING=1``, and in which, when the holder keeps the agents, every
+served agent is handed over (``agentsd.runner`` Rule 4) instead of closed: the
+caller then executes the new image in this process (``agentsd.reexec``), which says
+``READY=1`` once it serves. Without the holder the agents are closed, as in a
+shutdown: they end, and the next send resumes each conversation natively.
 """
 
 from __future__ import annotations
@@ -79,13 +86,47 @@ class ServiceManager:
     notifier: Notifier = attrs.field(factory=lambda: Notifier.from_env({}))
     inherited: list[InheritedSocket] = attrs.field(factory=list)
     watchdog_s: float | None = None
+    # The variables as systemd set them (the notify socket, the passed fds' names),
+    # removed from our environment once read: a restart in place gives them back.
+    variables: dict[str, str] = attrs.field(factory=dict)
 
     @classmethod
     def from_env(cls) -> ServiceManager:
         """Read and consume the systemd environment; ``SystemdEnvError`` if malformed."""
+        variables = {
+            name: os.environ[name]
+            for name in ("NOTIFY_SOCKET", "LISTEN_FDNAMES")
+            if name in os.environ
+        }
         return cls(
-            notifier=Notifier.from_env(), inherited=listen_fds(), watchdog_s=watchdog_interval_s()
+            notifier=Notifier.from_env(),
+            inherited=listen_fds(),
+            watchdog_s=watchdog_interval_s(),
+            variables=variables,
         )
+
+    @property
+    def active(self) -> bool:
+        """Whether a service manager runs the daemon."""
+        return self.notifier.active or bool(self.inherited)
+
+    def image_env(self) -> dict[str, str]:
+        """The environment of the next image of this process (``agentsd.reexec``):
+        ours, with systemd's variables as they describe this process (the same pid
+        keeps the same descriptors)."""
+        env = dict(os.environ)
+        if "NOTIFY_SOCKET" in self.variables:
+            env["NOTIFY_SOCKET"] = self.variables["NOTIFY_SOCKET"]
+        if self.inherited:
+            env["LISTEN_PID"] = str(os.getpid())
+            env["LISTEN_FDS"] = str(len(self.inherited))
+            if "LISTEN_FDNAMES" in self.variables:
+                env["LISTEN_FDNAMES"] = self.variables["LISTEN_FDNAMES"]
+        return env
+
+    def kept_fds(self) -> list[int]:
+        """What the next image inherits besides stdio: the passed sockets."""
+        return [inherited.fd for inherited in self.inherited]
 
     def listener(self) -> socket.socket | None:
         for inherited in self.inherited:
@@ -111,10 +152,7 @@ async def serve_daemon(
     lock = StateLock(state_dir, socket_path)
     lock.acquire()
     try:
-        mode = resolve_mode(
-            config.agent_env,
-            under_service_manager=service.notifier.active or bool(service.inherited),
-        )
+        mode = resolve_mode(config.agent_env, under_service_manager=service.active)
         # Once, and before any agent: under systemd this moves the daemon into a leaf.
         containment = await trio.to_thread.run_sync(
             select_containment, config.cgroup_root, dict(os.environ)
@@ -127,7 +165,7 @@ async def serve_daemon(
             agent_env=AgentEnvironment(config, mode),
             containment=containment,
         )
-        app.under_service_manager = service.notifier.active or bool(service.inherited)
+        app.under_service_manager = service.active
         hangup_reloads = not has_controlling_terminal()
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async with trio.open_nursery() as root:
@@ -177,8 +215,20 @@ async def _serve_sessions(
                     nursery.start_soon(_report_status, app, notifier)
                     nursery.start_soon(run_sampler, supervisor)
                     task_status.started(app)
+            if app.restart_requested:  # Rule 6
+                notifier.reloading()
+                if supervisor.holder is not None:
+                    running = supervisor.counts().running
+                    notifier.status(f"handing {running} running agents over to the next image")
+                    handed = await supervisor.hand_over_all()
+                    log.info(
+                        "restart: %d of %d running agents handed over, kept by the holder",
+                        handed,
+                        running,
+                    )
+            else:
+                notifier.stopping()
             running = supervisor.counts().running
-            notifier.stopping()
             notifier.status(f"closing {running} running sessions")
             log.info("closing %d running sessions", running)
 

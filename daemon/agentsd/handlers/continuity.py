@@ -116,7 +116,9 @@ async def handle_restart(call: Call, params: daemon_api.RestartParams) -> daemon
         raise InvalidParams("Invalid params: timeoutS must not be negative")
     if params.drain is None:
         call.after_reply.append(app.request_restart)
-        return daemon_api.RestartResult(drained=False, how=app.restart_mode)
+        return daemon_api.RestartResult(
+            drained=False, how=app.restart_mode, keeps_agents=app.restart_keeps_agents
+        )
     supervisor = app.supervisor
     with closed_gate(supervisor.gate):
         report = await drain_turns(
@@ -131,6 +133,7 @@ async def handle_restart(call: Call, params: daemon_api.RestartParams) -> daemon
         waited_s=report.waited_s,
         timed_out=report.timed_out,
         how=app.restart_mode,
+        keeps_agents=app.restart_keeps_agents,
     )
 
 
