@@ -52,6 +52,9 @@ class App:
         # says RELOADING=1 and READY=1 (agentsd.reexec).
         self.under_service_manager = False
         self.restart_requested = False
+        # The next image's arguments, checked before a restart stops anything
+        # (agentsd.reexec.preflight); None: the caller does not restart in place.
+        self.image_args: list[str] | None = None
         self._supervisor: Supervisor | None = None
         self._ledger: Ledger | None = None
 

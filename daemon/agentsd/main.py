@@ -21,7 +21,7 @@ from agentsd.listener import SocketInUse
 from agentsd.logging_setup import configure_logging
 from agentsd.paths import AlreadyRunning, UnsafeDirectory
 from agentsd.providers import BUILTIN_PROVIDERS, provider_registry
-from agentsd.reexec import exec_in_place
+from agentsd.reexec import PREFLIGHT_FLAG, exec_in_place, import_everything
 from agentsd.server import ServiceManager, serve_daemon
 from agentsd.store.database import SchemaTooNew
 from agentsd.store.integrity import DatabaseDamaged
@@ -56,6 +56,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="a writable cgroup v2 directory; each agent gets a cgroup in it (config cgroup_root)",
     )
     parser.add_argument("--version", action="version", version=f"agentsd {__version__}")
+    parser.add_argument(
+        PREFLIGHT_FLAG,
+        action="store_true",
+        help="load the configuration and the code as a start would, then exit (0: it "
+        "would start); what a restart checks before it stops anything",
+    )
     add_arguments(parser)
     return parser.parse_args(argv)
 
@@ -113,6 +119,9 @@ def main(argv: list[str] | None = None) -> None:
     if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
         print(f"agentsd: unknown log level {args.log_level!r}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
+    if args.preflight:
+        print(f"agentsd: preflight: configuration and {import_everything()} modules load")
+        sys.exit(EXIT_OK)
     configure_logging(level)
     faulthandler.enable()  # a watchdog kill (SIGABRT) leaves every thread's traceback
     try:
@@ -123,8 +132,9 @@ def main(argv: list[str] | None = None) -> None:
     raise_nofile_limit()
     refusals: list[BaseException] = []
     restart = False
+    image_args = sys.argv[1:] if argv is None else argv
     try:
-        restart = trio.run(_run, config, socket_path, state_dir, service)
+        restart = trio.run(_run, config, socket_path, state_dir, service, image_args)
     except* (
         AlreadyRunning,
         UnsafeDirectory,
@@ -142,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"agentsd: {refusal}", file=sys.stderr)
         sys.exit(EXIT_FAILURE)
     if restart:
-        _restart(service, sys.argv[1:] if argv is None else argv)
+        _restart(service, image_args)
     sys.exit(EXIT_OK)
 
 
@@ -160,5 +170,9 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-async def _run(config: Config, socket_path: Path, state_dir: Path, service: ServiceManager) -> bool:
-    return await serve_daemon(config, socket_path=socket_path, state_dir=state_dir, service=service)
+async def _run(
+    config: Config, socket_path: Path, state_dir: Path, service: ServiceManager, argv: list[str]
+) -> bool:
+    return await serve_daemon(
+        config, socket_path=socket_path, state_dir=state_dir, service=service, image_args=argv
+    )

@@ -18,26 +18,81 @@ the old image begins to close, then ``READY=1`` from the new image once its
 recovery is done and it serves (``agentsd.server``). No ``STOPPING=1``: the
 service is not stopping.
 
-Rule 3 (a new image that cannot start): it fails loudly, as any start does: its
-error on stderr (the journal), a non-zero exit status, and the service manager's
-``Restart=`` policy. An exec that fails outright (the interpreter is gone) exits
-``EXIT_FAILURE`` after saying why. Either way agents the holder keeps stay held:
-nothing here or in a failed start ends them.
+Rule 3 (a new image that cannot start): before anything stops, `preflight` runs
+the new code with ``--preflight`` in a child process: it loads the configuration
+and imports every module of the daemon, as a start would, and exits. If that fails
+(a config it refuses, a module missing from the install, a syntax error) the restart
+is refused and the daemon serves on, agents untouched. What only a start can find
+(a cgroup root that is gone, a store it cannot open) fails loudly, as any start
+does: its error on stderr (the journal), a non-zero exit status, and the service
+manager's ``Restart=`` policy. An exec that fails outright (the interpreter is
+gone) exits ``EXIT_EXEC_FAILED`` after saying why. Either way agents the holder
+keeps stay held: nothing here or in a failed start ends them.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+import pkgutil
+import subprocess
 import sys
 from collections.abc import Collection, Mapping
 from contextlib import suppress
 from typing import NoReturn
 
+import trio
+
+import agentsd
+import agentsd_protocol
+
 log = logging.getLogger(__name__)
 
 STDIO_FDS = frozenset({0, 1, 2})  # the journal stream, or the terminal: always kept
 EXIT_EXEC_FAILED = 1  # agentsd.main.EXIT_FAILURE
+PREFLIGHT_FLAG = "--preflight"
+# Importing the whole daemon takes about a second, several on a loaded machine.
+PREFLIGHT_TIMEOUT_S = 60.0
+MAX_PREFLIGHT_OUTPUT_CHARS = 2000  # the end of what a failed preflight said
+
+
+def import_everything() -> int:
+    """Import every module of the daemon and its protocol package, as the running
+    daemon may at any time (``--preflight``); how many. Raises what an import
+    raises."""
+    count = 0
+    for package in (agentsd, agentsd_protocol):
+        for module in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            if not module.name.endswith(".__main__"):  # running it starts a daemon
+                importlib.import_module(module.name)
+                count += 1
+    return count
+
+
+async def preflight(argv: list[str]) -> str | None:
+    """Whether the code installed now starts with ``argv``'s configuration (Rule 3):
+    None when it does, else what it said. Never raises but cancellation."""
+    command = [*image_argv(argv), PREFLIGHT_FLAG]
+    try:
+        with trio.move_on_after(PREFLIGHT_TIMEOUT_S) as late:
+            done = await trio.run_process(
+                command,
+                stdin=subprocess.DEVNULL,
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+    except OSError as exc:
+        return f"cannot execute {command[0]}: {exc}"
+    if late.cancelled_caught:
+        return f"it did not load within {PREFLIGHT_TIMEOUT_S:g} s"
+    if done.returncode == 0:
+        return None
+    said = (done.stderr + done.stdout).decode(errors="replace").strip()
+    if len(said) > MAX_PREFLIGHT_OUTPUT_CHARS:
+        said = "..." + said[-MAX_PREFLIGHT_OUTPUT_CHARS:]
+    return f"it exited with status {done.returncode}: {said}"
 
 
 def image_argv(argv: list[str]) -> list[str]:

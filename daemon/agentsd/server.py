@@ -141,12 +141,14 @@ async def serve_daemon(
     socket_path: Path,
     state_dir: Path,
     service: ServiceManager | None = None,
+    image_args: list[str] | None = None,
     task_status: trio.TaskStatus[App] = trio.TASK_STATUS_IGNORED,
 ) -> bool:
     """Run the daemon until shutdown is requested. ``task_status.started(app)`` is
     called once the socket accepts connections (and systemd is told READY=1).
     Returns whether a restart was asked for (``daemon.restart``): the caller starts
-    the daemon again (``agentsd.main``)."""
+    the daemon again (``agentsd.main``) with ``image_args``, which a restart first
+    checks the new code with (``agentsd.reexec.preflight``; None: no check)."""
     service = service or ServiceManager()
     ensure_private_dir(state_dir)
     lock = StateLock(state_dir, socket_path)
@@ -166,6 +168,7 @@ async def serve_daemon(
             containment=containment,
         )
         app.under_service_manager = service.active
+        app.image_args = image_args
         hangup_reloads = not has_controlling_terminal()
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async with trio.open_nursery() as root:

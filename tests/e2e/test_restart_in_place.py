@@ -344,34 +344,75 @@ def test_the_new_image_reattaches_the_held_agent_and_its_turn_completes() -> Non
 
 
 def _break(how: str, base: Path, code: Path) -> str:
-    """Break what the next image starts from, as a bad upgrade would; what its log
-    must say."""
+    """Break what the next image starts from, as a bad upgrade would; what it says."""
     if how == "config":
         (base / "config.toml").write_text("holder = true\n[ladder\n")
         return "agentsd: config file"
-    # A new version that needs a module the install did not bring.
-    server = code / "agentsd" / "server.py"
-    server.write_text(server.read_text() + "\nimport agentsd_dependency_not_installed\n")
-    return "ModuleNotFoundError: No module named 'agentsd_dependency_not_installed'"
+    if how == "import":  # a new version that needs a module the install did not bring
+        server = code / "agentsd" / "server.py"
+        server.write_text(server.read_text() + "\nimport agentsd_dependency_not_installed\n")
+        return "ModuleNotFoundError: No module named 'agentsd_dependency_not_installed'"
+    # A configuration that loads but names a cgroup root that is not there: only a
+    # start finds out.
+    (base / "config.toml").write_text('holder = true\ncgroup_root = "/nonexistent-agentsd"\n')
+    return "agentsd: cgroup_root = '/nonexistent-agentsd'"
+
+
+@contextlib.contextmanager
+def installed_copy(base: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    """A copy of the daemon's package the daemon runs from, as from an install that
+    an upgrade then overwrites; and the environment that makes it run it."""
+    code = base / "code"
+    shutil.copytree(Path(agentsd.__file__).parent, code / "agentsd")
+    pythonpath = os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))
+    yield code, {"PYTHONPATH": pythonpath}
 
 
 @pytest.mark.parametrize("how", ["config", "import"])
-def test_a_broken_upgrade_fails_loudly_and_the_holder_keeps_the_agents(how: str) -> None:
+def test_an_upgrade_that_would_not_start_is_refused_before_anything_stops(how: str) -> None:
+    with (
+        scratch() as base,
+        NotifyListener.bound(base) as notify,
+        installed_copy(base) as (code, env),
+        held_turn(base, notify, extra_env=env) as turn,
+    ):
+        uptime = rpc(turn.sock, "daemon.status")["uptimeS"]
+        said = _break(how, base, code)
+        with WireClient(turn.sock, timeout_s=RESTART_TIMEOUT_S) as client:
+            refused = client.call("daemon.restart")["error"]
+        assert refused["data"]["kind"] == "restart_refused", refused
+        assert said in refused["data"]["output"], refused
+        cli = restart_cli(turn.sock)
+        assert cli.returncode != 0 and "[restart_refused]" in cli.stderr, cli.stderr
+        assert turn.daemon.log().count("restart refused: the new version would not start") == 2
+        # Nothing stopped: the same daemon serves on (its uptime goes on), never
+        # reloading, and the agent it serves finishes its turn.
+        notify.drain()
+        assert not [note for note in notify.received if "RELOADING" in note.fields]
+        status = rpc(turn.sock, "daemon.status")
+        assert status["uptimeS"] > uptime and not status["draining"]
+        rpc(
+            turn.sock,
+            "agentSession.respond",
+            {"sessionId": turn.session_id, "approvalId": turn.approval_id, "decision": "accept"},
+        )
+        completed = wait_event(turn.sock, turn.session_id, "turn.completed")
+        assert completed["body"]["outcome"] == "completed"
+        assert is_same_process(turn.pid, turn.start_time)
+        assert turn.daemon.stop() == 0
+    assert token_carriers(lease_tokens(turn.state)) == []
+
+
+def test_a_new_image_that_fails_its_start_fails_loudly_and_the_holder_keeps_the_agent() -> None:
     with scratch() as base, NotifyListener.bound(base) as notify:
-        # The daemon runs from a copy of its package, as from an installed one that
-        # the upgrade then overwrites.
-        code = base / "code"
-        shutil.copytree(Path(agentsd.__file__).parent, code / "agentsd")
-        pythonpath = os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))
-        with held_turn(base, notify, extra_env={"PYTHONPATH": pythonpath}) as turn:
-            said = _break(how, base, code)
+        with held_turn(base, notify) as turn:
+            said = _break("start", base, base)
             rpc(turn.sock, "daemon.restart")
             reloading = notify.wait_for(
                 "RELOADING", "1", process=turn.daemon.process, timeout_s=IO_TIMEOUT_S
             )
-            status = turn.daemon.wait(RESTART_TIMEOUT_S)
             # Loudly: a failure status and the reason in the log (the journal).
-            assert status == (2 if how == "config" else 1), turn.daemon.log()
+            assert turn.daemon.wait(RESTART_TIMEOUT_S) == 1, turn.daemon.log()
             assert said in turn.daemon.log()
             notify.drain()
             after = notify.received[notify.received.index(reloading) + 1 :]
@@ -384,13 +425,10 @@ def test_a_broken_upgrade_fails_loudly_and_the_holder_keeps_the_agents(how: str)
             assert holder_socket_path(turn.state).exists()
             assert db_rows(turn.state, "SELECT state FROM leases") == [("live",)]
             assert exit_causes(turn.state, turn.session_id) == []
-        # Fixed (the config, or the installed package on the default path), the next
-        # daemon starts and deals with the held agent; its stop leaves nothing.
-        if how == "config":
-            holder_config(base)
-        with running_daemon(
-            state_dir=turn.state, extra_args=["--config", str(base / "config.toml")]
-        ) as fixed:
+        # The config fixed, the next daemon starts and deals with the held agent; its
+        # stop leaves nothing, and the holder, holding nothing, leaves.
+        config = holder_config(base)
+        with running_daemon(state_dir=turn.state, extra_args=["--config", str(config)]) as fixed:
             assert rpc(fixed.socket, "daemon.status")["pid"] == fixed.process.pid
         assert token_carriers(lease_tokens(turn.state)) == []
         wait_until(
