@@ -57,6 +57,7 @@ from tests.e2e.test_service import (
 from tests.fake_shell import write_shell
 
 RESTART_TIMEOUT_S = START_TIMEOUT_S + CLOSE_LADDER_S  # the old image's close, the new start
+WATCHDOG_USEC = 2_000_000  # pings every second: some arrive while a test waits
 START_SLACK_S = 0.05  # uptime is rounded to the ms (agentsctl.continuity.START_SLACK_S)
 
 _ACTIVATE = (
@@ -167,7 +168,8 @@ def test_a_restart_in_place_keeps_the_pid_and_the_socket_and_nothing_else() -> N
         state, sock = base / "state", base / "run" / "agentsd.sock"
         listener = listen(sock)
         inode = os.fstat(listener.fileno()).st_ino
-        daemon = start_activated(base, state, listener, env=notify.env)
+        env = {**notify.env, "WATCHDOG_USEC": str(WATCHDOG_USEC)}
+        daemon = start_activated(base, state, listener, env=env)
         with reaped(daemon), listener:
             pid = daemon.process.pid
             first_ready = notify.wait_for(
@@ -211,6 +213,8 @@ def test_a_restart_in_place_keeps_the_pid_and_the_socket_and_nothing_else() -> N
             assert first_ready.sender_pid == reloading.sender_pid == ready.sender_pid == pid
             between = said_between(notify.received, reloading, ready)
             assert not {"READY", "STOPPING"} & set(between), between
+            # The new image keeps the watchdog going (WATCHDOG_PID: the same pid).
+            notify.wait_for("WATCHDOG", "1", process=daemon.process, timeout_s=IO_TIMEOUT_S)
 
             # The very socket systemd passed, still at fd 3, never bound again; and no
             # other pipe or socket of the old image crossed the exec.
