@@ -26,7 +26,9 @@ instead of ``STOPPING=1``, and in which, when the holder keeps the agents, every
 served agent is handed over (``agentsd.runner`` Rule 4) instead of closed: the
 caller then executes the new image in this process (``agentsd.reexec``), which says
 ``READY=1`` once it serves. Without the holder the agents are closed, as in a
-shutdown: they end, and the next send resumes each conversation natively.
+shutdown: they end, and the next send resumes each conversation natively. SIGTERM
+or SIGINT meanwhile turns the restart into a stop: no new image, and what is not
+handed over yet is closed.
 """
 
 from __future__ import annotations
@@ -261,6 +263,12 @@ async def _watch_signals(
         log.info("received %s; shutting down", signal.Signals(signum).name)
         notifier.stopping()
         app.request_shutdown()
+        if app.restart_requested:
+            # A stop overrides a restart under way (systemctl stop during a reload):
+            # no new image, and agents not handed over yet are ended as at a stop.
+            log.info("the restart under way is abandoned: stopping instead")
+            app.restart_requested = False
+            app.supervisor.stop_all("shutdown")
         return
 
 

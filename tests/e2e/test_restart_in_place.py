@@ -15,6 +15,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -227,6 +228,31 @@ def test_a_restart_in_place_keeps_the_pid_and_the_socket_and_nothing_else() -> N
             assert not is_same_process(agent["pid"], agent_info.start_time)
             assert rpc(sock, "daemon.ping") == {"pong": True}
             assert daemon.stop() == 0
+        assert token_carriers(lease_tokens(state)) == []
+
+
+def test_a_stop_during_a_restart_stops_instead() -> None:
+    """``systemctl stop`` while a reload runs: SIGTERM to the main pid while the old
+    image closes its agents (one that ignores stdin EOF keeps the ladder going for
+    seconds) ends the daemon, with no new image started."""
+    with scratch() as base, NotifyListener.bound(base) as notify:
+        state, sock = base / "state", base / "run" / "agentsd.sock"
+        listener = listen(sock)
+        daemon = start_activated(base, state, listener, env=notify.env)
+        with reaped(daemon), listener:
+            notify.wait_for("READY", "1", process=daemon.process, timeout_s=START_TIMEOUT_S)
+            with WireClient(sock) as client:
+                [session_id] = create_sessions(client, [{"ignoreEof": True}])
+            rpc(sock, "daemon.restart")
+            notify.wait_for("RELOADING", "1", process=daemon.process, timeout_s=IO_TIMEOUT_S)
+            daemon.process.send_signal(signal.SIGTERM)
+            notify.wait_for("STOPPING", "1", process=daemon.process, timeout_s=IO_TIMEOUT_S)
+            assert daemon.wait(RESTART_TIMEOUT_S) == 0
+            notify.drain()
+            assert [n.fields for n in notify.received].count({"READY": "1"}) == 1
+            assert "the restart under way is abandoned: stopping instead" in daemon.log()
+            assert "restart: executing" not in daemon.log()
+            assert exit_causes(state, session_id) == ["shutdown"]
         assert token_carriers(lease_tokens(state)) == []
 
 
