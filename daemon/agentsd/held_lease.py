@@ -103,7 +103,7 @@ class HeldLease:
     # held it was lost and it was ended by its identity (agentsd.held_child).
     proof: Proof = None
     settle_error: RpcError | None = None  # why the settle could not be committed
-    # Its agent was handed over to the next image (``agentsd.runner`` Rule 4): it
+    # Its agent was handed over to the next image (``agentsd.runner`` Rule 5): it
     # runs on, nothing ended, so nothing is settled and the lease stays held.
     handed_over: bool = False
 
@@ -178,15 +178,15 @@ async def open_lease(
     try:
         yield held
     finally:
-        session.transition("stopping")
-        if held.handed_over:
-            log.info("session %s: lease %d handed over, still held", session.id, lease.fence)
-        else:
-            await _settle_held(session, write, held)
+        await _settle_held(session, write, held)
 
 
 async def _settle_held(session: Session, write: Write, held: HeldLease) -> None:
-    """`open_lease`'s exit for a child that ended (or never started)."""
+    """`open_lease`'s exit: settle, unless the agent was handed over."""
+    session.transition("stopping")
+    if held.handed_over:
+        log.info("session %s: lease %d handed over, still held", session.id, held.lease.fence)
+        return
     settled = False
     with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
         try:

@@ -18,7 +18,7 @@ retries, and recovery at the next daemon start re-proves the exit).
 Rule 3: a session task never raises into the supervisor's nursery. Failures are
 journaled, recorded on the session and reported to whoever waits for the start.
 
-Rule 4 (handover): a planned restart whose agents the holder keeps stops each
+Rule 5 (handover): a planned restart whose agents the holder keeps stops each
 served session with `SessionTask.hand_over` instead of `SessionTask.stop`: the
 reader stops between two frames (``LineLink.stop_at_boundary``), the streamed text
 is journaled (a commit), and the agent is left running: no close ladder
@@ -81,7 +81,7 @@ MAX_QUOTED_CHARS = 500  # of the agent's last stderr line, in a start error's me
 
 StopCause = ExitCause | Literal["handover"]
 """Why a session task stops: an ``ExitCause``, journaled with its agent's end; or
-``handover`` (Rule 4), which ends no agent and is never journaled: if the handover
+``handover`` (Rule 5), which ends no agent and is never journaled: if the handover
 cannot be made the agent ends as in a shutdown (`journaled_cause`)."""
 
 
@@ -104,7 +104,7 @@ class SessionTask:
     stop_cause: StopCause | None = None
     adapter: Adapter | None = None
     # While the agent's output is read after its handshake: its link and the scope
-    # around the reader, which a handover cancels at a frame boundary (Rule 4).
+    # around the reader, which a handover cancels at a frame boundary (Rule 5).
     reader: tuple[LineLink, trio.CancelScope] | None = None
     at_boundary: bool = False  # the reader stopped for a handover, between two frames
     handed_over: bool = False  # the agent was left running in the holder
@@ -142,7 +142,7 @@ class SessionTask:
     def stop(self, cause: ExitCause) -> None:
         """Stop the task now (cancellation); its agent is ended and its lease
         settled with ``cause``. A handover whose reader reached its boundary is
-        left to finish; one that had not is abandoned (Rule 4)."""
+        left to finish; one that had not is abandoned (Rule 5)."""
         if self.stop_cause == "handover":
             if self.at_boundary:
                 return
@@ -153,7 +153,7 @@ class SessionTask:
 
     def hand_over(self) -> bool:
         """Stop at the next frame boundary and leave the agent running for the next
-        image (Rule 4); ``done`` is set once the task has finished. False, and
+        image (Rule 5); ``done`` is set once the task has finished. False, and
         nothing is done, when the task is stopping already or its agent's output
         is not being read (before its handshake completed): stop it instead."""
         if self.stop_cause is not None or self.reader is None:
@@ -281,10 +281,10 @@ async def _run_child(
             link = LineLink(child.stdin, child.stdout)
             adapter = provider.adapter(link, sink, session.row)
             failure = await _attend(
-                supervisor, session, held.lease, task, child, (link, adapter), sink, process_spec
+                supervisor, session, held.lease, task, child, adapter, sink, process_spec, link=link
             )
             if task.at_boundary and isinstance(child, HeldChild):
-                task.handed_over = child.hand_over()  # Rule 4
+                task.handed_over = child.hand_over()  # Rule 5
             return failure
     except RpcError as exc:
         return exc
@@ -406,12 +406,15 @@ async def _attend(
     lease: Lease,
     task: SessionTask,
     child: Child | HeldChild,
-    agent: tuple[LineLink, Adapter],
+    adapter: Adapter,
     sink: Sink,
     spec: ProcessSpec,
+    *,
+    link: LineLink,
 ) -> RpcError | None:
     """Handshake, then translate the agent's output until it ends, the task is
-    stopped, or a handover stops the reader at a frame boundary (Rule 4). Returns
+    stopped, or a handover stops the reader at a frame boundary (Rule 5): ``link``
+    is the adapter's, which the handover stops. Returns
     the failure that ended it, if any; never raises anything but cancellation, so
     the nursery below never wraps an error in a group.
 
@@ -428,7 +431,6 @@ async def _attend(
     agent, and the session task itself keeps the session's time (``_keep_time``)
     instead of waiting idle in the nursery. The agent's exit and its stderr are
     watched by the daemon's one watcher thread (``agentsd.agent_watch``)."""
-    link, adapter = agent
     failure: list[RpcError] = []
     exited = False  # the watch saw the child exit
 

@@ -23,7 +23,7 @@ the first agent start, by at most its bound, and nothing else.
 
 Rule 6: a restart (``daemon.restart``) is a shutdown that says ``RELOADING=1``
 instead of ``STOPPING=1``, and in which, when the holder keeps the agents, every
-served agent is handed over (``agentsd.runner`` Rule 4) instead of closed: the
+served agent is handed over (``agentsd.runner`` Rule 5) instead of closed: the
 caller then executes the new image in this process (``agentsd.reexec``), which says
 ``READY=1`` once it serves. Without the holder the agents are closed, as in a
 shutdown: they end, and the next send resumes each conversation natively. SIGTERM

@@ -396,7 +396,7 @@ class Supervisor:
                 session.task.stop(cause)
 
     async def hand_over_all(self, timeout_s: float = HANDOVER_TIMEOUT_S) -> int:
-        """A planned restart with the holder (``agentsd.runner`` Rule 4): leave every
+        """A planned restart with the holder (``agentsd.runner`` Rule 5): leave every
         served agent running in the holder for the next image; how many were.
         Returns once each handover finished or ``timeout_s`` passed; what was not
         handed over by then (a session still starting, a reader that never reached a
