@@ -12,8 +12,9 @@ replaced, or its directory created again, it is bound again within seconds, whil
 connections already open go on being served.
 
 Rule 3: SIGHUP means what it means to the one who can send it. A daemon with no
-controlling terminal (systemd's ``ExecReload=``, ``agentsctl`` autostart, ``setsid``)
-takes it as "reload": it captures the agents' environment again, as
+controlling terminal (``systemctl --user kill -s HUP agentsd``, ``agentsctl``
+autostart, ``setsid``) takes it as "reload": it captures the agents' environment
+again, as
 ``daemon.reloadEnv`` does. A daemon run in a terminal gets SIGHUP when that terminal
 hangs up, and shuts down as for SIGTERM.
 
