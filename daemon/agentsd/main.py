@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(level)
     faulthandler.enable()  # a watchdog kill (SIGABRT) leaves every thread's traceback
     try:
-        service = ServiceManager.from_env()
+        service = ServiceManager.from_env(socket_path)
     except SystemdEnvError as exc:
         print(f"agentsd: {exc}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
@@ -159,8 +159,9 @@ def main(argv: list[str] | None = None) -> None:
 def _restart(service: ServiceManager, argv: list[str]) -> NoReturn:
     """Start again after ``daemon.restart``, in place (``agentsd.reexec``): this
     process becomes a new daemon with the same arguments, pid, log and environment,
-    and the sockets a service manager passed; whatever was installed since is what
-    runs. The old image said ``RELOADING=1``; the new one says ``READY=1``."""
+    and the sockets a service manager passed (or the one it bound itself, still
+    listening); whatever was installed since is what runs. The old image said
+    ``RELOADING=1``; the new one says ``READY=1``."""
     exec_in_place(argv, service.image_env(), service.kept_fds())
 
 

@@ -8,7 +8,10 @@ was installed since the daemon started is what runs: this is how an upgrade star
 Rule 1 (what crosses the exec): the descriptors systemd passed (socket activation)
 stay open at the numbers it gave them, and the variables that describe them and
 the notify socket, which the daemon removed from its environment when it read them
-(``agentsd.systemd`` Rule 3), are given to the new image again. Nothing else: every
+(``agentsd.systemd`` Rule 3), are given to the new image again; without them, the
+listener the daemon bound itself, still listening (``agentsd.socket_keeper`` Rule
+5, described by ``AGENTSD_KEPT_SOCKET``, which the new image removes). Nothing
+else: every
 other descriptor is close-on-exec (an agent's pipe, the holder link, the database,
 a pidfd), checked one by one just before the exec, so a descriptor some library
 left inheritable is closed by the exec and named in the log.

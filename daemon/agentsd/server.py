@@ -62,7 +62,7 @@ from agentsd.paths import StateLock, ensure_private_dir
 from agentsd.providers import provider_registry
 from agentsd.recovery import reconcile, recover
 from agentsd.resources import run_sampler
-from agentsd.socket_keeper import serve_kept_socket
+from agentsd.socket_keeper import SocketHandover, serve_kept_socket
 from agentsd.store.writer import open_store
 from agentsd.supervisor import open_supervisor
 from agentsd.systemd import (
@@ -92,20 +92,32 @@ class ServiceManager:
     # The variables as systemd set them (the notify socket, the passed fds' names),
     # removed from our environment once read: a restart in place gives them back.
     variables: dict[str, str] = attrs.field(factory=dict)
+    # The listener this daemon binds itself, when there is no inherited one: what
+    # the previous image handed over, and what this one hands to the next.
+    kept: SocketHandover = attrs.field(factory=SocketHandover)
 
     @classmethod
-    def from_env(cls) -> ServiceManager:
-        """Read and consume the systemd environment; ``SystemdEnvError`` if malformed."""
+    def from_env(cls, socket_path: Path | None = None) -> ServiceManager:
+        """Read and consume the systemd environment, and the listener on
+        ``socket_path`` a previous image handed over (``agentsd.socket_keeper``
+        Rule 5); ``SystemdEnvError`` if malformed."""
         variables = {
             name: os.environ[name]
             for name in ("NOTIFY_SOCKET", "LISTEN_FDNAMES")
             if name in os.environ
         }
+        notifier = Notifier.from_env()
+        inherited = listen_fds()
+        kept = SocketHandover() if socket_path is None else SocketHandover.adopt(socket_path)
+        if inherited and kept.sock is not None:  # the service manager's socket wins
+            kept.sock.close()
+            kept = SocketHandover()
         return cls(
-            notifier=Notifier.from_env(),
-            inherited=listen_fds(),
+            notifier=notifier,
+            inherited=inherited,
             watchdog_s=watchdog_interval_s(),
             variables=variables,
+            kept=kept,
         )
 
     @property
@@ -117,7 +129,7 @@ class ServiceManager:
         """The environment of the next image of this process (``agentsd.reexec``):
         ours, with systemd's variables as they describe this process (the same pid
         keeps the same descriptors)."""
-        env = dict(os.environ)
+        env = {**os.environ, **self.kept.env()}
         if "NOTIFY_SOCKET" in self.variables:
             env["NOTIFY_SOCKET"] = self.variables["NOTIFY_SOCKET"]
         if self.inherited:
@@ -128,8 +140,10 @@ class ServiceManager:
         return env
 
     def kept_fds(self) -> list[int]:
-        """What the next image inherits besides stdio: the passed sockets."""
-        return [inherited.fd for inherited in self.inherited]
+        """What the next image inherits besides stdio: the passed sockets, or the
+        one this daemon bound and still listens on."""
+        kept = [] if self.kept.sock is None else [self.kept.sock.fileno()]
+        return [inherited.fd for inherited in self.inherited] + kept
 
     def listener(self) -> socket.socket | None:
         for inherited in self.inherited:
@@ -172,6 +186,7 @@ async def serve_daemon(
         )
         app.under_service_manager = service.active
         app.image_args = image_args
+        service.kept.wanted = lambda: app.restart_requested
         hangup_reloads = not has_controlling_terminal()
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async with trio.open_nursery() as root:
@@ -210,7 +225,11 @@ async def _serve_sessions(
                         # as is, never bound, chmod-ed, watched or unlinked by us.
                         nursery.start_soon(serve, trio.socket.from_stdlib_socket(inherited))
                     else:
-                        await nursery.start(serve_kept_socket, app.socket_path, serve)
+                        await nursery.start(
+                            functools.partial(
+                                serve_kept_socket, app.socket_path, serve, handover=service.kept
+                            )
+                        )
                     if service.watchdog_s is not None:
                         await nursery.start(
                             run_watchdog, notifier, service.watchdog_s, store.writer_healthy

@@ -10,11 +10,14 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import suppress
+from pathlib import Path
 
 import pytest
 
 from agentsd.reexec import image_argv
 from agentsd.server import SOCKET_UNIT_NAME, ServiceManager
+from agentsd.socket_keeper import KEPT_SOCKET_ENV, SocketHandover, SocketIdentity
 from agentsd.systemd import InheritedSocket, Notifier
 from tests.daemon.test_systemd import _drain, listener, notifier, short_dir, systemd_env
 
@@ -98,3 +101,64 @@ def test_the_next_image_is_told_what_systemd_told_this_one(
 def test_the_next_image_is_this_interpreter_running_the_package() -> None:
     argv = ["--socket", "/tmp/x.sock", "--state-dir", "/tmp/state"]
     assert image_argv(argv) == [sys.executable, "-m", "agentsd", *argv]
+
+
+# --- the listener the daemon bound itself (agentsd.socket_keeper Rule 5) -------------
+
+
+def _listening(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.listen(1)
+    return sock
+
+
+def _handed(sock: socket.socket, path: Path) -> dict[str, str]:
+    identity = SocketIdentity.at(path)
+    assert isinstance(identity, SocketIdentity)
+    return SocketHandover(sock=sock, identity=identity).env()
+
+
+def test_the_next_image_adopts_the_listener_still_bound_at_its_path(short_dir: Path) -> None:
+    path = short_dir / "agentsd.sock"
+    sock = _listening(path)
+    env = _handed(sock, path)
+    fd = sock.detach()  # the descriptor now belongs to whoever adopts it
+    adopted = SocketHandover.adopt(path, env)
+    assert adopted.sock is not None
+    try:
+        assert env == {}  # read and removed: agents never see it
+        assert adopted.sock.fileno() == fd
+        assert not os.get_inheritable(fd)  # this image's agents do not get it
+        assert adopted.identity == SocketIdentity.at(path)
+    finally:
+        adopted.sock.close()
+
+
+def test_a_listener_whose_path_was_replaced_is_closed_not_adopted(short_dir: Path) -> None:
+    path = short_dir / "agentsd.sock"
+    sock = _listening(path)
+    fd = sock.fileno()
+    env = _handed(sock, path)
+    sock.detach()  # the descriptor now belongs to whoever adopts it
+    path.unlink()
+    other = _listening(path)  # someone else's socket at the path now
+    try:
+        assert SocketHandover.adopt(path, env).sock is None
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed, not leaked
+    finally:
+        other.close()
+
+
+@pytest.mark.parametrize("value", ["garbage", "1:2:3", "{fd}:0:0:0:0"])
+def test_anything_else_handed_over_is_ignored(short_dir: Path, value: str) -> None:
+    read_end, write_end = os.pipe()
+    try:
+        env = {KEPT_SOCKET_ENV: value.format(fd=read_end)}
+        assert SocketHandover.adopt(short_dir / "agentsd.sock", env).sock is None
+        assert env == {}
+    finally:
+        os.close(write_end)
+        with suppress(OSError):
+            os.close(read_end)

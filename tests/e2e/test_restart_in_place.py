@@ -47,6 +47,7 @@ from tests.e2e.test_service import (
     create_sessions,
     db_rows,
     fd_socket_inode,
+    file_identity,
     journal,
     lease_tokens,
     listening_socket_inodes,
@@ -123,6 +124,22 @@ def ended(pid: int) -> bool:
     """Gone, or a zombie nobody here may reap (a holder is never our child)."""
     info = read_proc_info(pid)
     return info is None or info.is_zombie
+
+
+def listening_in(directory: Path) -> set[int]:
+    """Inodes of the listening sockets bound in ``directory`` (``/proc/net/unix``
+    names the path each was bound to: the daemon binds under a temporary name and
+    renames it into place)."""
+    so_acceptcon = 0x10000
+    inodes = set()
+    with open("/proc/net/unix", encoding="ascii", errors="replace") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            listening = len(fields) >= 8 and int(fields[3], 16) & so_acceptcon
+            if listening and Path(fields[7]).parent == directory:
+                inodes.add(int(fields[6]))
+    return inodes
 
 
 def monotonic_usec() -> int:
@@ -257,6 +274,39 @@ def test_a_stop_during_a_restart_stops_instead() -> None:
             assert "the restart under way is abandoned: stopping instead" in daemon.log()
             assert "restart: executing" not in daemon.log()
             assert exit_causes(state, session_id) == ["shutdown"]
+        assert token_carriers(lease_tokens(state)) == []
+
+
+def test_run_by_hand_a_restart_in_place_keeps_the_socket_it_bound() -> None:
+    """Without a service manager the daemon binds its own socket: the restart hands
+    the listener to the new image (``agentsd.socket_keeper`` Rule 5), never unlinked
+    or bound again, so a client that connects while the old image closes its agents
+    (one ignoring stdin EOF keeps that going for seconds) is answered by the new one;
+    and the variable that hands it over never reaches an agent."""
+    with scratch() as base:
+        state = base / "state"
+        with running_daemon(state_dir=state) as daemon:
+            sock = daemon.socket
+            [inode] = listening_in(sock.parent)
+            bound = file_identity(sock)
+            with WireClient(sock) as client:
+                [session_id] = create_sessions(client, [{"ignoreEof": True}])
+            rpc(sock, "daemon.restart")
+            asked = time.time()
+            with WireClient(sock, timeout_s=RESTART_TIMEOUT_S) as waiting:
+                waiting.send({"jsonrpc": "2.0", "id": "backlog", "method": "daemon.status"})
+                status = waiting.recv()["result"]
+            assert status["pid"] == daemon.process.pid
+            assert time.time() - status["uptimeS"] > asked - START_SLACK_S, "the old image answered"
+            assert exit_causes(state, session_id) == ["shutdown"]  # the ladder ran meanwhile
+            assert listening_in(sock.parent) == {inode}  # the same socket, never bound again
+            assert file_identity(sock) == bound
+            assert "restart: executing" in daemon.log()
+            with WireClient(sock) as client:
+                [fresh] = create_sessions(client, [{}])
+            agent = rpc(sock, "agentSession.get", {"sessionId": fresh})["session"]["child"]["pid"]
+            environ = Path(f"/proc/{agent}/environ").read_bytes().split(b"\0")
+            assert not [v for v in environ if v.startswith(b"AGENTSD_KEPT_SOCKET=")], environ
         assert token_carriers(lease_tokens(state)) == []
 
 
