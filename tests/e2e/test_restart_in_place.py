@@ -29,6 +29,7 @@ import attrs
 import pytest
 
 import agentsd
+from agentsctl.cli import EXIT_UNREACHABLE
 from agentsd.holder_link import socket_path as holder_socket_path
 from agentsd.procfs import is_same_process, read_proc_info
 from agentsd.server import SOCKET_UNIT_NAME
@@ -548,3 +549,14 @@ def test_a_new_image_that_fails_its_start_fails_loudly_and_the_holder_keeps_the_
             timeout_s=IO_TIMEOUT_S,
             what="the holder leaves once it holds nothing",
         )
+
+
+def test_the_units_reload_never_starts_a_daemon_of_its_own() -> None:
+    """``ExecReload=`` runs ``agentsctl --no-start daemon restart``: with nothing
+    answering it fails (unreachable), rather than starting a daemon outside the
+    unit, as it does without ``--no-start``."""
+    with scratch() as base:
+        sock = base / "run" / "agentsd.sock"
+        done = restart_cli(sock)
+        assert done.returncode == EXIT_UNREACHABLE, (done.stdout, done.stderr)
+        assert not sock.exists()
