@@ -112,13 +112,21 @@ def _undelivered(result: c.ContinueResult) -> int:
 
 def configure_daemon_restart(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (
+        "agentsd restarts in place: the same process executes the daemon again (the\n"
+        "code installed now runs), keeping its pid and, under systemd, its socket (no\n"
+        "client sees a refused connection) and telling systemd RELOADING=1, then\n"
+        "READY=1 (`systemctl --user reload agentsd` runs this command).\n"
+        "With `holder = true` in the config, running agents are handed over and keep\n"
+        "running (their turns go on); without the holder they end, as at a stop, and\n"
+        "the next send resumes each conversation natively.\n"
         "With --drain, agentsd first takes no new turn (a send gets `draining`) and\n"
-        "waits for the running turns to end, or for --timeout; without it, running\n"
-        "turns are cut off at once (`agentsctl continue` carries them on). Under\n"
-        "systemd the daemon exits for the unit to start it again (the socket stays\n"
-        "bound: no client sees a refused connection); otherwise it executes itself\n"
-        "again. Once asked, the drain goes on if this command is interrupted.\n"
-        "A package upgrade: install, then `agentsctl daemon restart --drain`."
+        "waits for the running turns to end, or for --timeout; without it (and without\n"
+        "the holder) running turns are cut off at once (`agentsctl continue` carries\n"
+        "them on). Once asked, the drain goes on if this command is interrupted.\n"
+        "A package upgrade: install, then `agentsctl daemon restart` (with the\n"
+        "holder) or `agentsctl daemon restart --drain` (without). A new version that\n"
+        "cannot start exits non-zero with its reason in the log; this command then\n"
+        "fails, and agents the holder keeps are still held."
     )
     parser.add_argument(
         "--drain",
@@ -150,6 +158,8 @@ def run_daemon_restart(args: argparse.Namespace, target: Target) -> int:
             client.timeout_s = None if args.timeout is None else args.timeout + REPLY_MARGIN_S
             result = client.call(methods.RESTART, params)
     except DaemonNotRunning:
+        if not target.may_start:
+            raise
         pid = target.start_detached()
         print(f"agentsd was not running; started it (pid {pid}) at {target.socket_path}")
         return EXIT_OK
@@ -165,7 +175,12 @@ def run_daemon_restart(args: argparse.Namespace, target: Target) -> int:
         )
     pid = wait_for_new_daemon(target.socket_path, replied)
     if not args.json:
-        print(f"agentsd restarted (pid {pid}, {result.how}) at {target.socket_path}")
+        agents = (
+            "running agents kept running"
+            if result.keeps_agents
+            else "running agents ended; the next send resumes them"
+        )
+        print(f"agentsd restarted (pid {pid}, {result.how}) at {target.socket_path}; {agents}")
     return EXIT_OK
 
 

@@ -48,10 +48,13 @@ class App:
         self.connections: set[Connection] = set()
         self.recovery = RecoveryReport()
         self.serving_scope = trio.CancelScope()
-        # Set by serve_daemon: a service manager (systemd) restarts the daemon when it
-        # exits with EXIT_RESTART; without one the daemon executes itself again.
+        # Set by serve_daemon: under a service manager (systemd) a restart in place
+        # says RELOADING=1 and READY=1 (agentsd.reexec).
         self.under_service_manager = False
         self.restart_requested = False
+        # The next image's arguments, checked before a restart stops anything
+        # (agentsd.reexec.preflight); None: the caller does not restart in place.
+        self.image_args: list[str] | None = None
         self._supervisor: Supervisor | None = None
         self._ledger: Ledger | None = None
 
@@ -86,6 +89,11 @@ class App:
     @property
     def restart_mode(self) -> str:
         return "service-manager" if self.under_service_manager else "re-exec"
+
+    @property
+    def restart_keeps_agents(self) -> bool:
+        """Whether a restart hands running agents over (the holder keeps them)."""
+        return self._supervisor is not None and self._supervisor.holder is not None
 
     @property
     def draining(self) -> bool:

@@ -271,6 +271,10 @@ def select_containment(
     if "INVOCATION_ID" not in environ:
         return FALLBACK
     own = _own_cgroup(self_cgroup)
+    if own is not None and own.name == DAEMON_LEAF and own.parent.name.endswith(".service"):
+        # Moved there by an earlier image of this process: a restart in place
+        # (agentsd.reexec) keeps the process, and with it its cgroup.
+        own = own.parent
     if own is None or not own.name.endswith(".service"):
         # Only a service's own cgroup is moved into a leaf, never one we were merely
         # started in (a terminal's scope, a test runner's).

@@ -22,6 +22,11 @@ holder, so it survives this daemon. What changes, rule by rule of ``agentsd.chil
 - The close ladder is the same (stdin EOF, SIGTERM, SIGKILL or ``cgroup.kill``,
   proof), its steps sent to the holder, and the holder forgets the agent only
   after the proof.
+- A handover (a planned restart, ``agentsd.runner`` Rule 5): `HeldChild.hand_over`
+  leaves the agent running in the holder. Nothing of the ladder runs, ``on_exit``
+  is not called (nothing ended: the lease stays held) and the holder is not told
+  to forget it; the link then detaches, which leaves the holder everything it
+  holds, for the next daemon.
 - A lost holder (``agentsd.holder_link`` Rule 2): the agent lost its pipes and
   its exit can no longer be reaped here. The ladder then ends it by its identity
   as recovery ends a previous daemon's child (``agentsd.leftovers.end_contained``)
@@ -92,6 +97,17 @@ class HeldChild:
     ladder: Ladder
     scanner: ProcScanner
     signalled: set[tuple[int, int]] = attrs.field(factory=set)
+    handed_over: bool = False
+
+    def hand_over(self) -> bool:
+        """Leave the agent running in the holder when `open_held_child` exits (a
+        handover: see the module's docstring). False, and the exit ladders it as
+        usual, once it exited or its holder was lost: there is nothing to hand
+        over then, only an end to prove."""
+        if self.agent.returncode is not None or self.agent.link.lost.is_set():
+            return False
+        self.handed_over = True
+        return True
 
     async def wait(self) -> int:
         """Wait for the agent's own exit, as the holder reaped it; never returns once
@@ -138,7 +154,9 @@ async def open_held_child(
     """``agentsd.child.open_child`` through the holder of ``link``: the same
     contract (``on_spawned`` before the body, ``on_exit`` exactly once for every
     agent spawned, the shielded and bounded ladder on exit, never raising from it),
-    except that ``on_exit`` may receive an `EndOutcome` (the holder was lost).
+    except that ``on_exit`` may receive an `EndOutcome` (the holder was lost), and
+    that an agent handed over (`HeldChild.hand_over`) is neither laddered nor
+    reported: it runs on in the holder.
 
     Raises OSError if the agent cannot be started, `HolderLost` if the holder is
     gone before it started it (nothing runs then). ``durable_acks``: its output is
@@ -170,6 +188,7 @@ async def open_held_child(
         raise
     outcome: HeldExit = ExitUnproven(f"the close ladder of held agent {agent.pid} failed")
     signalled: set[tuple[int, int]] = set()  # (pid, start time) signalled individually
+    child: HeldChild | None = None
     try:
         if agent.start_time is None:  # the holder reads it before it can reap
             raise ProcessLookupError(f"agent {agent.pid} vanished before it was identified")
@@ -188,17 +207,23 @@ async def open_held_child(
         await on_spawned(identity)
         yield child
     finally:
-        try:
-            outcome = await _close(agent, spec, cgroup, ladder, scanner, signalled)
-        finally:
-            on_exit(outcome)
-            proven = isinstance(outcome, ExitProof) or outcome in (
-                EndOutcome.ENDED,
-                EndOutcome.ALREADY_GONE,
-            )
-            if proven:
-                with trio.CancelScope(shield=True), trio.move_on_after(ladder.kill_wait_s):
-                    await link.release(agent)
+        if child is not None and child.handed_over:
+            # Still known to the link, so that an exit the holder reports before
+            # the link detaches is kept for the next daemon, never forgotten.
+            log.info("agent %d handed over: it runs on in holder %d", agent.pid, link.holder_pid)
+            agent.close_err()
+        else:
+            try:
+                outcome = await _close(agent, spec, cgroup, ladder, scanner, signalled)
+            finally:
+                on_exit(outcome)
+                proven = isinstance(outcome, ExitProof) or outcome in (
+                    EndOutcome.ENDED,
+                    EndOutcome.ALREADY_GONE,
+                )
+                if proven:
+                    with trio.CancelScope(shield=True), trio.move_on_after(ladder.kill_wait_s):
+                        await link.release(agent)
 
 
 @asynccontextmanager

@@ -103,6 +103,9 @@ class HeldLease:
     # held it was lost and it was ended by its identity (agentsd.held_child).
     proof: Proof = None
     settle_error: RpcError | None = None  # why the settle could not be committed
+    # Its agent was handed over to the next image (``agentsd.runner`` Rule 5): it
+    # runs on, nothing ended, so nothing is settled and the lease stays held.
+    handed_over: bool = False
 
     async def child_spawned(self, identity: ChildIdentity) -> None:
         """Make the child's identity durable (the lease goes live) before its
@@ -157,7 +160,9 @@ async def open_lease(
 
     Exit runs whatever ended the body, after it: so after the child nested inside was
     laddered. The session goes ``stopping``, then `settle` runs with the held lease's
-    ``proof``, ``cause`` and ``failure``, shielded and at most ``SETTLE_TIMEOUT_S``.
+    ``proof``, ``cause`` and ``failure``, shielded and at most ``SETTLE_TIMEOUT_S``;
+    unless the child was handed over (``handed_over``): then nothing is settled and
+    the lease stays held, durably as it is, for the next daemon.
     Exit never raises: if the store refuses or is too slow, the lease stays held, the
     session is ``exit-unproven`` with a ``storage_unavailable`` error, and
     ``settle_error`` says why. The body's exception propagates unchanged.
@@ -209,8 +214,11 @@ async def open_lease(
 
 
 async def _settle_held(session: Session, write: Write, held: HeldLease) -> None:
-    """`open_lease`'s exit."""
+    """`open_lease`'s exit: settle, unless the agent was handed over."""
     session.transition("stopping")
+    if held.handed_over:
+        log.info("session %s: lease %d handed over, still held", session.id, held.lease.fence)
+        return
     settled = False
     with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
         try:

@@ -9,6 +9,7 @@ import os
 import resource
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import msgspec
 import trio
@@ -20,6 +21,7 @@ from agentsd.listener import SocketInUse
 from agentsd.logging_setup import configure_logging
 from agentsd.paths import AlreadyRunning, UnsafeDirectory
 from agentsd.providers import BUILTIN_PROVIDERS, provider_registry
+from agentsd.reexec import PREFLIGHT_FLAG, exec_in_place, import_everything
 from agentsd.server import ServiceManager, serve_daemon
 from agentsd.store.database import SchemaTooNew
 from agentsd.store.integrity import DatabaseDamaged
@@ -33,9 +35,6 @@ log = logging.getLogger("agentsd")
 EXIT_OK = 0
 EXIT_FAILURE = 1  # could not start: another daemon, unsafe directory, damaged store
 EXIT_USAGE = 2  # bad options or configuration: nothing was started
-# daemon.restart under a service manager: exit with this for it to start the daemon
-# again (EX_TEMPFAIL; systemd/agentsd.service: RestartForceExitStatus=, SuccessExitStatus=).
-EXIT_RESTART = 75
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -57,6 +56,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="a writable cgroup v2 directory; each agent gets a cgroup in it (config cgroup_root)",
     )
     parser.add_argument("--version", action="version", version=f"agentsd {__version__}")
+    parser.add_argument(
+        PREFLIGHT_FLAG,
+        action="store_true",
+        help="load the configuration and the code as a start would, then exit (0: it "
+        "would start); what a restart checks before it stops anything",
+    )
     add_arguments(parser)
     return parser.parse_args(argv)
 
@@ -114,18 +119,22 @@ def main(argv: list[str] | None = None) -> None:
     if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
         print(f"agentsd: unknown log level {args.log_level!r}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
+    if args.preflight:
+        print(f"agentsd: preflight: configuration and {import_everything()} modules load")
+        sys.exit(EXIT_OK)
     configure_logging(level)
     faulthandler.enable()  # a watchdog kill (SIGABRT) leaves every thread's traceback
     try:
-        service = ServiceManager.from_env()
+        service = ServiceManager.from_env(socket_path)
     except SystemdEnvError as exc:
         print(f"agentsd: {exc}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
     raise_nofile_limit()
     refusals: list[BaseException] = []
     restart = False
+    image_args = sys.argv[1:] if argv is None else argv
     try:
-        restart = trio.run(_run, config, socket_path, state_dir, service)
+        restart = trio.run(_run, config, socket_path, state_dir, service, image_args)
     except* (
         AlreadyRunning,
         UnsafeDirectory,
@@ -143,21 +152,17 @@ def main(argv: list[str] | None = None) -> None:
             print(f"agentsd: {refusal}", file=sys.stderr)
         sys.exit(EXIT_FAILURE)
     if restart:
-        _restart(service, sys.argv[1:] if argv is None else argv)
+        _restart(service, image_args)
     sys.exit(EXIT_OK)
 
 
-def _restart(service: ServiceManager, argv: list[str]) -> None:
-    """Start again after ``daemon.restart``: a service manager does it when we exit
-    with ``EXIT_RESTART`` (and keeps the socket bound meanwhile); otherwise this
-    process becomes a new daemon with the same arguments (same pid, log and
-    environment; whatever was installed since is what runs)."""
-    logging.shutdown()
-    if service.notifier.active or service.inherited:
-        sys.exit(EXIT_RESTART)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", "agentsd", *argv])
+def _restart(service: ServiceManager, argv: list[str]) -> NoReturn:
+    """Start again after ``daemon.restart``, in place (``agentsd.reexec``): this
+    process becomes a new daemon with the same arguments, pid, log and environment,
+    and the sockets a service manager passed (or the one it bound itself, still
+    listening); whatever was installed since is what runs. The old image said
+    ``RELOADING=1``; the new one says ``READY=1``."""
+    exec_in_place(argv, service.image_env(), service.kept_fds())
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -166,5 +171,9 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-async def _run(config: Config, socket_path: Path, state_dir: Path, service: ServiceManager) -> bool:
-    return await serve_daemon(config, socket_path=socket_path, state_dir=state_dir, service=service)
+async def _run(
+    config: Config, socket_path: Path, state_dir: Path, service: ServiceManager, argv: list[str]
+) -> bool:
+    return await serve_daemon(
+        config, socket_path=socket_path, state_dir=state_dir, service=service, image_args=argv
+    )

@@ -25,6 +25,15 @@ same serving and the same ladder. If the lease cannot be taken over, the agent i
 ended by its identity and the lease settled, as recovery would have; if the agent
 cannot be claimed or its adapter cannot take over, it is ended by the ladder; either
 way with cause ``daemon-restart``, so its turn is cut off as without the holder.
+
+Rule 5 (handover): a planned restart whose agents the holder keeps stops each
+served session with `SessionTask.hand_over` instead of `SessionTask.stop`: the
+reader stops between two frames (``LineLink.stop_at_boundary``), the streamed text
+is journaled (a commit), and the agent is left running: no close ladder
+(``HeldChild.hand_over``), no settle (``HeldLease.handed_over``: the lease stays
+held, for the next image to take over), the holder link detaches. A handover that
+cannot be made (the agent exited meanwhile, the holder was lost) or that a
+``stop`` overtakes before the boundary ends the agent as a shutdown does.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import attrs
 import msgspec
@@ -89,6 +98,16 @@ EXIT_EOF_GRACE_S = 0.5
 EXIT_DRAIN_S = 10.0
 MAX_QUOTED_CHARS = 500  # of the agent's last stderr line, in a start error's message
 
+StopCause = ExitCause | Literal["handover"]
+"""Why a session task stops: an ``ExitCause``, journaled with its agent's end; or
+``handover`` (Rule 5), which ends no agent and is never journaled: if the handover
+cannot be made the agent ends as in a shutdown (`journaled_cause`)."""
+
+
+def journaled_cause(stop: StopCause | None) -> ExitCause | None:
+    """The exit cause a stop is journaled with once its agent ends."""
+    return "shutdown" if stop == "handover" else stop
+
 
 @attrs.define(eq=False)
 class SessionTask:
@@ -101,8 +120,13 @@ class SessionTask:
     # Its lease, once acquired; ``held.settle_error`` says why the end of its agent
     # could not be recorded (the lease stays held; Rule 2).
     held: HeldLease | None = None
-    stop_cause: ExitCause | None = None
+    stop_cause: StopCause | None = None
     adapter: Adapter | None = None
+    # While the agent's output is read after its handshake: its link and the scope
+    # around the reader, which a handover cancels at a frame boundary (Rule 5).
+    reader: tuple[LineLink, trio.CancelScope] | None = None
+    at_boundary: bool = False  # the reader stopped for a handover, between two frames
+    handed_over: bool = False  # the agent was left running in the holder
     last_activity: float = attrs.field(factory=time.monotonic)
     # While the agent is served: where the queue's head is sent from, and whether a
     # send of it runs (``wake_queue``).
@@ -135,9 +159,34 @@ class SessionTask:
             self._draining = False
 
     def stop(self, cause: ExitCause) -> None:
-        if self.stop_cause is None:
+        """Stop the task now (cancellation); its agent is ended and its lease
+        settled with ``cause``. A handover whose reader reached its boundary is
+        left to finish; one that had not is abandoned (Rule 5)."""
+        if self.stop_cause == "handover":
+            if self.at_boundary:
+                return
+            self.stop_cause = cause
+        elif self.stop_cause is None:
             self.stop_cause = cause
         self.scope.cancel()
+
+    def hand_over(self) -> bool:
+        """Stop at the next frame boundary and leave the agent running for the next
+        image (Rule 5); ``done`` is set once the task has finished. False, and
+        nothing is done, when the task is stopping already or its agent's output
+        is not being read (before its handshake completed): stop it instead."""
+        if self.stop_cause is not None or self.reader is None:
+            return False
+        self.stop_cause = "handover"
+        link, reading = self.reader
+
+        def at_boundary() -> None:
+            if self.stop_cause == "handover":  # not abandoned meanwhile
+                self.at_boundary = True
+                reading.cancel()
+
+        link.stop_at_boundary(at_boundary)
+        return True
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
@@ -207,7 +256,8 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
                 failure = await _run_child(supervisor, session, task, provider, held, stderr_fd)
         finally:
             task.adapter = None
-            held.cause = exit_cause(task.stop_cause, failure, held.proof)
+            held.handed_over = task.handed_over
+            held.cause = exit_cause(journaled_cause(task.stop_cause), failure, held.proof)
             if held.cause in ("failed", "unexpected", "oom"):
                 # The agent's own words on why it ended (``agentsd.stderr_log`` Rule 2).
                 held.stderr_tail = stderr.tail()
@@ -246,7 +296,8 @@ async def _reattach(
                 task.adapter = None
                 if failure is not None and task.stop_cause is None:
                     task.stop_cause = "daemon-restart"  # not taken over: cut off, as without
-                held.cause = exit_cause(task.stop_cause, failure, held.proof)
+                held.handed_over = task.handed_over
+                held.cause = exit_cause(journaled_cause(task.stop_cause), failure, held.proof)
                 if held.cause in ("failed", "unexpected", "oom"):
                     held.stderr_tail = stderr.tail()
                     failure = _quoting_stderr(failure, held.stderr_tail)
@@ -334,9 +385,21 @@ async def _take_over_child(
             )
             sink = Sink(session, held.lease, task, output)
             adapter = provider.adapter(line_link, sink, session.row)
-            return await _attend(
-                supervisor, session, held.lease, task, child, adapter, sink, None, state
+            failure = await _attend(
+                supervisor,
+                session,
+                held.lease,
+                task,
+                child,
+                adapter,
+                sink,
+                None,
+                state,
+                link=line_link,
             )
+            if task.at_boundary:
+                task.handed_over = child.hand_over()  # Rule 5
+            return failure
     except RpcError as exc:
         return exc
     except (HolderLost, HolderRefused) as exc:
@@ -394,9 +457,20 @@ async def _run_child(
                 )
             sink = Sink(session, held.lease, task, output)
             adapter = provider.adapter(line_link, sink, session.row)
-            return await _attend(
-                supervisor, session, held.lease, task, child, adapter, sink, process_spec
+            failure = await _attend(
+                supervisor,
+                session,
+                held.lease,
+                task,
+                child,
+                adapter,
+                sink,
+                process_spec,
+                link=line_link,
             )
+            if task.at_boundary and isinstance(child, HeldChild):
+                task.handed_over = child.hand_over()  # Rule 5
+            return failure
     except RpcError as exc:
         return exc
     except (OSError, trio.TooSlowError) as exc:
@@ -551,11 +625,15 @@ async def _attend(
     sink: Sink,
     spec: ProcessSpec | None,
     takeover: Takeover | None = None,
+    *,
+    link: LineLink,
 ) -> RpcError | None:
     """Handshake (or, with ``takeover``, take over: Rule 4; ``spec`` is then None),
-    then translate the agent's output until it ends or the task is
-    stopped. Returns the failure that ended it, if any; never raises anything but
-    cancellation, so the nursery below never wraps an error in a group.
+    then translate the agent's output until it ends, the task is stopped, or a
+    handover stops the reader at a frame boundary (Rule 5): ``link`` is the
+    adapter's, which the handover stops. Returns the failure that ended it, if any;
+    never raises anything but cancellation, so the nursery below never wraps an
+    error in a group.
 
     The child itself is watched meanwhile (``agentsd.agent_watch``, which ends
     ``_keep_time``; then ``_outlive``): its exit, not the end of its output, is
@@ -596,11 +674,15 @@ async def _attend(
             return
         task.serve_queue((nursery, functools.partial(drain_queue, supervisor, session)))
         try:
-            await adapter.run()
+            with trio.CancelScope() as reading:
+                task.reader = (link, reading)
+                await adapter.run()
         except RpcError as exc:
             failure.append(exc)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the pipe broke: the child is gone, the ladder proves it
+        finally:
+            task.reader = None
         if task.stop_cause is None:
             task.stop_cause = "failed" if failure else "unexpected"
         nursery.cancel_scope.cancel()

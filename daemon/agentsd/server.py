@@ -12,8 +12,9 @@ replaced, or its directory created again, it is bound again within seconds, whil
 connections already open go on being served.
 
 Rule 3: SIGHUP means what it means to the one who can send it. A daemon with no
-controlling terminal (systemd's ``ExecReload=``, ``agentsctl`` autostart, ``setsid``)
-takes it as "reload": it captures the agents' environment again, as
+controlling terminal (``systemctl --user kill -s HUP agentsd``, ``agentsctl``
+autostart, ``setsid``) takes it as "reload": it captures the agents' environment
+again, as
 ``daemon.reloadEnv`` does. A daemon run in a terminal gets SIGHUP when that terminal
 hangs up, and shuts down as for SIGTERM.
 
@@ -25,6 +26,15 @@ anything is served, and what it did not take is given up to the holder after.
 Rule 4: the first capture of the agents' environment (``agentsd.agent_env``) runs
 beside recovery and serving, never before them: a login shell that hangs delays
 the first agent start, by at most its bound, and nothing else.
+
+Rule 6: a restart (``daemon.restart``) is a shutdown that says ``RELOADING=1``
+instead of ``STOPPING=1``, and in which, when the holder keeps the agents, every
+served agent is handed over (``agentsd.runner`` Rule 5) instead of closed: the
+caller then executes the new image in this process (``agentsd.reexec``), which says
+``READY=1`` once it serves. Without the holder the agents are closed, as in a
+shutdown: they end, and the next send resumes each conversation natively. SIGTERM
+or SIGINT meanwhile turns the restart into a stop: no new image, and what is not
+handed over yet is closed.
 """
 
 from __future__ import annotations
@@ -59,7 +69,7 @@ from agentsd.paths import StateLock, ensure_private_dir
 from agentsd.providers import provider_registry
 from agentsd.recovery import reconcile, recover
 from agentsd.resources import run_sampler
-from agentsd.socket_keeper import serve_kept_socket
+from agentsd.socket_keeper import SocketHandover, serve_kept_socket
 from agentsd.store.writer import open_store
 from agentsd.supervisor import open_supervisor
 from agentsd.systemd import (
@@ -86,13 +96,61 @@ class ServiceManager:
     notifier: Notifier = attrs.field(factory=lambda: Notifier.from_env({}))
     inherited: list[InheritedSocket] = attrs.field(factory=list)
     watchdog_s: float | None = None
+    # The variables as systemd set them (the notify socket, the passed fds' names),
+    # removed from our environment once read: a restart in place gives them back.
+    variables: dict[str, str] = attrs.field(factory=dict)
+    # The listener this daemon binds itself, when there is no inherited one: what
+    # the previous image handed over, and what this one hands to the next.
+    kept: SocketHandover = attrs.field(factory=SocketHandover)
 
     @classmethod
-    def from_env(cls) -> ServiceManager:
-        """Read and consume the systemd environment; ``SystemdEnvError`` if malformed."""
+    def from_env(cls, socket_path: Path | None = None) -> ServiceManager:
+        """Read and consume the systemd environment, and the listener on
+        ``socket_path`` a previous image handed over (``agentsd.socket_keeper``
+        Rule 5); ``SystemdEnvError`` if malformed."""
+        variables = {
+            name: os.environ[name]
+            for name in ("NOTIFY_SOCKET", "LISTEN_FDNAMES")
+            if name in os.environ
+        }
+        notifier = Notifier.from_env()
+        inherited = listen_fds()
+        kept = SocketHandover() if socket_path is None else SocketHandover.adopt(socket_path)
+        if inherited and kept.sock is not None:  # the service manager's socket wins
+            kept.sock.close()
+            kept = SocketHandover()
         return cls(
-            notifier=Notifier.from_env(), inherited=listen_fds(), watchdog_s=watchdog_interval_s()
+            notifier=notifier,
+            inherited=inherited,
+            watchdog_s=watchdog_interval_s(),
+            variables=variables,
+            kept=kept,
         )
+
+    @property
+    def active(self) -> bool:
+        """Whether a service manager runs the daemon."""
+        return self.notifier.active or bool(self.inherited)
+
+    def image_env(self) -> dict[str, str]:
+        """The environment of the next image of this process (``agentsd.reexec``):
+        ours, with systemd's variables as they describe this process (the same pid
+        keeps the same descriptors)."""
+        env = {**os.environ, **self.kept.env()}
+        if "NOTIFY_SOCKET" in self.variables:
+            env["NOTIFY_SOCKET"] = self.variables["NOTIFY_SOCKET"]
+        if self.inherited:
+            env["LISTEN_PID"] = str(os.getpid())
+            env["LISTEN_FDS"] = str(len(self.inherited))
+            if "LISTEN_FDNAMES" in self.variables:
+                env["LISTEN_FDNAMES"] = self.variables["LISTEN_FDNAMES"]
+        return env
+
+    def kept_fds(self) -> list[int]:
+        """What the next image inherits besides stdio: the passed sockets, or the
+        one this daemon bound and still listens on."""
+        kept = [] if self.kept.sock is None else [self.kept.sock.fileno()]
+        return [inherited.fd for inherited in self.inherited] + kept
 
     def listener(self) -> socket.socket | None:
         for inherited in self.inherited:
@@ -107,21 +165,20 @@ async def serve_daemon(
     socket_path: Path,
     state_dir: Path,
     service: ServiceManager | None = None,
+    image_args: list[str] | None = None,
     task_status: trio.TaskStatus[App] = trio.TASK_STATUS_IGNORED,
 ) -> bool:
     """Run the daemon until shutdown is requested. ``task_status.started(app)`` is
     called once the socket accepts connections (and systemd is told READY=1).
     Returns whether a restart was asked for (``daemon.restart``): the caller starts
-    the daemon again (``agentsd.main``)."""
+    the daemon again (``agentsd.main``) with ``image_args``, which a restart first
+    checks the new code with (``agentsd.reexec.preflight``; None: no check)."""
     service = service or ServiceManager()
     ensure_private_dir(state_dir)
     lock = StateLock(state_dir, socket_path)
     lock.acquire()
     try:
-        mode = resolve_mode(
-            config.agent_env,
-            under_service_manager=service.notifier.active or bool(service.inherited),
-        )
+        mode = resolve_mode(config.agent_env, under_service_manager=service.active)
         # Once, and before any agent: under systemd this moves the daemon into a leaf.
         containment = await trio.to_thread.run_sync(
             select_containment, config.cgroup_root, dict(os.environ)
@@ -134,7 +191,9 @@ async def serve_daemon(
             agent_env=AgentEnvironment(config, mode),
             containment=containment,
         )
-        app.under_service_manager = service.notifier.active or bool(service.inherited)
+        app.under_service_manager = service.active
+        app.image_args = image_args
+        service.kept.wanted = lambda: app.restart_requested
         hangup_reloads = not has_controlling_terminal()
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async with trio.open_nursery() as root:
@@ -193,7 +252,11 @@ async def _serve_sessions(
                         # as is, never bound, chmod-ed, watched or unlinked by us.
                         nursery.start_soon(serve, trio.socket.from_stdlib_socket(inherited))
                     else:
-                        await nursery.start(serve_kept_socket, app.socket_path, serve)
+                        await nursery.start(
+                            functools.partial(
+                                serve_kept_socket, app.socket_path, serve, handover=service.kept
+                            )
+                        )
                     if service.watchdog_s is not None:
                         await nursery.start(
                             run_watchdog, notifier, service.watchdog_s, store.writer_healthy
@@ -204,8 +267,20 @@ async def _serve_sessions(
                     nursery.start_soon(_report_status, app, notifier)
                     nursery.start_soon(run_sampler, supervisor)
                     task_status.started(app)
+            if app.restart_requested:  # Rule 6
+                notifier.reloading()
+                if supervisor.holder is not None:
+                    running = supervisor.counts().running
+                    notifier.status(f"handing {running} running agents over to the next image")
+                    handed = await supervisor.hand_over_all()
+                    log.info(
+                        "restart: %d of %d running agents handed over, kept by the holder",
+                        handed,
+                        running,
+                    )
+            else:
+                notifier.stopping()
             running = supervisor.counts().running
-            notifier.stopping()
             notifier.status(f"closing {running} running sessions")
             log.info("closing %d running sessions", running)
 
@@ -246,6 +321,12 @@ async def _watch_signals(
         log.info("received %s; shutting down", signal.Signals(signum).name)
         notifier.stopping()
         app.request_shutdown()
+        if app.restart_requested:
+            # A stop overrides a restart under way (systemctl stop during a reload):
+            # no new image, and agents not handed over yet are ended as at a stop.
+            log.info("the restart under way is abandoned: stopping instead")
+            app.restart_requested = False
+            app.supervisor.stop_all("shutdown")
         return
 
 

@@ -38,6 +38,7 @@ from agentsd_protocol.api.events import (
     ApprovalResolved,
     ChildExited,
     ChildReady,
+    ChildReattached,
     ConversationCleared,
     Event,
     Submission,
@@ -305,9 +306,12 @@ def was_ready(conn: sqlite3.Connection, session_id: str) -> bool:
 def ready_generation(conn: sqlite3.Connection, session_id: str) -> str | None:
     """The generation of the child whose ``child.ready`` is the session's last
     (None: none ever was): whether the child of a lease completed its handshake."""
-    seq = last_seq_of_kind(conn, session_id, kind_of(ChildReady))
+    seq = max(
+        last_seq_of_kind(conn, session_id, kind_of(ChildReady)) or 0,
+        last_seq_of_kind(conn, session_id, kind_of(ChildReattached)) or 0,
+    )
     if not seq:
         return None
     [event], _ = read_events(conn, session_id, after_seq=seq - 1, limit=1, max_bytes=1 << 20)
     ready = decode_event(event.kind, event.body)
-    return ready.generation if isinstance(ready, ChildReady) else None
+    return ready.generation if isinstance(ready, ChildReady | ChildReattached) else None

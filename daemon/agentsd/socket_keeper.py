@@ -20,6 +20,13 @@ caller's nursery and go on being served whatever happens to the path.
 
 Rule 4: when the daemon ends, the path is unlinked only if it is still ours.
 
+Rule 5 (a restart in place, ``agentsd.reexec``): when the daemon ends to execute
+itself again, a listener whose path is still ours is neither closed nor unlinked but
+handed to the next image (`SocketHandover`), which serves it as it is: a client that
+connects meanwhile waits in its backlog, as under socket activation. The next image
+takes it only if the path is still the same file in the same directory; otherwise
+it closes it and binds as at any start.
+
 A socket-activated listener belongs to the socket unit; this module never sees it.
 """
 
@@ -29,7 +36,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import NoReturn
 
@@ -44,6 +51,7 @@ log = logging.getLogger(__name__)
 SOCKET_CHECK_S = 1.0  # how long a lost socket may go unnoticed (Rule 1)
 
 ServeListener = Callable[[trio.socket.SocketType], Awaitable[None]]
+KEPT_SOCKET_ENV = "AGENTSD_KEPT_SOCKET"  # fd:dev:ino:dirdev:dirino, for the next image
 
 
 @attrs.frozen
@@ -78,19 +86,78 @@ class SocketIdentity:
         return None
 
 
+@attrs.define(eq=False)
+class SocketHandover:
+    """The listener handed from one image of the daemon to the next (Rule 5).
+
+    ``wanted`` says, when the keeper ends, whether a next image will take it. The
+    keeper then leaves it in ``sock`` with its ``identity`` (if the path was still
+    ours); `env` describes it for the next image, which `adopt`s it."""
+
+    wanted: Callable[[], bool] = lambda: False
+    sock: socket.socket | None = None
+    identity: SocketIdentity | None = None
+
+    def env(self) -> dict[str, str]:
+        """The variable that tells the next image (none when nothing is handed)."""
+        if self.sock is None or self.identity is None:
+            return {}
+        (dev, ino), (dir_dev, dir_ino) = self.identity.socket, self.identity.directory
+        return {KEPT_SOCKET_ENV: f"{self.sock.fileno()}:{dev}:{ino}:{dir_dev}:{dir_ino}"}
+
+    @classmethod
+    def adopt(cls, path: Path, environ: MutableMapping[str, str] = os.environ) -> SocketHandover:
+        """What the previous image handed over, read (and removed: agents never
+        see it) from ``environ``; an empty handover when nothing valid was. A
+        descriptor that is not a listening socket still bound at ``path`` is closed."""
+        value = environ.pop(KEPT_SOCKET_ENV, None)
+        if value is None:
+            return cls()
+        try:
+            fd, dev, ino, dir_dev, dir_ino = (int(part) for part in value.split(":"))
+        except ValueError:
+            log.warning("ignoring %s=%r: not fd:dev:ino:dirdev:dirino", KEPT_SOCKET_ENV, value)
+            return cls()
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError as exc:
+            log.warning("the socket handed over (fd %d) cannot be used: %s", fd, exc)
+            return cls()
+        identity = SocketIdentity((dev, ino), (dir_dev, dir_ino))
+        listening = sock.family == socket.AF_UNIX and sock.getsockopt(
+            socket.SOL_SOCKET, socket.SO_ACCEPTCONN
+        )
+        if not listening or identity.lost(path) is not None:
+            log.warning("the socket handed over is no longer %s's; binding it again", path)
+            sock.close()
+            return cls()
+        sock.set_inheritable(False)
+        return cls(sock=sock, identity=identity)
+
+
 async def serve_kept_socket(
     path: Path,
     serve_listener: ServeListener,
     *,
+    handover: SocketHandover | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
-    """Bind ``path``, run ``serve_listener`` on it, and bind it again whenever it is
-    lost (Rules 1 and 2). ``task_status.started()`` once it first listens; the first
+    """Bind ``path`` (or serve the listener ``handover`` brought from the previous
+    image), run ``serve_listener`` on it, and bind it again whenever it is lost
+    (Rules 1 and 2). ``task_status.started()`` once it first listens; the first
     bind's ``SocketInUse``, ``UnsafeDirectory`` or ``OSError`` propagate (the daemon
     refuses to start). Never returns; on cancellation the listener is closed and the
-    path unlinked if still ours (Rule 4)."""
-    sock = bind_socket(path)
-    identity = _identity_after_bind(path)
+    path unlinked if still ours (Rule 4), unless ``handover`` wants it for the next
+    image: then it is left there, open (Rule 5)."""
+    handover = handover if handover is not None else SocketHandover()
+    sock: socket.socket
+    identity: SocketIdentity | None
+    if handover.sock is not None:
+        sock, identity = handover.sock, handover.identity
+        handover.sock = handover.identity = None
+    else:
+        sock = bind_socket(path)
+        identity = _identity_after_bind(path)
     try:
         task_status.started()
         while True:
@@ -104,8 +171,11 @@ async def serve_kept_socket(
             identity = _identity_after_bind(path)
             log.info("socket %s bound again", path)
     finally:
-        sock.close()
-        _unlink_if_ours(path, identity)
+        if handover.wanted() and identity is not None and identity.lost(path) is None:
+            handover.sock, handover.identity = sock, identity  # Rule 5
+        else:
+            sock.close()
+            _unlink_if_ours(path, identity)
 
 
 def _unlink_if_ours(path: Path, identity: SocketIdentity | None) -> None:

@@ -76,6 +76,9 @@ from agentsd_protocol.errors import (
 log = logging.getLogger(__name__)
 
 HOST_ID_FILE = "host-id"
+# How long a handover waits for each reader to reach a frame boundary: the frame it
+# handles may be waiting for a commit, which slow storage bounds at 10 s.
+HANDOVER_TIMEOUT_S = 15.0
 
 
 class Supervisor:
@@ -424,6 +427,25 @@ class Supervisor:
         for session in self.sessions.values():
             if session.task is not None:
                 session.task.stop(cause)
+
+    async def hand_over_all(self, timeout_s: float = HANDOVER_TIMEOUT_S) -> int:
+        """A planned restart with the holder (``agentsd.runner`` Rule 5): leave every
+        served agent running in the holder for the next image; how many were.
+        Returns once each handover finished or ``timeout_s`` passed; what was not
+        handed over by then (a session still starting, a reader that never reached a
+        boundary) is stopped by the caller's ``stop_all``, as in a shutdown. Without
+        the holder, nothing is handed over (0)."""
+        if self.holder is None:
+            return 0
+        tasks = [
+            session.task
+            for session in self.sessions.values()
+            if session.task is not None and session.task.hand_over()
+        ]
+        with trio.move_on_after(timeout_s):
+            for task in tasks:
+                await task.done.wait()
+        return sum(1 for task in tasks if task.handed_over)
 
 
 def _host_id(state_dir: Path) -> str:

@@ -31,6 +31,7 @@ import os
 import re
 import socket
 import stat
+import time
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Final, NoReturn
 
@@ -168,6 +169,14 @@ class Notifier:
     def stopping(self) -> None:
         """``STOPPING=1``: shutdown has begun (sessions are being closed)."""
         self.notify(STOPPING=1)
+
+    def reloading(self) -> None:
+        """``RELOADING=1`` with ``MONOTONIC_USEC=``: a restart in place has begun
+        (the same pid executes itself again); ``READY=1`` follows from the new
+        image once it serves. systemd (253 and later) matches the stamp against
+        the reload it is waiting for; older ones ignore it."""
+        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        self.notify(RELOADING=1, MONOTONIC_USEC=usec)
 
     def watchdog(self) -> None:
         """``WATCHDOG=1``: the daemon is alive. Prefer :func:`run_watchdog`."""

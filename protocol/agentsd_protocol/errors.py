@@ -330,6 +330,17 @@ class ConversationInUse(RpcError):
     kind = "conversation_in_use"
 
 
+class RestartRefused(RpcError):
+    """``daemon.restart`` found that the new version installed would not start (it
+    cannot load the configuration or its own code: ``output`` has what it said), so
+    nothing was stopped, drained or handed over: the daemon serves on as it was. Fix
+    the install or the configuration, then restart again. (Code -32066: past the
+    block other errors are being added in.)"""
+
+    code = -32066
+    kind = "restart_refused"
+
+
 def _all_subclasses(cls: type[RpcError]) -> list[type[RpcError]]:
     out: list[type[RpcError]] = []
     for sub in cls.__subclasses__():

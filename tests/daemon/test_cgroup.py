@@ -259,6 +259,34 @@ def test_under_systemd_the_daemon_moves_into_a_leaf_of_its_delegated_service(roo
 
 
 @needs_cgroup
+def test_a_daemon_restarted_in_place_finds_its_service_from_its_leaf(root: Path) -> None:
+    """The second selection runs as the image a restart in place executes would:
+    already in the leaf, it takes the service's cgroup again, not the leaf."""
+    service = root / "agentsd-test.service"
+    service.mkdir()
+    twice = UNDER_SYSTEMD.replace(
+        "found = ", "select_containment(None, {'INVOCATION_ID': 'x'})\nfound = "
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", twice],
+            preexec_fn=lambda: (service / "cgroup.procs").write_text("0"),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        mode, found_root, own = json.loads(done.stdout)
+        assert mode == "systemd-delegated"
+        assert found_root == str(service)
+        assert own == f"0::/{root.name}/{service.name}/daemon"
+    finally:
+        for leaf in (service / "daemon", service):
+            if leaf.exists():
+                leaf.rmdir()
+
+
+@needs_cgroup
 def test_a_root_without_limit_controllers_says_so(root: Path) -> None:
     """Here the v2 hierarchy has none of memory, pids and cpu (bound to v1): nothing
     is enabled, and the containment's detail says so (limits then fail at create)."""

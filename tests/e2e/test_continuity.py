@@ -23,7 +23,6 @@ import pytest
 
 from agentsctl.cli import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_USAGE
 from agentsctl.daemon import DaemonUnreachable, quick_call
-from agentsd.main import EXIT_RESTART
 from agentsd.providers.base import CONTINUATION_PROMPT
 from agentsd_protocol.errors import Draining
 from tests.daemon_process import IO_TIMEOUT_S, make_temp_dir, running_daemon
@@ -269,17 +268,23 @@ def test_a_drain_that_times_out_cuts_the_turn_off_for_continue(base: Path) -> No
             assert cli(sock, "daemon", "restart").returncode == EXIT_OK
 
 
-def test_under_systemd_a_restart_exits_75_for_the_unit_to_start_it_again(base: Path) -> None:
-    """With ``NOTIFY_SOCKET`` (a service manager) the daemon does not execute itself:
-    it stops cleanly and exits with ``EXIT_RESTART``, which the unit restarts on."""
+def test_under_systemd_a_restart_is_in_place_reloading_then_ready(base: Path) -> None:
+    """With ``NOTIFY_SOCKET`` (a service manager) the daemon restarts in place as
+    everywhere: the same pid executes itself again, saying ``RELOADING=1`` and then,
+    from the new image, ``READY=1`` (``agentsd.reexec``), never ``STOPPING=1``."""
     with (
         NotifyListener.bound(base) as notify,
         running_daemon(state_dir=base / "state", env=notify.env) as daemon,
     ):
+        notify.wait_for("READY", "1", process=daemon.process, timeout_s=IO_TIMEOUT_S)
         result = quick_call(daemon.socket, "daemon.restart", {"drain": "turn", "timeoutS": 5})
         assert result["drained"] is True and result["how"] == "service-manager"
-        assert daemon.wait() == EXIT_RESTART
-        notify.wait_for("STOPPING", "1", process=daemon.process, timeout_s=IO_TIMEOUT_S)
+        assert result["keepsAgents"] is False
+        notify.wait_for("RELOADING", "1", process=daemon.process, timeout_s=IO_TIMEOUT_S)
+        notify.wait_for("READY", "1", process=daemon.process, timeout_s=TURN_TIMEOUT_S)
+        assert status(daemon.socket)["pid"] == daemon.process.pid
+        assert daemon.process.poll() is None
+        assert not [n for n in notify.received if "STOPPING" in n.fields]
 
 
 def test_a_drained_restart_goes_on_when_its_client_is_gone(base: Path) -> None:

@@ -22,8 +22,6 @@ from pathlib import Path
 import pytest
 import trio
 
-from agentsd.main import EXIT_RESTART
-
 REPO = Path(__file__).resolve().parents[2]
 UNITS = REPO / "systemd"
 SOCKET_UNIT = UNITS / "agentsd.socket"
@@ -32,6 +30,7 @@ NOTIFY_UNIT = UNITS / "agentsd-notify.service"
 
 DAEMON_LADDER_S = 2 + 3 + 2
 """The daemon's default close ladder: stdin EOF, SIGTERM, SIGKILL."""
+LEGACY_EXIT_RESTART = 75  # what `daemon restart` exited with before the restart in place
 
 
 def _require_tool(name: str, package: str = "systemd") -> str:
@@ -174,10 +173,13 @@ def test_service_unit_contract() -> None:
     assert svc["Environment"] == ["PYTHONUNBUFFERED=1"]
     assert svc["WatchdogSec"] == ["30"]
     assert svc["Restart"] == ["on-failure"]
-    # `agentsctl daemon restart` exits with agentsd.main.EXIT_RESTART: a clean exit
-    # that systemd restarts whatever Restart= says.
-    assert svc["SuccessExitStatus"] == [str(EXIT_RESTART)]
-    assert svc["RestartForceExitStatus"] == [str(EXIT_RESTART)]
+    # A reload is the restart in place (agentsd.reexec), through the CLI, which
+    # never starts a daemon outside the unit.
+    assert svc["ExecReload"] == ["%h/.local/bin/agentsctl --no-start daemon restart"]
+    # Daemons from before it exited 75 on a restart: upgrading from one must start
+    # the new code, a clean exit restarted whatever Restart= says.
+    assert svc["SuccessExitStatus"] == [str(LEGACY_EXIT_RESTART)]
+    assert svc["RestartForceExitStatus"] == [str(LEGACY_EXIT_RESTART)]
     assert svc["KillMode"] == ["mixed"]
     [stop] = svc["TimeoutStopSec"]
     assert _seconds(stop) > DAEMON_LADDER_S

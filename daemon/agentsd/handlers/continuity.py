@@ -15,10 +15,15 @@ prompt was sent, gets ``not_cut_off``; two at the same moment, one of them.
 Rule 3: ``daemon.restart`` with ``drain`` closes the turn gate, waits
 (``agentsd.drain``), replies with what the drain found, then restarts; the reply is
 the last thing the daemon sends on that connection.
+
+Rule 4: before any of that, the code installed now is checked
+(``agentsd.reexec.preflight``): a new version that would not start is refused
+(``restart_refused``), with nothing stopped, drained or handed over.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -27,13 +32,16 @@ from agentsd.drain import closed_gate, drain_turns
 from agentsd.operations import Provisional
 from agentsd.providers.base import Dispatch
 from agentsd.recovery import mark_continued, mark_failed
+from agentsd.reexec import preflight
 from agentsd_protocol.api import conversation as api
 from agentsd_protocol.api import daemon as daemon_api
 from agentsd_protocol.api.events import Submission
-from agentsd_protocol.errors import InvalidParams, NotCutOff
+from agentsd_protocol.errors import InvalidParams, NotCutOff, RestartRefused
 
 if TYPE_CHECKING:
     from agentsd.connection import Call
+
+log = logging.getLogger(__name__)
 
 
 async def handle_continue(call: Call, params: api.ContinueParams) -> api.ContinueResult:
@@ -114,9 +122,20 @@ async def handle_restart(call: Call, params: daemon_api.RestartParams) -> daemon
     app = call.app
     if params.timeout_s is not None and params.timeout_s < 0:
         raise InvalidParams("Invalid params: timeoutS must not be negative")
+    if app.image_args is not None:  # Rule 4
+        failure = await preflight(app.image_args)
+        if failure is not None:
+            log.error("restart refused: the new version would not start: %s", failure)
+            raise RestartRefused(
+                "the agentsd installed now would not start, so nothing was restarted: "
+                + failure.splitlines()[-1],
+                output=failure,
+            )
     if params.drain is None:
         call.after_reply.append(app.request_restart)
-        return daemon_api.RestartResult(drained=False, how=app.restart_mode)
+        return daemon_api.RestartResult(
+            drained=False, how=app.restart_mode, keeps_agents=app.restart_keeps_agents
+        )
     supervisor = app.supervisor
     with closed_gate(supervisor.gate):
         report = await drain_turns(
@@ -131,6 +150,7 @@ async def handle_restart(call: Call, params: daemon_api.RestartParams) -> daemon
         waited_s=report.waited_s,
         timed_out=report.timed_out,
         how=app.restart_mode,
+        keeps_agents=app.restart_keeps_agents,
     )
 
 

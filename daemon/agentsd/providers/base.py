@@ -297,13 +297,18 @@ class LineLink:
     ``trio.BrokenResourceError``. A line past ``MAX_LINE_BYTES`` breaks the link for
     good (``broken``): where the next line starts cannot be known, so every later
     read raises the same ``AgentProtocolError``.
+
+    `stop_at_boundary` stops the reader between two frames (a handover: the agent
+    is left running for the next daemon), never while a frame is being handled.
     """
 
     __slots__ = (
+        "_at_boundary",
         "_broken",
         "_buf",
         "_lines_since_checkpoint",
         "_offset",
+        "_parked",
         "_receive_stream",
         "_scan_from",
         "_send_lock",
@@ -325,11 +330,25 @@ class LineLink:
         self._send_lock = trio.Lock()
         self._lines_since_checkpoint = 0
         self._broken: AgentProtocolError | None = None
+        self._parked = False  # the reader waits for bytes: no frame is being handled
+        self._at_boundary: Callable[[], None] | None = None
 
     @property
     def broken(self) -> bool:
         """Whether an overlong line lost the framing (nothing more can be read)."""
         return self._broken is not None
+
+    def stop_at_boundary(self, stop: Callable[[], None]) -> None:
+        """Call ``stop`` once the reader is between frames: at once if it waits for
+        bytes now, else when it next asks for a line (the frame it handles now is
+        handled to its end first). ``stop`` cancels the reader (a cancel scope
+        around it), which then raises ``Cancelled`` from `receive_line` having
+        taken no further line: a line not returned yet, whole or partial, is left
+        to whoever reads the agent's output next (the holder keeps what was not
+        acknowledged)."""
+        self._at_boundary = stop
+        if self._parked:
+            stop()
 
     async def send(self, message: Any) -> None:
         data = _encoder.encode(message) + b"\n"
@@ -343,6 +362,9 @@ class LineLink:
             await cursor.on_backlog()
         if self._broken is not None:
             raise self._broken
+        if self._at_boundary is not None:
+            self._at_boundary()
+            await trio.lowlevel.checkpoint()  # raises the Cancelled ``stop`` caused
         if self._lines_since_checkpoint >= LINES_PER_CHECKPOINT:
             # Before a line is taken: a cancellation here loses nothing.
             self._lines_since_checkpoint = 0
@@ -372,7 +394,11 @@ class LineLink:
             self._scan_from = len(self._buf)
             if self.cursor.on_overrun is not None and len(self._buf) > OVERRUN_BYTES:
                 self.cursor.on_overrun(self._offset + len(self._buf))
-            data = await self._receive_stream.receive_some(READ_BYTES)
+            self._parked = True
+            try:
+                data = await self._receive_stream.receive_some(READ_BYTES)
+            finally:
+                self._parked = False
             self._lines_since_checkpoint = 0  # receive_some is a checkpoint
             if not data:
                 if self._buf.strip():

@@ -129,13 +129,15 @@ class Containment(Result, frozen=True, kw_only=True):
 
 
 class RestartParams(MutationParams, frozen=True, kw_only=True):
-    """Restart the daemon. With ``drain`` (``turn``: the only kind yet) it first
-    takes no new turn (sends get ``draining``) and waits until no turn runs, or
-    ``timeout_s`` passed (None: no bound), then restarts: under a service manager
-    by exiting with ``EXIT_RESTART`` for it to start the new daemon (the unit says
-    ``RestartForceExitStatus=``), otherwise by executing itself again. Without
-    ``drain`` running turns are cut off at once (``agentSession.continue`` carries
-    them on)."""
+    """Restart the daemon in place: the same process executes the daemon again
+    (whatever was installed since is what runs), keeping its pid and the sockets a
+    service manager passed; under one it says ``RELOADING=1``, then the new image
+    ``READY=1``. With the holder (config ``holder``) running agents are handed over
+    and keep running; without it they end (the next send resumes natively). With
+    ``drain`` (``turn``: the only kind yet) it first takes no new turn (sends get
+    ``draining``) and waits until no turn runs, or ``timeout_s`` passed (None: no
+    bound). Without the holder and without ``drain`` running turns are cut off at
+    once (``agentSession.continue`` carries them on)."""
 
     drain: Literal["turn"] | None = None
     timeout_s: float | None = None
@@ -144,7 +146,9 @@ class RestartParams(MutationParams, frozen=True, kw_only=True):
 class RestartResult(Result, frozen=True, kw_only=True):
     """``turns_running``: turns running when the drain began; ``turns_finished`` of
     them ended while it waited, ``turns_cut_off`` still ran and are cut off by the
-    restart. ``how``: ``service-manager`` or ``re-exec``."""
+    restart. ``how``: ``service-manager`` (re-executed in place, told with
+    ``RELOADING=1``/``READY=1``) or ``re-exec``. ``keeps_agents``: running agents
+    are handed over to the new image (the holder keeps them) rather than ended."""
 
     drained: bool
     turns_running: int = 0
@@ -153,6 +157,7 @@ class RestartResult(Result, frozen=True, kw_only=True):
     waited_s: float = 0.0
     timed_out: bool = False
     how: str
+    keeps_agents: bool = False
 
 
 class StatusResult(Result, frozen=True, kw_only=True):
