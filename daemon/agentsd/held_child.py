@@ -278,27 +278,32 @@ async def adopt_held_child(
         raise
     outcome: HeldExit = ExitUnproven(f"the close ladder of held agent {agent.pid} failed")
     signalled: set[tuple[int, int]] = set()
+    child = HeldChild(
+        identity=identity,
+        agent=agent,
+        stdin=agent.stdin,
+        stdout=agent.stdout,
+        ladder=ladder,
+        scanner=scanner,
+        signalled=signalled,
+    )
     try:
-        yield HeldChild(
-            identity=identity,
-            agent=agent,
-            stdin=agent.stdin,
-            stdout=agent.stdout,
-            ladder=ladder,
-            scanner=scanner,
-            signalled=signalled,
-        )
+        yield child
     finally:
-        try:
-            outcome = await _close(agent, spec, cgroup, ladder, scanner, signalled)
-        finally:
-            on_exit(outcome)
-            if isinstance(outcome, ExitProof) or outcome in (
-                EndOutcome.ENDED,
-                EndOutcome.ALREADY_GONE,
-            ):
-                with trio.CancelScope(shield=True), trio.move_on_after(ladder.kill_wait_s):
-                    await link.release(agent)
+        if child.handed_over:
+            log.info("agent %d handed over: it runs on in holder %d", agent.pid, link.holder_pid)
+            agent.close_err()
+        else:
+            try:
+                outcome = await _close(agent, spec, cgroup, ladder, scanner, signalled)
+            finally:
+                on_exit(outcome)
+                if isinstance(outcome, ExitProof) or outcome in (
+                    EndOutcome.ENDED,
+                    EndOutcome.ALREADY_GONE,
+                ):
+                    with trio.CancelScope(shield=True), trio.move_on_after(ladder.kill_wait_s):
+                        await link.release(agent)
 
 
 def _make_cgroup(spec: ChildSpec) -> None:
