@@ -92,8 +92,10 @@ class App:
 
     @property
     def restart_keeps_agents(self) -> bool:
-        """Whether a restart hands running agents over (the holder keeps them)."""
-        return self._supervisor is not None and self._supervisor.holder is not None
+        """Whether a restart hands running agents over: the holder keeps them and the
+        next image takes them over (``crash_policy = "reattach"``); under ``"end"`` its
+        recovery would end them, so the restart ends them as a stop does."""
+        return self._supervisor is not None and self._supervisor.reattaches
 
     @property
     def draining(self) -> bool:

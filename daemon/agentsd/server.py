@@ -269,7 +269,7 @@ async def _serve_sessions(
                     task_status.started(app)
             if app.restart_requested:  # Rule 6
                 notifier.reloading()
-                if supervisor.holder is not None:
+                if supervisor.reattaches:  # else the next image would end them
                     running = supervisor.counts().running
                     notifier.status(f"handing {running} running agents over to the next image")
                     handed = await supervisor.hand_over_all()

@@ -434,8 +434,9 @@ class Supervisor:
         Returns once each handover finished or ``timeout_s`` passed; what was not
         handed over by then (a session still starting, a reader that never reached a
         boundary) is stopped by the caller's ``stop_all``, as in a shutdown. Without
-        the holder, nothing is handed over (0)."""
-        if self.holder is None:
+        the holder, or under ``crash_policy = "end"`` (the next image would end what
+        it was handed), nothing is handed over (0)."""
+        if not self.reattaches:
             return 0
         tasks = [
             session.task

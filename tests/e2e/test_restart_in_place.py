@@ -331,9 +331,9 @@ class HeldTurn:
     holder_pid: int
 
 
-def holder_config(base: Path) -> Path:
+def holder_config(base: Path, extra: str = "") -> Path:
     path = base / "config.toml"
-    path.write_text("holder = true\n")
+    path.write_text("holder = true\n" + extra)
     return path
 
 
@@ -351,12 +351,17 @@ def wait_event(sock: Path, session_id: str, kind: str) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def held_turn(
-    base: Path, notify: NotifyListener, *, extra_env: Mapping[str, str] | None = None
+    base: Path,
+    notify: NotifyListener,
+    *,
+    extra_env: Mapping[str, str] | None = None,
+    extra_config: str = "",
 ) -> Iterator[HeldTurn]:
-    """A socket-activated daemon with ``holder = true`` and one held agent in a turn."""
+    """A socket-activated daemon with ``holder = true`` (and ``extra_config``) and one
+    held agent in a turn."""
     state, sock = base / "state", base / "run" / "agentsd.sock"
     listener = listen(sock)
-    config = holder_config(base)
+    config = holder_config(base, extra_config)
     env = {**notify.env, **(extra_env or {})}
     daemon = start_activated(base, state, listener, env=env, extra_args=["--config", str(config)])
     with reaped(daemon), listener:
@@ -399,6 +404,29 @@ def test_a_restart_in_place_hands_held_agents_over_instead_of_ending_them() -> N
         # lease (a settle by the old image is the `shutdown` exit of a stop).
         assert "restart: 1 of 1 running agents handed over, kept by the holder" in turn.daemon.log()
         assert "shutdown" not in exit_causes(turn.state, turn.session_id)
+        assert turn.daemon.stop() == 0
+    assert token_carriers(lease_tokens(turn.state)) == []
+
+
+def test_under_crash_policy_end_a_restart_ends_held_agents_as_a_stop_does() -> None:
+    """``crash_policy = "end"``: the next image would end what it was handed, so the
+    restart says so and ends the agents itself, through the close ladder."""
+    with (
+        scratch() as base,
+        NotifyListener.bound(base) as notify,
+        held_turn(base, notify, extra_config='crash_policy = "end"\n') as turn,
+    ):
+        reply = rpc(turn.sock, "daemon.restart")
+        assert reply["keepsAgents"] is False
+        notify.wait_for("RELOADING", "1", process=turn.daemon.process, timeout_s=IO_TIMEOUT_S)
+        notify.wait_for("READY", "1", process=turn.daemon.process, timeout_s=RESTART_TIMEOUT_S)
+        wait_until(
+            lambda: exit_causes(turn.state, turn.session_id) == ["shutdown"],
+            timeout_s=RESTART_TIMEOUT_S,
+            what="the agent ended by the old image's ladder",
+        )
+        assert "handed over" not in turn.daemon.log()
+        assert ended(turn.pid)
         assert turn.daemon.stop() == 0
     assert token_carriers(lease_tokens(turn.state)) == []
 
