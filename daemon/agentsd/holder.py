@@ -45,7 +45,7 @@ Rule 6 (exit): the holder exits when it holds no agent and no daemon is attached
 after a daemon attached once (or ``--idle-exit-s`` after it started when none ever
 did). It ignores SIGHUP, SIGINT and SIGTERM's defaults are kept: a SIGTERM or SIGKILL
 to the holder is its death, which the daemon detects (pidfd) and answers by ending
-its agents (``agentsd.holder_client``).
+its agents (``agentsd.holder_link``, ``agentsd.held_child``).
 
 Wire: each message is ``>II`` (header length, payload length), a JSON object header
 (``op`` names it; a request may carry ``ref``, echoed by its reply), then the

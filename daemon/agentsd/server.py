@@ -18,7 +18,7 @@ again, as
 ``daemon.reloadEnv`` does. A daemon run in a terminal gets SIGHUP when that terminal
 hangs up, and shuts down as for SIGTERM.
 
-Rule 6: with the holder (config ``holder``) a holder left running is attached
+Rule 7: with the holder (config ``holder``) a holder left running is attached
 before recovery; under ``crash_policy = "reattach"`` recovery hands the agents it
 kept to the supervisor, which takes each over (``agentsd.runner`` Rule 4) before
 anything is served, and what it did not take is given up to the holder after.
@@ -28,7 +28,8 @@ beside recovery and serving, never before them: a login shell that hangs delays
 the first agent start, by at most its bound, and nothing else.
 
 Rule 6: a restart (``daemon.restart``) is a shutdown that says ``RELOADING=1``
-instead of ``STOPPING=1``, and in which, when the holder keeps the agents, every
+instead of ``STOPPING=1``, and in which, when the holder keeps the agents for the
+next image to take over (``crash_policy = "reattach"``), every
 served agent is handed over (``agentsd.runner`` Rule 5) instead of closed: the
 caller then executes the new image in this process (``agentsd.reexec``), which says
 ``READY=1`` once it serves. Without the holder the agents are closed, as in a
@@ -219,7 +220,7 @@ async def _serve_sessions(
     ):
         # Rule 1: the previous daemon's children are dealt with before anything is
         # served; with the holder and crash_policy "reattach", those it kept are
-        # taken over instead (Rule 6), also before.
+        # taken over instead (Rule 7), also before.
         link = None if holder is None else holder.current()
         found = link.found if link is not None and config.crash_policy == "reattach" else None
         recovered = await recover(store, config.ladder, app.containment.root, holder_found=found)

@@ -49,6 +49,7 @@ from agentsd_protocol.api.events import (
     TurnCompleted,
     kind_of,
 )
+from agentsd_protocol.errors import RpcError
 
 if TYPE_CHECKING:
     from agentsd.runner import SessionTask
@@ -278,7 +279,7 @@ class Sink:
             case _:
                 pass
         events.append(event)
-        stored = await self._append(events, position)
+        stored = await self._append_counted(events, position)
         return stored[-1].seq
 
     def delta(self, item_id: str, text: str) -> None:
@@ -293,6 +294,27 @@ class Sink:
             if self.alarm is not None and self.alarm.deadline > self.snapshot_due:
                 self.alarm.deadline = self.snapshot_due
         self._session.journal.publish_delta(item_id, offset, text)
+
+    async def _append_counted(
+        self, events: list[Event], position: tuple[int, int] | None, **fields: Any
+    ) -> list[StoredEvent]:
+        """``_append`` of a commit that holds one of the line's events, counted by
+        ``_position(emitting=True)``: a commit the store refused uncounts it, or a
+        later commit would store one event too many to skip (Rule 4)."""
+        try:
+            return await self._append(events, position, **fields)
+        except RpcError:
+            held = self._held
+            cursor = None if held is None else held.cursor
+            if (
+                position is not None
+                and cursor is not None
+                and cursor.handling()
+                and cursor.frame_start == position[0]
+                and cursor.emits > 0
+            ):
+                cursor.emits -= 1
+            raise
 
     async def flush_snapshots(self) -> None:
         events = self._snapshots()
@@ -354,7 +376,7 @@ class Sink:
         if options == self._session.row.options:
             return
         events = [*self._snapshots(), SessionUpdated(options=options, by="agent")]
-        await self._append(events, position, options=options)
+        await self._append_counted(events, position, options=options)
 
 
 def _orphaned_approvals(session: Session, turn_id: str | None) -> list[Event]:

@@ -30,6 +30,7 @@ from agentsd.store import sessions as session_rows
 from agentsd.store.journal import StoredEvent, read_events
 from agentsd.store.writer import Store, open_store
 from agentsd_protocol.api.events import AgentWarning, ItemUpdated, SessionCreated, decode_event
+from agentsd_protocol.errors import StorageUnavailable
 
 SESSION = "s1"
 
@@ -199,3 +200,32 @@ async def test_a_line_the_holder_cannot_hold_whole_gives_up_its_start(store: Sto
     await translate(link, sink)
     assert overruns and overruns[-1] > OVERRUN_BYTES
     assert warnings(await journal(store)) == ["big"]
+
+
+async def test_a_commit_the_store_refused_is_not_counted_as_the_lines(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event of the line whose commit failed is not journaled: a later commit of
+    the same line stores only the events that were, or a takeover would drop one
+    event that never reached the journal."""
+    session = await live_session(store)
+    send, receive = trio.testing.memory_stream_one_way_pair()
+    link = LineLink(trio.testing.MemorySendStream(), receive)
+    assert session.lease is not None
+    sink = Sink(session, session.lease, SessionTask(), HeldOutput(link.cursor, [].append))
+    await send.send_all(line(["a1", "a2"], delta="x"))
+    assert await link.receive() is not None  # the line is being handled
+    await sink.emit(AgentWarning(source="test", message="a1"))
+    real = SessionJournal.append
+
+    async def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise StorageUnavailable("the disk is full")
+
+    monkeypatch.setattr(SessionJournal, "append", refuse)
+    with pytest.raises(StorageUnavailable):
+        await sink.emit(AgentWarning(source="test", message="a2"))
+    monkeypatch.setattr(SessionJournal, "append", real)
+    sink.delta("item", "x")
+    await sink.flush_snapshots()
+    assert await stored_position(store, session) == (0, 1)
+    assert warnings(await journal(store)) == ["a1"]
