@@ -212,7 +212,8 @@ async def test_a_commit_the_store_refused_is_not_counted_as_the_lines(
     send, receive = trio.testing.memory_stream_one_way_pair()
     link = LineLink(trio.testing.MemorySendStream(), receive)
     assert session.lease is not None
-    sink = Sink(session, session.lease, SessionTask(), HeldOutput(link.cursor, [].append))
+    acks: list[int] = []
+    sink = Sink(session, session.lease, SessionTask(), HeldOutput(link.cursor, acks.append))
     await send.send_all(line(["a1", "a2"], delta="x"))
     assert await link.receive() is not None  # the line is being handled
     await sink.emit(AgentWarning(source="test", message="a1"))
