@@ -14,7 +14,12 @@ recovery, and is never re-sent unless a client asks with ``retryUnknown``.
 
 Rule 2 (first answer wins): an approval is claimed synchronously (no await between
 the check and the claim), then its resolution is committed, then delivered. Later
-answers get ``already_resolved`` with the winner.
+answers get ``already_resolved`` with the winner. The commit and the delivery run
+under one shield (bounded by ``ANSWER_DELIVERY_S``): a client that hangs up, or a
+restart that cancels the connections before it hands the agents over, cannot leave
+an answer committed and never written to the agent, which would wait for it for
+ever (a new image takes over only approvals still pending). A daemon killed between
+the two is the window left: the answer is journaled, the agent never heard it.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from agentsd_protocol.errors import (
     ContentUnsupported,
     InvalidParams,
     InvalidState,
+    StorageUnavailable,
 )
 
 log = logging.getLogger(__name__)
@@ -61,6 +67,7 @@ if TYPE_CHECKING:
 MAX_PROMPT_BYTES = 1024 * 1024  # a prompt is typed or pasted; files go through the agent's tools
 AUTO_TITLE_CHARS = 80  # a title taken from a prompt: what a listing's column shows
 INTERRUPT_WAIT_S = 15.0  # an interrupted turn ends within a second; past this it is stuck
+ANSWER_DELIVERY_S = 10.0  # commit and write of an answer (Rule 2): milliseconds when healthy
 
 
 async def handle_send(call: Call, params: api.SendParams) -> api.SendResult:
@@ -321,22 +328,45 @@ async def handle_respond(call: Call, params: api.RespondParams) -> api.RespondRe
         )
     resolution = ApprovalResolved(approval_id=approval_id, decision=params.decision, by="client")
     session.claims[approval_id] = resolution  # the claim: first answer wins from here
-    try:
-        stored = await session.journal.append([resolution])
-    finally:
-        # Committed (now in the conversation's resolutions) or failed (nobody won).
-        session.claims.pop(approval_id, None)
+    stored: list[StoredEvent] | None = None
+    with trio.CancelScope(shield=True) as bound:
+        bound.deadline = trio.current_time() + ANSWER_DELIVERY_S
+        try:
+            stored = await session.journal.append([resolution])
+        finally:
+            # Committed (now in the conversation's resolutions) or failed (nobody won).
+            session.claims.pop(approval_id, None)
+        await _deliver_answer(session, approval.native_id, approval_id, params.decision)
+    if stored is None:  # the deadline passed before the commit returned
+        raise StorageUnavailable(
+            f"storage too slow: answering {approval_id} took over {ANSWER_DELIVERY_S:g} s "
+            "(ask again: a recorded answer is then reported as already resolved)"
+        )
+    if bound.cancelled_caught:
+        log.warning(
+            "session %s: %s took over %g s to reach its agent",
+            session.id,
+            approval_id,
+            ANSWER_DELIVERY_S,
+        )
+    return api.RespondResult(approval_id=approval_id, decision=params.decision, seq=stored[0].seq)
+
+
+async def _deliver_answer(
+    session: Session, native_id: str, approval_id: str, decision: str
+) -> None:
+    """Write a committed answer to the running agent, if one runs (Rule 2)."""
     task = session.task
     adapter = None if task is None else task.adapter
-    if adapter is not None:
-        try:
-            await adapter.answer_approval(approval.native_id, params.decision)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            # The agent ended as the answer went out (a held agent's exit is heard
-            # from the holder first): the answer is committed, its end settles the rest.
-            log.info("session %s: its agent ended before hearing %s", session.id, approval_id)
-        task.touch()  # type: ignore[union-attr]
-    return api.RespondResult(approval_id=approval_id, decision=params.decision, seq=stored[0].seq)
+    if task is None or adapter is None:
+        return
+    try:
+        await adapter.answer_approval(native_id, decision)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        # The agent ended as the answer went out (a held agent's exit is heard from
+        # the holder first): the answer is committed, its end settles the rest.
+        log.info("session %s: its agent ended before hearing %s", session.id, approval_id)
+    task.touch()
 
 
 HANDLERS: dict[str, Any] = {
