@@ -186,6 +186,7 @@ def finish_reattached_turn(
     follower.feed(again.notes)
     assert follower.completed == text
     assert follower.text == text
+    assert follower.gaps == []  # never a delta past the text it had
     events = journal(sock, turn.session_id)
     assert_contiguous(events)
     kinds = [e["kind"] for e in events]
