@@ -328,23 +328,42 @@ def cut_off_by_a_crash(
     assert kinds.index("turn.completed") < kinds.index("child.exited")
 
 
-def approval_through_a_restart_in_place(
-    daemon: DaemonProcess, session_id: str, prompt: str, decision: str, deadline: Deadline
-) -> list[dict[str, Any]]:
-    """A turn waiting for an approval through ``agentsctl daemon restart``; answered
-    once after it (a second answer refused), the turn completes. The journal."""
-    sock = daemon.socket
+@attrs.frozen
+class PendingApproval:
+    session_id: str
+    approval_id: str
+    seq: int  # of its ``approval.requested``
+    pid: int
+
+
+def ask(sock: Path, session_id: str, prompt: str, deadline: Deadline) -> PendingApproval:
+    """Send ``prompt`` and wait for the approval the fake model's tool call asks."""
     watcher = Watcher(sock, session_id, 0, deadline)
-    with Client(sock, timeout_s=CALL_TIMEOUT_S) as client:
-        sent = client.call("agentSession.send", {"sessionId": session_id, "text": prompt})
-        assert sent["dispatch"] == "accepted", sent
-        pid = client.call("agentSession.get", {"sessionId": session_id})["session"]["child"]["pid"]
-    asked = watcher.wait_event("approval.requested")
-    watcher.close()
-    restart_in_place(daemon)
+    try:
+        with Client(sock, timeout_s=CALL_TIMEOUT_S) as client:
+            sent = client.call("agentSession.send", {"sessionId": session_id, "text": prompt})
+            assert sent["dispatch"] == "accepted", sent
+            session = client.call("agentSession.get", {"sessionId": session_id})["session"]
+        asked = watcher.wait_event("approval.requested")
+    finally:
+        watcher.close()
+    return PendingApproval(
+        session_id=session_id,
+        approval_id=asked["body"]["approvalId"],
+        seq=asked["seq"],
+        pid=session["child"]["pid"],
+    )
+
+
+def answer_after_the_takeover(
+    sock: Path, pending: PendingApproval, decision: str, deadline: Deadline
+) -> list[dict[str, Any]]:
+    """Once the agent is taken over: answer once (a second answer refused), and the
+    turn completes on the same agent. The journal."""
+    session_id = pending.session_id
     wait_reattached(sock, session_id, 1, deadline)
-    respond_once(sock, session_id, asked["body"]["approvalId"], decision)
-    again = Watcher(sock, session_id, asked["seq"], deadline)
+    respond_once(sock, session_id, pending.approval_id, decision)
+    again = Watcher(sock, session_id, pending.seq, deadline)
     try:
         done = again.wait_event("turn.completed")
     finally:
@@ -355,8 +374,39 @@ def approval_through_a_restart_in_place(
     kinds = [e["kind"] for e in events]
     assert "agent.error" not in kinds and "child.exited" not in kinds, kinds
     [resolved] = [e for e in events if e["kind"] == "approval.resolved"]
+    assert resolved["body"]["approvalId"] == pending.approval_id
     assert resolved["body"]["decision"] == decision
     with Client(sock, timeout_s=CALL_TIMEOUT_S) as client:
         session = client.call("agentSession.get", {"sessionId": session_id})["session"]
-    assert session["child"]["pid"] == pid
+    assert session["child"]["pid"] == pending.pid
+    return events
+
+
+def approval_through(
+    how: str,
+    daemon: DaemonProcess,
+    daemons: Callable[[], contextlib.AbstractContextManager[DaemonProcess]],
+    create: Callable[[Client], str],
+    decision: str,
+    deadline: Deadline,
+) -> list[dict[str, Any]]:
+    """A turn waiting for an approval through ``how``: ``restart`` (``agentsctl
+    daemon restart`` of ``daemon``) or ``sigkill`` (of a daemon of ``daemons``,
+    then the next one, ``crash_policy = "reattach"``); answered after it. The
+    journal."""
+    if how == "restart":
+        with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
+            session_id = create(client)
+        pending = ask(daemon.socket, session_id, "Run it", deadline)
+        restart_in_place(daemon)
+        return answer_after_the_takeover(daemon.socket, pending, decision, deadline)
+    with daemons() as first:
+        with Client(first.socket, timeout_s=CALL_TIMEOUT_S) as client:
+            session_id = create(client)
+        pending = ask(first.socket, session_id, "Run it", deadline)
+        sigkill(first)
+    with daemons() as second:
+        events = answer_after_the_takeover(second.socket, pending, decision, deadline)
+        with Client(second.socket, timeout_s=CALL_TIMEOUT_S) as client:
+            client.call("agentSession.close", {"sessionId": session_id})
     return events

@@ -28,7 +28,7 @@ from tests.peers.reattach_peer import (
     PIECE_DELAY_S,
     STORY,
     STORY_PIECES,
-    approval_through_a_restart_in_place,
+    approval_through,
     crashable_daemons,
     cut_off_by_a_crash,
     streamed_through_a_crash,
@@ -138,15 +138,15 @@ def test_a_turn_through_a_daemon_sigkill(
 
 
 @needs_claude
-def test_an_approval_answered_after_a_restart_in_place_reaches_claude_once(
-    daemon: DaemonProcess, fake: FakeAnthropic, home: Path
+@pytest.mark.parametrize("how", ["restart", "sigkill"])
+def test_an_approval_answered_after_the_daemon_came_back_reaches_claude_once(
+    how: str, daemon: DaemonProcess, fake: FakeAnthropic, home: Path
 ) -> None:
     # A redirect makes the command a write, which needs permission.
     command = "echo ran >> ran.txt"
     fake.script(ToolUseReply({"command": command, "description": "Append"}), TextReply("Ran it."))
-    with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
-        sid = _create(fake, home)(client)
-    events = approval_through_a_restart_in_place(daemon, sid, "Run it", "allow", Deadline())
+    with crashable_daemons(_HOLDER_CONFIG, "reattach") as daemons:
+        events = approval_through(how, daemon, daemons, _create(fake, home), "allow", Deadline())
     tools = [
         e["body"]
         for e in events

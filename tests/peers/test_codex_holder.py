@@ -29,7 +29,7 @@ from tests.peers.reattach_peer import (
     PIECE_DELAY_S,
     STORY,
     STORY_PIECES,
-    approval_through_a_restart_in_place,
+    approval_through,
     crashable_daemons,
     cut_off_by_a_crash,
     streamed_through_a_crash,
@@ -136,7 +136,9 @@ def test_a_turn_through_a_daemon_sigkill(
     assert len(fake.requests()) == 1
 
 
-def test_an_approval_answered_after_a_restart_in_place_reaches_codex_once(
+@pytest.mark.parametrize("how", ["restart", "sigkill"])
+def test_an_approval_answered_after_the_daemon_came_back_reaches_codex_once(
+    how: str,
     client: Client,
     peer_daemon: DaemonProcess,
     fake: FakeOpenAI,
@@ -146,8 +148,13 @@ def test_an_approval_answered_after_a_restart_in_place_reaches_codex_once(
 ) -> None:
     ran = workdir / "ran.txt"
     fake.script(ShellCall(f"echo ran >> {ran}"), TextReply("Ran it."))
-    sid = create_codex(client, workdir, codex_env)["sessionId"]
-    events = approval_through_a_restart_in_place(peer_daemon, sid, "Run it", "accept", deadline)
+
+    def create(client: Client) -> str:
+        sid: str = create_codex(client, workdir, codex_env)["sessionId"]
+        return sid
+
+    with crashable_daemons(_HOLDER_CONFIG, "reattach") as daemons:
+        events = approval_through(how, peer_daemon, daemons, create, "accept", deadline)
     commands = [
         e["body"]
         for e in events
