@@ -17,6 +17,12 @@ reader lags instead of being cut off.
 
 Rule 3: a subscription ends with its connection.
 
+Rule 5 (no gap mid-stream): a subscription made while text streams is handed, as
+it is made, the text streamed past each open item's last committed snapshot
+(``agentsd.streaming``), and sends it as one delta right after its catch-up and
+before anything live: the deltas that follow run on from it, with no gap to wait
+out until the next snapshot.
+
 Rule 4 (cheap per event): an ``agentSession.event`` notification is spliced from
 bytes (``EventFrames``): the stored body is already JSON and goes out as it is, and
 the bytes around it are the ones msgspec writes for ``EventNotification``. A
@@ -149,8 +155,14 @@ class Subscription:
         self._lagged = False
         self._catching_up = True
         self._refill = False
+        self._tails: list[Delta] = []
         self.ended = False
         self.scope = trio.CancelScope()
+
+    def start_from(self, tails: list[Delta]) -> None:
+        """Rule 5: the streamed text the catch-up will not have, as the subscription
+        is made (before anything live is offered)."""
+        self._tails = tails
 
     def offer(self, item: Item) -> None:
         if self.ended or self._lagged:
@@ -180,6 +192,9 @@ class Subscription:
                     self._refill = False
                     await self._fill_to(store, head_seq())
                 self._catching_up = False
+                for tail in self._tails:
+                    self._send_delta(tail)
+                self._tails = []
                 while True:
                     while self._queue:
                         await self._below_high_water()

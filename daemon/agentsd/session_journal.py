@@ -19,6 +19,9 @@ the feed fills such a gap from the store (``agentsd.feed`` Rule 1).
 
 Rule 2: the port reads the journal only through named store functions, so no
 handler holds SQL or a connection.
+
+Rule 3: the port keeps the streamed text no snapshot has journaled yet
+(``agentsd.streaming``), for a subscriber that arrives mid-stream (``tails``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from agentsd.store import sessions as session_rows
 from agentsd.store.database import StoreConnection
 from agentsd.store.journal import StoredEvent, bodies_of_kind, read_events
 from agentsd.store.writer import Store
+from agentsd.streaming import StreamingText
 from agentsd_protocol.api.events import Event, EventStruct, UnknownEvent, decode_event, kind_of
 
 if TYPE_CHECKING:
@@ -51,12 +55,13 @@ class SessionJournal:
     """The journal port of one session; built by the supervisor when it registers
     the session, and shared by everything that writes for that session."""
 
-    __slots__ = ("_feed", "_session", "_store")
+    __slots__ = ("_feed", "_session", "_store", "_streaming")
 
     def __init__(self, session: Session, store: Store, feed: Feed) -> None:
         self._session = session
         self._store = store
         self._feed = feed
+        self._streaming: StreamingText | None = None  # made at the first delta
 
     async def append(
         self,
@@ -111,7 +116,20 @@ class SessionJournal:
         snapshot, by whoever streams it (``agentsd.sink``)."""
         session = self._session
         delta = Delta(item_id=item_id, offset=offset, text=text, after_seq=session.head_seq)
+        if self._streaming is None:
+            self._streaming = StreamingText()
+        self._streaming.streamed(item_id, offset, text)
         self._feed.publish_delta(session.id, delta)
+
+    def tails(self) -> list[Delta]:
+        """Rule 3: each open item's text streamed past its last committed snapshot,
+        as one delta after the head seq (which a subscription made now catches up
+        to first)."""
+        head = self._session.head_seq
+        return [
+            Delta(item_id=item_id, offset=offset, text=text, after_seq=head)
+            for item_id, offset, text in (self._streaming.tails() if self._streaming else ())
+        ]
 
     async def latest(self, event_type: type[E], match: Callable[[E], bool]) -> E | None:
         """The session's newest journaled event of ``event_type`` for which
@@ -151,10 +169,13 @@ class SessionJournal:
             return
         session = self._session
         notable: list[tuple[StoredEvent, Event | UnknownEvent]] = []
+        streaming = self._streaming
         for event in stored:
             if event.seq > session.head_seq:
                 session.head_seq = event.seq
             decoded = decode_event(event.kind, event.body)
+            if streaming is not None:
+                streaming.committed(decoded)
             session.conversation.apply(event.seq, decoded)
             session.queue.apply(event.seq, decoded)
             if session.summary.apply(event.seq, decoded):

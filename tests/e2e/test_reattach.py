@@ -49,15 +49,18 @@ def _events(rpc: Rpc) -> list[dict[str, Any]]:
 
 class ItemFollower:
     """What a client shows of one item: snapshots (``item.updated``) and deltas
-    placed at their offsets, as the protocol says (``DeltaNotification``): a delta
-    past the known text (it streamed before the snapshot that covers it was
-    journaled) is dropped, the snapshot fills it in. Any overlap must agree: text
-    doubled fails here, text lost fails the final comparison."""
+    placed at their offsets, as the protocol says (``DeltaNotification``). Any
+    overlap must agree: text doubled fails here, text lost fails the final
+    comparison. A delta past the known text would be dropped (the next snapshot
+    fills it in); the daemon hands a subscriber arriving mid-stream the text no
+    snapshot has yet (``agentsd.feed`` Rule 5), so ``gaps`` records any, and the
+    tests hold it empty."""
 
     def __init__(self, item_id: str) -> None:
         self.item_id = item_id
         self.text = ""
         self.completed: str | None = None
+        self.gaps: list[tuple[int, int]] = []  # (a delta's offset, the length known)
 
     def feed(self, notes: list[tuple[str, dict[str, Any]]]) -> None:
         for method, params in notes:
@@ -75,6 +78,7 @@ class ItemFollower:
 
     def _place(self, offset: int, text: str) -> None:
         if offset > len(self.text):
+            self.gaps.append((offset, len(self.text)))
             return  # a gap: the next snapshot fills it
         overlap = self.text[offset : offset + len(text)]
         assert text.startswith(overlap), f"text at {offset} disagrees: {text!r} vs {overlap!r}"
@@ -199,6 +203,7 @@ async def test_a_turn_streaming_through_a_daemon_sigkill_is_reattached_exactly(m
             follower.feed(before)
             follower.feed(after)
             assert follower.text == REPLY, (last_seq, story, notes[:20])
+            assert follower.gaps == [], (last_seq, story, notes[:20])
             assert follower.completed == REPLY
         finally:
             kill_carriers(tokens)

@@ -54,6 +54,7 @@ async def handle_subscribe(call: Call, params: api.SubscribeParams) -> api.Subsc
     # Registered now, so nothing committed from here on is missed; the pump starts
     # after the reply is flushed, so the client knows the id before any event.
     supervisor.feed.add(subscription)
+    subscription.start_from(session.journal.tails())
     connection.on_close.append(subscription.end)
 
     def start_pump() -> None:

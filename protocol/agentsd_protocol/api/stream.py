@@ -146,7 +146,10 @@ class EventNotification(Result, frozen=True, kw_only=True):
 class DeltaNotification(Result, frozen=True, kw_only=True):
     """``agentSession.delta``: ephemeral streaming text. ``offset`` is where ``text``
     starts in the item's full text, so a client that caught up from an
-    ``item.updated`` snapshot can drop what it already has."""
+    ``item.updated`` snapshot can drop what it already has. A subscription made
+    while an item streams gets, right after its catch-up, one delta with the text
+    streamed past that item's last snapshot, so the live deltas run on from what
+    it has, with no gap."""
 
     subscription_id: str
     session_id: str
