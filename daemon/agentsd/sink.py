@@ -147,7 +147,8 @@ class Sink:
     and coalesces streaming text into ``item.updated`` snapshots.
 
     ``snapshot_due`` is the trio time by which the coalesced text must be flushed
-    (infinite while none waits); ``alarm``, when set, is the session task's sleep,
+    (infinite while none waits), or the position committed (Rule 4, asked by the
+    reader: ``_position_due``); ``alarm``, when set, is the session task's sleep,
     whose deadline ``delta`` pulls in to it."""
 
     __slots__ = (
@@ -155,6 +156,7 @@ class Sink:
         "_held",
         "_items",
         "_lease",
+        "_position_due",
         "_replay",
         "_session",
         "_task",
@@ -176,9 +178,11 @@ class Sink:
         self.alarm: trio.CancelScope | None = None
         self._held = held  # Rule 4
         self._replay: tuple[int, int] | None = None
+        self._position_due = False
         if held is not None:
             self._replay = held.replay
             held.cursor.on_backlog = self._commit_position
+            held.cursor.on_backlog_soon = self._position_soon
             for item_id, item in held.open_items.items():
                 self._items[item_id] = ItemText.journaled(item.text, item.length)
 
@@ -240,6 +244,19 @@ class Sink:
         if self._current():
             await self._append(self._snapshots(), self._position(emitting=False))
 
+    def _position_soon(self) -> None:
+        """Rule 4: ask the session task to commit the position now (with any text
+        waiting), so that the reader goes on instead of waiting for the commit.
+        Any commit meanwhile stores the position too and answers the request."""
+        if self._position_due:
+            return
+        self._position_due = True
+        now = trio.current_time()
+        if self.snapshot_due > now:
+            self.snapshot_due = now
+            if self.alarm is not None:
+                self.alarm.deadline = now
+
     def _current(self) -> bool:
         return is_current(self._session.lease, self._lease.fence, self._lease.generation)
 
@@ -260,6 +277,7 @@ class Sink:
                 item.journaled_length = item.length
         self._dirty.clear()
         self.snapshot_due = math.inf
+        self._position_due = False  # the commit these go with stores the position
         return out
 
     async def emit(self, event: Event) -> int:
@@ -317,8 +335,11 @@ class Sink:
             raise
 
     async def flush_snapshots(self) -> None:
+        """Journal the coalesced text, and with it the position (Rule 4); the
+        position alone when the reader asked for it (``_position_soon``)."""
+        position_due = self._position_due
         events = self._snapshots()
-        if events and self._current():
+        if (events or position_due) and self._current():
             await self._append(events, self._position(emitting=False))
 
     async def approval_requested(

@@ -19,7 +19,7 @@ import trio.testing
 
 from agentsd.feed import Feed
 from agentsd.leases import Identity
-from agentsd.providers.base import BACKLOG_BYTES, OVERRUN_BYTES, LineLink
+from agentsd.providers.base import BACKLOG_BYTES, BACKLOG_SOON_BYTES, OVERRUN_BYTES, LineLink
 from agentsd.runner import SessionTask
 from agentsd.session import Session
 from agentsd.session_journal import SessionJournal
@@ -185,6 +185,35 @@ async def test_lines_without_events_are_made_durable_past_the_backlog_bound(
     offset, skip = await stored_position(store, session)
     assert (offset, skip) == (acks[-1], 0)
     assert warnings(await journal(store)) == []
+
+
+async def test_past_half_the_backlog_the_reader_asks_for_the_position_without_waiting(
+    store: Store,
+) -> None:
+    """A fast stream must not stall on commits: past ``BACKLOG_SOON_BYTES`` of lines
+    with no event the reader only asks the session task for a commit of the
+    position (its alarm is due now) and reads on; that commit stores the position
+    the reader is at and acknowledges it."""
+    session = await live_session(store)
+    quiet = line(pad=1024)
+    count = BACKLOG_SOON_BYTES // len(quiet) + 2
+    assert count * len(quiet) < BACKLOG_BYTES
+    acks: list[int] = []
+    send, receive = trio.testing.memory_stream_one_way_pair()
+    link = LineLink(trio.testing.MemorySendStream(), receive)
+    assert session.lease is not None
+    sink = Sink(session, session.lease, SessionTask(), HeldOutput(link.cursor, acks.append))
+    await send.send_all(quiet * count)
+    await send.aclose()
+    await translate(link, sink)
+    assert acks == [], "the reader waited for a commit below the backlog bound"
+    assert sink.snapshot_due <= trio.current_time(), "no commit of the position was asked for"
+    await sink.flush_snapshots()  # what the session task does once its alarm is due
+    assert acks == [count * len(quiet)]
+    assert await stored_position(store, session) == (count * len(quiet), 0)
+    assert sink.snapshot_due == float("inf")
+    await sink.flush_snapshots()  # answered: nothing more to commit
+    assert acks == [count * len(quiet)]
 
 
 async def test_a_line_the_holder_cannot_hold_whole_gives_up_its_start(store: Store) -> None:

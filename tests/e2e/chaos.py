@@ -33,6 +33,13 @@ With ``--reattach`` every agent runs in the holder under ``crash_policy =
 excuses exactly the agents the restarted daemon took over (its lease, held, is the
 one its ``child.reattached`` names), and the report must count them.
 
+With ``--restart`` (``--reattach`` too) a round ends, at random, either in a
+SIGKILL or in a planned ``daemon.restart`` asked while the workers run and the
+agents stream: the same process executes the daemon again, hands its agents over
+and the new image takes them over before it serves. The same checks follow a
+restart as a kill (the survivors are exactly the agents taken over, nothing cut
+off by the restart is lost or doubled), and the daemon must have kept its pid.
+
 It prints one summary line; violations must be 0. The run is reproducible in its
 choices (the seed fixes every worker's decisions and every kill delay), not in its
 timing.
@@ -74,6 +81,8 @@ from tests.daemon_process import (
 
 CLIENT_TIMEOUT_S = 10.0  # one request against a local daemon, on a loaded machine
 SUBSCRIBE_READ_S = 0.05  # how long a subscriber waits for one notification per poll
+RESTART_SHARE = 0.5  # with --restart: the rounds that end in a planned restart
+RESTART_TIMEOUT_S = 60.0  # the old image's hand-over, preflight and the new start, loaded
 MAX_SESSIONS = 6  # per round; enough for interleavings, small enough for 2 cores
 LADDER_CONFIG = """\
 idle_timeout_s = 600.0
@@ -125,6 +134,7 @@ class Record:
 class Summary:
     rounds: int = 0
     kills: int = 0
+    restarts: int = 0  # planned restarts in place (``--restart``)
     acked: int = 0  # distinct acknowledged mutations
     acked_checked: int = 0  # checks made: each acked mutation after every later restart
     violations: list[str] = attrs.field(factory=list)
@@ -144,10 +154,11 @@ class Summary:
             if self.reattached
             else ""
         )
+        restarts = f"{self.restarts} restarts in place, " if self.restarts else ""
         return (
-            f"chaos: {self.rounds} rounds, {self.kills} kills, "
+            f"chaos: {self.rounds} rounds, {self.kills} kills, {restarts}"
             f"{self.acked} acknowledged mutations ({self.acked_checked} checks), "
-            f"replies cut off by a kill: {cut}; {len(self.recovered)} children ended by "
+            f"replies cut off by a kill or restart: {cut}; {len(self.recovered)} children ended by "
             f"recovery; {taken}{len(self.violations)} violations"
         )
 
@@ -633,6 +644,7 @@ def run(
     max_rounds: int = 0,
     holder: bool = False,
     reattach: bool = False,
+    restart: bool = False,
 ) -> Summary:
     """``rounds`` rounds, then more (up to ``max_rounds``) until a kill has cut off
     the reply of every method named in ``reach``: the moment of a kill is random, so
@@ -640,7 +652,10 @@ def run(
     With ``holder``, every agent runs in the holder (config ``holder = true``),
     which outlives each kill, and at the end it must have left; under ``crash_policy
     = "end"``, or with ``reattach`` under ``"reattach"``, its agents streaming
-    slowly so that kills land mid-turn."""
+    slowly so that kills land mid-turn. With ``restart`` (``reattach`` too) each
+    round but the last ends, with probability ``RESTART_SHARE``, in a planned
+    restart in place instead of a kill."""
+    reattach = reattach or restart
     holder = holder or reattach
     chunk_delay_s = 0.25 if reattach else 0.02
     rng = random.Random(seed)
@@ -651,37 +666,50 @@ def run(
     summary = Summary()
     tokens_before: list[str] = []
     round_no = 0
-    while round_no < rounds or (reach - set(summary.cut_off) and round_no < max_rounds):
+
+    def more() -> bool:
+        return round_no < rounds or bool(reach - set(summary.cut_off) and round_no < max_rounds)
+
+    while more():
         with start_daemon(base, holder, reattach) as daemon:
-            if round_no:
-                check(daemon.state_dir, tokens_before, record, summary, _recovery(daemon))
-                check_followers(daemon, record, summary)
-            workers = [
-                Worker(
-                    daemon.socket, record, random.Random(rng.getrandbits(64)), cwd, chunk_delay_s
-                )
-                for _ in range(clients)
-            ]
-            for worker in workers:
-                worker.start()
-            time.sleep(rng.uniform(0.3, 2.0))  # the moment of the kill is the experiment
-            daemon.process.send_signal(signal.SIGKILL)
-            daemon.process.wait(timeout=30)
-            tokens_before = _tokens(daemon.state_dir)
-            summary.kills += 1
-            summary.cut_off.update(w.in_flight for w in workers if w.in_flight is not None)
-            for worker in workers:
-                worker.stop.set()
-            with record.lock:
-                threads = [*workers, *record.threads]
-                record.threads.clear()
-            for thread in threads:
-                thread.join(timeout=CLIENT_TIMEOUT_S * 2)
-        summary.rounds += 1
-        summary.acked = len(record.acked)
-        if verbose:
-            print(f"round {round_no + 1}: {summary.line()}", flush=True)
-        round_no += 1
+            while True:
+                if round_no:
+                    check(daemon.state_dir, tokens_before, record, summary, _recovery(daemon))
+                    check_followers(daemon, record, summary)
+                delay = rng.uniform(0.3, 2.0)  # the moment of the kill is the experiment
+                planned = restart and rng.random() < RESTART_SHARE
+                workers = [
+                    Worker(
+                        daemon.socket,
+                        record,
+                        random.Random(rng.getrandbits(64)),
+                        cwd,
+                        chunk_delay_s,
+                    )
+                    for _ in range(clients)
+                ]
+                for worker in workers:
+                    worker.start()
+                time.sleep(delay)
+                round_no += 1
+                planned = planned and more()  # the last round ends in a kill
+                if planned:
+                    _restart_in_place(daemon, workers, record, summary)
+                else:
+                    daemon.process.send_signal(signal.SIGKILL)
+                    daemon.process.wait(timeout=30)
+                    summary.kills += 1
+                    summary.cut_off.update(w.in_flight for w in workers if w.in_flight is not None)
+                    _stop(workers, record)
+                # Read once no daemon journals (killed), or once the new image serves
+                # with no worker left (restarted): every lease of an agent started before.
+                tokens_before = _tokens(daemon.state_dir)
+                summary.rounds += 1
+                summary.acked = len(record.acked)
+                if verbose:
+                    print(f"round {round_no}: {summary.line()}", flush=True)
+                if not planned:
+                    break
     with start_daemon(base, holder, reattach) as daemon:
         check(daemon.state_dir, tokens_before, record, summary, _recovery(daemon))
         check_followers(daemon, record, summary)
@@ -693,6 +721,58 @@ def run(
     summary.acked = len(record.acked)
     shutil.rmtree(base, ignore_errors=True)
     return summary
+
+
+def _stop(workers: list[Worker], record: Record) -> None:
+    """Stop the workers and the followers' readers, and wait for them."""
+    for worker in workers:
+        worker.stop.set()
+    with record.lock:
+        threads = [*workers, *record.threads]
+        record.threads.clear()
+    for thread in threads:
+        thread.join(timeout=CLIENT_TIMEOUT_S * 2)
+
+
+def _restart_in_place(
+    daemon: DaemonProcess, workers: list[Worker], record: Record, summary: Summary
+) -> None:
+    """Ask for ``daemon.restart`` while the workers run, stop them once it replied
+    (the old image's connections are cut at the exec: none reaches the new image),
+    and wait until the new image serves, under the same pid."""
+    pid = daemon.process.pid
+    try:
+        with Client(daemon.socket, timeout_s=CLIENT_TIMEOUT_S) as client:
+            result = client.call("daemon.restart", {"clientOperationId": uuid.uuid4().hex})
+    except (RpcError, DaemonUnreachable, OSError, TimeoutError) as exc:
+        summary.violations.append(f"daemon.restart failed: {exc!r}")
+        raise
+    replied = time.time()
+    summary.restarts += 1
+    summary.cut_off.update(w.in_flight for w in workers if w.in_flight is not None)
+    _stop(workers, record)
+    if not result.get("keepsAgents"):
+        summary.violations.append(f"daemon.restart did not keep the agents: {result}")
+    deadline = time.monotonic() + RESTART_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if daemon.process.poll() is not None:
+            break
+        try:
+            with Client(daemon.socket, timeout_s=CLIENT_TIMEOUT_S) as client:
+                status = client.call("daemon.status")
+        except (RpcError, DaemonUnreachable, OSError, TimeoutError):
+            status = None  # the old image stopping, or the new one not serving yet
+        # The new image: started after the reply (uptime is rounded to the ms).
+        if status is not None and time.time() - status["uptimeS"] > replied - 0.05:
+            if status["pid"] != pid:
+                summary.violations.append(f"the daemon's pid changed: {pid} -> {status['pid']}")
+            return
+        time.sleep(0.05)
+    summary.violations.append(
+        f"the new image did not serve within {RESTART_TIMEOUT_S} s of the restart "
+        f"(the daemon {'lives' if daemon.process.poll() is None else 'exited'})"
+    )
+    raise RuntimeError(summary.violations[-1])
 
 
 def _recovery(daemon: DaemonProcess) -> dict[str, Any]:
@@ -711,6 +791,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--reattach", action="store_true", help='agents in the holder, crash_policy = "reattach"'
     )
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="as --reattach, rounds ending in a planned restart in place or a SIGKILL",
+    )
     args = parser.parse_args(argv)
     summary = run(
         args.rounds,
@@ -719,6 +804,7 @@ def main(argv: list[str] | None = None) -> int:
         args.verbose,
         holder=args.holder,
         reattach=args.reattach,
+        restart=args.restart,
     )
     print(summary.line())
     for violation in summary.violations[:50]:

@@ -55,3 +55,16 @@ def test_crash_chaos_with_reattach_has_no_violations() -> None:
     assert summary.acked > 0, "the workload acknowledged nothing: the harness checked nothing"
     assert summary.violations == [], summary.violations
     assert summary.mid_turn > 0, f"no agent was taken over mid-turn: {summary.line()}"
+
+
+def test_chaos_with_restarts_in_place_has_no_violations() -> None:
+    """The same under reattach, rounds ending at random in a planned ``daemon.restart``
+    (asked while the agents stream and the workers run) or a SIGKILL: after a restart
+    the same process serves, the agents it handed over are taken over by the new
+    image, and every check holds as after a kill."""
+    summary = run(rounds=4, seed=20261203, clients=3, restart=True)
+    assert summary.restarts > 0 and summary.kills > 0, summary.line()
+    assert summary.rounds == summary.restarts + summary.kills
+    assert summary.acked > 0, "the workload acknowledged nothing: the harness checked nothing"
+    assert summary.violations == [], summary.violations
+    assert summary.mid_turn > 0, f"no agent was taken over mid-turn: {summary.line()}"

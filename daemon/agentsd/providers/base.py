@@ -76,8 +76,11 @@ MAX_BAD_LINES = 32  # non-frame lines in a row: past this the output is not the 
 LINES_PER_CHECKPOINT = 256
 READ_BYTES = 64 * 1024
 # Lines read since the last durable position past which the position is committed
-# alone (``OutputCursor.on_backlog``): a quarter of what the holder retains.
+# alone (``OutputCursor.on_backlog``): a quarter of what the holder retains. Past
+# half that, the reader asks for it without waiting (``on_backlog_soon``: the session
+# task commits it), so a fast stream rarely stalls on the commit.
 BACKLOG_BYTES = 256 * 1024
+BACKLOG_SOON_BYTES = BACKLOG_BYTES // 2
 # One line longer than this cannot be retained whole by the holder (1 MiB) beside
 # what came before it: its start is given up (``OutputCursor.on_overrun``).
 OVERRUN_BYTES = 512 * 1024
@@ -249,6 +252,7 @@ class OutputCursor:
         "frame_start",
         "in_frame",
         "on_backlog",
+        "on_backlog_soon",
         "on_overrun",
         "reader",
     )
@@ -263,10 +267,13 @@ class OutputCursor:
         # made durable; a commit of the position alone, which the link awaits between
         # lines once ``BACKLOG_BYTES`` of lines with no event of their own went by
         # (the holder retains what is not durable, and stops reading at its bound);
-        # and what to do when one line alone outgrows ``OVERRUN_BYTES`` (give up
-        # exactness for it: the holder could not hold it whole).
+        # how to ask for that commit without waiting for it, past
+        # ``BACKLOG_SOON_BYTES``; and what to do when one line alone outgrows
+        # ``OVERRUN_BYTES`` (give up exactness for it: the holder could not hold it
+        # whole).
         self.durable = base
         self.on_backlog: Callable[[], Awaitable[None]] | None = None
+        self.on_backlog_soon: Callable[[], None] | None = None
         self.on_overrun: Callable[[int], None] | None = None
 
     def begin(self, start: int, end: int) -> None:
@@ -358,8 +365,12 @@ class LineLink:
     async def receive_line(self) -> bytes | None:
         cursor = self.cursor
         cursor.end()  # the caller is done with the line before
-        if cursor.on_backlog is not None and cursor.frame_end - cursor.durable > BACKLOG_BYTES:
-            await cursor.on_backlog()
+        if cursor.on_backlog is not None:
+            backlog = cursor.frame_end - cursor.durable
+            if backlog > BACKLOG_BYTES:
+                await cursor.on_backlog()
+            elif backlog > BACKLOG_SOON_BYTES and cursor.on_backlog_soon is not None:
+                cursor.on_backlog_soon()
         if self._broken is not None:
             raise self._broken
         if self._at_boundary is not None:
