@@ -362,7 +362,14 @@ class Holder:
             for header, payload in messages:
                 if conn.closing:
                     break
-                self._handle(conn, header, payload)
+                try:
+                    self._handle(conn, header, payload)
+                except Exception as exc:
+                    # A request that meets a bug is that request's error, never the
+                    # connection's end (the daemon's is every agent's).
+                    traceback.print_exc()
+                    body = {"op": "error", "kind": "internal", "message": repr(exc)[:200]}
+                    self._send(conn, {**body, "ref": header.get("ref")})
 
     def _drop(self, conn: Connection) -> None:
         """Close ``conn`` now; a daemon's end is a detach (Rule 4)."""
@@ -582,15 +589,17 @@ class Holder:
                 start_new_session=True,
                 close_fds=True,
             )
-        except OSError as exc:
+        except Exception as exc:  # OSError; ValueError for a NUL byte; any: this spawn's
             for fd in ours:
                 os.close(fd)
-            return {
-                "op": "error",
-                "kind": "spawn_failed",
-                "errno": exc.errno,
-                "message": exc.strerror or str(exc),
-            }
+            if isinstance(exc, OSError):
+                return {
+                    "op": "error",
+                    "kind": "spawn_failed",
+                    "errno": exc.errno,
+                    "message": exc.strerror or str(exc),
+                }
+            return {"op": "error", "kind": "bad_request", "message": f"spawn: {exc}"}
         finally:
             for fd in theirs:
                 os.close(fd)

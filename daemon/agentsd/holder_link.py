@@ -320,7 +320,11 @@ class HolderLink:
         durable_acks: bool = False,
     ) -> HeldAgent:
         """Have the holder start an agent. Raises OSError as Popen would (with the
-        holder's errno), `HolderLost`. ``durable_acks``: Rule 3."""
+        holder's errno; EINVAL for what exec cannot be given, a NUL byte in ``argv``,
+        ``env`` or ``cwd``), `HolderLost`. ``durable_acks``: Rule 3."""
+        unfit = _unspawnable(argv, cwd, env)
+        if unfit is not None:
+            raise OSError(errno.EINVAL, unfit)
         header = {"op": "spawn", "id": agent_id, "argv": argv, "cwd": cwd, "env": dict(env)}
         # Known before the answer: the holder may report its exit right behind it.
         agent = HeldAgent(self, agent_id, 0, None, durable_acks=durable_acks)
@@ -466,6 +470,19 @@ class HolderLink:
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     self.fail(f"sending to the holder failed: {exc}")
                     return
+
+
+def _unspawnable(argv: list[str], cwd: str, env: Mapping[str, str]) -> str | None:
+    """Why exec cannot be given these (a NUL byte; a name with ``=``), or None."""
+    if any("\0" in arg for arg in argv):
+        return "a NUL byte in the agent's argv"
+    if "\0" in cwd:
+        return "a NUL byte in the agent's cwd"
+    if any("\0" in key or "\0" in value for key, value in env.items()):
+        return "a NUL byte in the agent's environment"
+    if any("=" in key or not key for key in env):
+        return "an environment variable name that is empty or holds '='"
+    return None
 
 
 def socket_path(state_dir: Path) -> Path:

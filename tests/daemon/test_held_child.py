@@ -4,6 +4,7 @@ leaves no agent and no holder behind."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -236,6 +237,45 @@ async def test_a_spawn_that_fails_leaves_nothing(keeper: HolderKeeper, tokens: l
             pass
     assert exits == []
     assert link.agents == {}
+
+
+async def test_a_spawn_exec_cannot_take_is_refused_before_the_holder_sees_it(
+    keeper: HolderKeeper, tokens: list[str]
+) -> None:
+    """A NUL byte in argv, environment or cwd is the spawn's EINVAL, and the link
+    (every other agent's) stays up."""
+    link: HolderLink = await keeper.link()
+    with trio.fail_after(30):
+        async with open_held_child(
+            spec(tokens), QUICK, ignore_identity, lambda _: None, link
+        ) as child:
+            lines = Lines(child)
+            for bad, why in (
+                (
+                    ChildSpec(argv=["sleep", "6\x000"], cwd="/", env={}, token=new_spawn_token()),
+                    "argv",
+                ),
+                (
+                    ChildSpec(argv=["true"], cwd="/", env={"X": "a\x00b"}, token=new_spawn_token()),
+                    "environment",
+                ),
+                (ChildSpec(argv=["true"], cwd="/\x00tmp", env={}, token=new_spawn_token()), "cwd"),
+                (
+                    ChildSpec(argv=["true"], cwd="/", env={"A=B": "c"}, token=new_spawn_token()),
+                    "name",
+                ),
+            ):
+                exits: list[HeldExit] = []
+                with pytest.raises(OSError) as raised:
+                    async with open_held_child(bad, QUICK, ignore_identity, exits.append, link):
+                        pass
+                # Refused here, saying what: the holder is never asked.
+                assert why in str(raised.value)
+                assert raised.value.errno == errno.EINVAL
+                assert exits == []
+            assert not link.lost.is_set()
+            assert set(link.agents) == {child.identity.token}
+            await lines.handshake()  # the agent spawned before is served still
 
 
 async def test_a_spawn_cancelled_while_the_holder_starts_it_is_still_laddered(

@@ -695,3 +695,32 @@ def test_a_socket_connected_by_an_agents_exited_child_is_refused(
     assert daemon.read_stream("a", "out", b"\n") == (0, b"0 welcome of 101\n")
     # The daemon stayed attached through all of it.
     assert daemon.request({"op": "close_stdin", "id": "a"})["op"] == "ok"
+
+
+def test_a_spawn_exec_cannot_take_is_that_spawns_error_only(
+    make_holder: Any, tmp_path: Path
+) -> None:
+    """A NUL byte in argv, environment or cwd (Popen's ValueError) is the spawn's
+    error reply: no pipe end leaks and the daemon stays attached."""
+    h = make_holder()
+    daemon = h.connect()
+    daemon.hello(1)
+    pid = _spawn(daemon, "a", ECHO, tmp_path)
+    daemon.request({"op": "resume", "id": "a", "stream": "out", "offset": 0})
+    fds = len(os.listdir(f"/proc/{h.process.pid}/fd"))
+    env = dict(os.environ)
+    for i, (argv, cwd, extra) in enumerate(
+        [
+            (["sleep", "6\x000"], str(tmp_path), {}),
+            (["true"], str(tmp_path), {"X": "a\x00b"}),
+            (["true"], str(tmp_path) + "\x00x", {}),
+        ]
+    ):
+        reply = daemon.request(
+            {"op": "spawn", "id": f"bad{i}", "argv": argv, "cwd": cwd, "env": {**env, **extra}}
+        )
+        assert reply["op"] == "error" and reply["kind"] == "bad_request", reply
+    assert len(os.listdir(f"/proc/{h.process.pid}/fd")) == fds
+    daemon.request({"op": "write", "id": "a"}, b"still here\n")
+    assert daemon.read_stream("a", "out", b"\n") == (0, b"echo: still here\n")
+    assert _alive(pid)
