@@ -249,11 +249,17 @@ class HolderLink:
     found: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     lost: trio.Event = attrs.field(factory=trio.Event)
     lost_reason: str = ""
-    _send_lock: trio.StrictFIFOLock = attrs.field(factory=trio.StrictFIFOLock)
     _replies: dict[int, trio.MemorySendChannel[dict[str, Any]]] = attrs.field(factory=dict)
     _refs: int = 0
+    # Every message goes through the one writer task (`_write`), whole: the socket
+    # is every agent's, and half a message would garble all that follows.
     _outbox: list[bytes] = attrs.field(factory=list)
     _outbox_wake: trio.Event = attrs.field(factory=trio.Event)
+    _queued: int = 0  # messages queued so far
+    _written: int = 0  # of which the socket took this many
+    _written_wake: trio.Event = attrs.field(factory=trio.Event)
+    torn: bool = False  # the writer was cancelled mid-message: nothing more may follow
+    closed: bool = False  # `open_holder_link` closed the socket
 
     async def request(self, header: dict[str, Any], payload: bytes = b"") -> dict[str, Any]:
         """Send a request and return its reply; `HolderRefused` for an error reply."""
@@ -280,21 +286,29 @@ class HolderLink:
         return reply
 
     async def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
-        if self.lost.is_set():
-            raise HolderLost(self.lost_reason)
-        data = wire.encode(header, payload)
-        async with self._send_lock:
-            try:
-                await self.stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                self.fail(f"sending to the holder failed: {exc}")
-                raise HolderLost(self.lost_reason) from None
+        """Queue one message and wait until the socket took it. Cancelled meanwhile,
+        the message still goes out whole (or the holder is lost): the holder gets
+        a stdin frame whole or not at all (``agentsd.holder`` Rule 3)."""
+        self._check_open()
+        seq = self._enqueue(wire.encode(header, payload))
+        while self._written < seq:
+            self._check_open()
+            await self._written_wake.wait()
+
+    def _check_open(self) -> None:
+        if self.lost.is_set() or self.closed:
+            raise HolderLost(self.lost_reason or "the link is closed")
 
     def send_nowait(self, header: dict[str, Any]) -> None:
-        """Queue a small message (an ack) for the sender task."""
+        """Queue a small message (an ack) for the writer task."""
         if not self.lost.is_set():
-            self._outbox.append(wire.encode(header))
-            self._outbox_wake.set()
+            self._enqueue(wire.encode(header))
+
+    def _enqueue(self, data: bytes) -> int:
+        self._outbox.append(data)
+        self._queued += 1
+        self._outbox_wake.set()
+        return self._queued
 
     def fail(self, reason: str) -> None:
         """The holder is lost (Rule 2)."""
@@ -307,7 +321,8 @@ class HolderLink:
             sender.close()
         for agent in self.agents.values():
             agent._lost()
-        self._outbox_wake.set()  # the sender task sees ``lost`` and returns
+        self._outbox_wake.set()  # the writer task sees ``lost`` and returns
+        self._written_wake.set()  # senders waiting see ``lost``
 
     async def spawn(
         self,
@@ -458,18 +473,25 @@ class HolderLink:
                 agent.on_exit()
 
     async def _write(self) -> None:
+        """The one writer of the socket: whole messages, in the order queued."""
         while True:
             await self._outbox_wake.wait()
             self._outbox_wake = trio.Event()
             if self.lost.is_set():
                 return
             batch, self._outbox = b"".join(self._outbox), []
-            async with self._send_lock:
-                try:
-                    await self.stream.send_all(batch)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    self.fail(f"sending to the holder failed: {exc}")
-                    return
+            upto = self._queued
+            try:
+                await self.stream.send_all(batch)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                self.fail(f"sending to the holder failed: {exc}")
+                return
+            except trio.Cancelled:
+                self.torn = True  # the link is closing; a detach may not follow
+                raise
+            self._written = upto
+            self._written_wake.set()
+            self._written_wake = trio.Event()
 
 
 def _unspawnable(argv: list[str], cwd: str, env: Mapping[str, str]) -> str | None:
@@ -610,12 +632,14 @@ async def open_holder_link(state_dir: Path) -> AsyncIterator[HolderLink]:
                 nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
-            if not link.lost.is_set():
+            if not link.lost.is_set() and not link.torn:
                 with trio.move_on_after(CONNECT_TIMEOUT_S), suppress(HolderLost, HolderRefused):
                     await _detach(link)
             for agent in link.agents.values():
                 agent.close_err()
             await stream.aclose()
+            link.closed = True
+            link._written_wake.set()  # a send still waiting raises HolderLost
 
 
 def _end_started(pid: int) -> None:

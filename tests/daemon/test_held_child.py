@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from agentsd import holder_link
 from agentsd.cgroup import CgroupRoot
@@ -552,3 +553,45 @@ async def test_a_missing_agent_in_cgroup_mode_fails_and_leaves_no_cgroup(
             pytest.fail("the body ran")
     assert exits == []
     assert cgroups.existing() == []
+
+
+async def test_a_stdin_frame_cancelled_mid_send_goes_whole_and_the_link_serves_on(
+    keeper: HolderKeeper,
+) -> None:
+    """A big stdin frame whose send is cancelled while the holder is stalled (its
+    socket full) is still written whole (or not at all): the holder's next request
+    on the shared socket is answered, and the agent reads the whole frame."""
+    link = await keeper.link()
+    counter = "import sys; print(len(sys.stdin.buffer.read()), flush=True)"
+    env = dict(os.environ)
+    a = await link.spawn(new_spawn_token(), [sys.executable, "-c", counter], "/", env, None)
+    b = await link.spawn(new_spawn_token(), ["sleep", "600"], "/", env, None)
+    frame = b"x" * (8 << 20)
+    try:
+        os.kill(link.holder_pid, signal.SIGSTOP)
+        try:
+            with trio.CancelScope() as scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(a.stdin.send_all, frame)
+                    # Every task blocked: the send waits on a socket the holder
+                    # does not read, some of the frame sent.
+                    await trio.testing.wait_all_tasks_blocked()
+                    scope.cancel()
+        finally:
+            os.kill(link.holder_pid, signal.SIGCONT)
+        with trio.fail_after(60):
+            assert await b.signal_group(signal.SIGCONT)  # another agent's request
+            await a.close_stdin()
+            out = b""
+            while not out.endswith(b"\n"):
+                data = await a.stdout.receive_some()
+                assert data, "its stdout ended early"
+                out += data
+        assert int(out) in (0, len(frame))
+        assert not link.lost.is_set()
+    finally:
+        for agent in (a, b):
+            await agent.signal_group(signal.SIGKILL)
+            with trio.fail_after(30):
+                await agent.wait()
+            await link.release(agent)
