@@ -3,9 +3,13 @@ each agent it holds trio streams like a pipe's.
 
 Rule 1 (one link, one holder): `open_holder_link` connects to the state
 directory's holder, starting one (detached: its own session, outliving this daemon)
-when none listens, and attaches with an epoch above any earlier daemon's
-(``time.time_ns()``: daemons of one state directory never overlap, the daemon lock
-sees to that). A link is never re-established: once the holder is lost (its socket
+when none listens, and attaches with an epoch above any earlier daemon's: a
+durable counter (`next_epoch`, ``holder.epoch`` in the state directory, 0600), at
+least ``time.time_ns()`` so that it stays above the clock-based epochs of earlier
+releases, and always above the last one stored, so that a clock stepped back never
+fences the next daemon out. Daemons of one state directory never overlap (the
+daemon lock sees to that), so reading, incrementing and storing it needs no lock of
+its own between processes. A link is never re-established: once the holder is lost (its socket
 ended: it died), every agent on it is lost, and the next spawn starts a new holder.
 
 Rule 2 (what a lost holder means): the agents it held lost their pipes. Their
@@ -39,6 +43,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
@@ -53,6 +58,7 @@ from agentsd import holder as wire
 log = logging.getLogger(__name__)
 
 SOCKET_NAME = "holder.sock"
+EPOCH_NAME = "holder.epoch"
 LOG_NAME = "holder.log"
 HOLDER_SCRIPT = Path(wire.__file__)
 CONNECT_TIMEOUT_S = 10.0  # a holder accepts from its first instruction
@@ -511,6 +517,39 @@ def socket_path(state_dir: Path) -> Path:
     return state_dir / SOCKET_NAME
 
 
+_epoch_lock = threading.Lock()  # the links of one daemon, in threads
+
+
+def next_epoch(state_dir: Path) -> int:
+    """The next hello epoch (Rule 1): above the last one stored and at least the
+    clock's, stored durably (written, fsynced, renamed into place) before it is
+    used. Blocking: run it in a thread."""
+    path = state_dir / EPOCH_NAME
+    with _epoch_lock:
+        try:
+            last = int(path.read_text().strip() or 0)
+        except FileNotFoundError:
+            last = 0
+        except (OSError, ValueError) as exc:
+            log.warning("holder epoch file %s unreadable (%s): the clock's is used", path, exc)
+            last = 0
+        epoch = max(time.time_ns(), last + 1)
+        temporary = path.with_name(f".{EPOCH_NAME}.{os.getpid()}")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, f"{epoch}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+        directory = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+    return epoch
+
+
 async def _connect(path: Path) -> trio.SocketStream | None:
     """A connection to a listening holder, or None when none listens there."""
     try:
@@ -595,7 +634,8 @@ async def open_holder_link(state_dir: Path) -> AsyncIterator[HolderLink]:
         if stream is None:
             raise HolderLost(f"the holder started at {path} does not accept")
     decoder = wire.Decoder()
-    hello = {"op": "hello", "protocol": wire.PROTOCOL, "epoch": time.time_ns(), "ref": 0}
+    epoch = await trio.to_thread.run_sync(next_epoch, state_dir)
+    hello = {"op": "hello", "protocol": wire.PROTOCOL, "epoch": epoch, "ref": 0}
     welcome: dict[str, Any] | None = None
     early: list[tuple[dict[str, Any], bytes]] = []  # what came with it, in order
     with trio.move_on_after(CONNECT_TIMEOUT_S):

@@ -8,7 +8,9 @@ import errno
 import json
 import os
 import signal
+import stat
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -595,3 +597,33 @@ async def test_a_stdin_frame_cancelled_mid_send_goes_whole_and_the_link_serves_o
             with trio.fail_after(30):
                 await agent.wait()
             await link.release(agent)
+
+
+async def test_a_clock_stepped_back_never_fences_the_next_daemon_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hello epoch is durable and strictly increasing: a daemon that attached
+    while the clock ran ahead, then one after the clock was stepped back, both
+    attach the same holder (and the stored epoch is only the user's to read)."""
+    ahead = time.time_ns() + 10**18  # some 30 years
+    monkeypatch.setattr(time, "time_ns", lambda: ahead)
+    token = new_spawn_token()
+    async with open_holder_link(tmp_path) as first:
+        holder_pid = first.holder_pid
+        # Something held, so that the holder stays for the next daemon.
+        await first.spawn(token, ["sleep", "600"], "/", dict(os.environ), None)
+    monkeypatch.undo()  # the clock is stepped back
+    async with open_holder_link(tmp_path) as second:
+        assert second.holder_pid == holder_pid
+        agent = await second.adopt(token, 0, 0, None)
+        await agent.signal_group(signal.SIGKILL)
+        assert await agent.wait() == -signal.SIGKILL
+        await second.release(agent)
+    epoch_file = tmp_path / holder_link.EPOCH_NAME
+    assert int(epoch_file.read_text()) == ahead + 1
+    assert stat.S_IMODE(epoch_file.stat().st_mode) == 0o600
+    # A stored epoch is honoured however far ahead of the clock, and never reused.
+    epoch_file.write_text(f"{ahead * 2}\n")
+    assert holder_link.next_epoch(tmp_path) == ahead * 2 + 1
+    assert holder_link.next_epoch(tmp_path) == ahead * 2 + 2
+    await eventually(lambda: _ended(holder_pid))
