@@ -23,7 +23,10 @@ holder retains only what is still in flight; or, for an agent a later daemon may
 reattach (``durable_acks``), only once its effects are journaled
 (`HeldAgent.acknowledge_out`, ``agentsd.sink`` Rule 4), so the holder retains
 everything a later daemon must read again. Stderr is copied to the caller's stderr
-pipe (``agentsd.stderr_log``) and acknowledged as it is written.
+pipe (``agentsd.stderr_log``) by a task per agent, never by the link's one reader
+(a log reader that stalls must not stall every agent's output and every reply),
+and acknowledged as it is written: what waits is bounded by the holder's bound,
+and a stalled log stalls that agent's stderr writes only.
 
 Rule 4 (agents nobody claims): what the holder held at attach (``found``) may be
 adopted (`HolderLink.adopt`: its output resumed from a given offset) until
@@ -41,6 +44,7 @@ import os
 import select
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -66,6 +70,7 @@ REQUEST_TIMEOUT_S = 30.0  # a request is a few syscalls in the holder; a spawn a
 # Once an agent's exit is proven, how long the rest of its stderr may take to arrive
 # (what it wrote is in the holder or its pipe; ``agentsd.stderr_log`` waits as long).
 ERR_DRAIN_S = 2.0
+ERR_CHUNK = 64 << 10  # one write of stderr to the caller's pipe
 
 
 class HolderLost(Exception):
@@ -99,9 +104,16 @@ class HeldAgent:
     # Rule 3: acknowledge stdout only as ``acknowledge_out`` says (durable), not as read.
     durable_acks: bool = False
     _out_acked: int = 0
-    _err_fd: int | None = None  # our dup of the caller's stderr pipe, written in a thread
-    _err_offset: int = 0
-    _err_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    # Rule 3: stderr is copied by a task of its own (`_copy_err`), never the reader.
+    _err_fd: int | None = None  # ours of the caller's stderr (`_open_err`)
+    _err_nonblocking: bool = False  # a pipe of our own opening; else written in a thread
+    _err_offset: int = 0  # received up to here
+    _err_acked: int = 0  # written (and acknowledged) up to here
+    _err_buf: bytearray = attrs.field(factory=bytearray)  # received, not yet written
+    _err_eof: bool = False
+    _err_wake: trio.Event = attrs.field(factory=trio.Event)
+    _err_writing: bool = False  # a thread is writing ``_err_fd``: it closes it after
+    _err_closing: bool = False
     err_done: trio.Event = attrs.field(factory=trio.Event)  # its stderr ended or was lost
     # Called (trio's thread) once the holder reported its exit: the session task's
     # exit watch, as ``agentsd.agent_watch`` watches our own children's pidfds.
@@ -172,31 +184,99 @@ class HeldAgent:
         self._out += data
         self._out_ready.set()
 
-    async def _on_err(self, offset: int, data: bytes) -> None:
-        async with self._err_lock:
-            if offset != self._err_offset:
+    def _on_err(self, offset: int, data: bytes) -> None:
+        if offset != self._err_offset:
+            return
+        self._err_offset += len(data)
+        if self._err_fd is None:  # no log (or lost): acknowledged as read
+            self._ack_err(self._err_offset)
+        else:
+            self._err_buf += data
+            self._err_wake.set()
+
+    def _on_err_eof(self) -> None:
+        self._err_eof = True
+        self._err_wake.set()
+        if self._err_fd is None or not self._err_buf:
+            self.err_done.set()
+
+    def _ack_err(self, offset: int) -> None:
+        if offset > self._err_acked:
+            self._err_acked = offset
+            self.link.send_nowait({"op": "ack", "id": self.id, "stream": "err", "offset": offset})
+
+    def _open_err(self, stderr_fd: int) -> None:
+        """Ours of the caller's stderr: a pipe is opened anew (its own open file
+        description) non-blocking, so that a stalled log reader stalls nothing but
+        this copy; anything else (a file) is a dup, written in a thread."""
+        if stat.S_ISFIFO(os.fstat(stderr_fd).st_mode):
+            with suppress(OSError):
+                self._err_fd = os.open(
+                    f"/proc/self/fd/{stderr_fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC
+                )
+                self._err_nonblocking = True
                 return
-            self._err_offset += len(data)
-            if self._err_fd is not None:
-                fd = self._err_fd
-                try:
-                    await trio.to_thread.run_sync(_write_all, fd, data)
-                except OSError:  # the log reader is gone: the log is lost, not the agent
-                    self.close_err()
-            self.link.send_nowait(
-                {"op": "ack", "id": self.id, "stream": "err", "offset": self._err_offset}
-            )
+        self._err_fd = os.dup(stderr_fd)
+
+    async def _copy_err(self) -> None:
+        """Rule 3: write what came of its stderr to the caller's pipe, acknowledging
+        each byte once written. What waits here is bounded by what the holder
+        retains (it relays no byte past its bound unacknowledged); a log reader
+        that stalls stalls this copy only, then the agent's stderr writes, never
+        the link."""
+        while self._err_fd is not None:
+            if not self._err_buf:
+                if self._err_eof:
+                    self.err_done.set()
+                    return
+                self._err_wake = trio.Event()
+                await self._err_wake.wait()
+                continue
+            fd, chunk = self._err_fd, bytes(self._err_buf[:ERR_CHUNK])
+            try:
+                if self._err_nonblocking:
+                    try:
+                        written = os.write(fd, chunk)
+                    except BlockingIOError:
+                        await trio.lowlevel.wait_writable(fd)
+                        continue
+                else:
+                    self._err_writing = True
+                    try:
+                        written = await trio.to_thread.run_sync(os.write, fd, chunk)
+                    finally:
+                        self._err_writing = False
+                        if self._err_closing:
+                            self.close_err()
+            except trio.ClosedResourceError:
+                return  # closed meanwhile (`close_err`)
+            except OSError:  # the log reader is gone: the log is lost, not the agent
+                self._err_lost()
+                return
+            del self._err_buf[:written]
+            self._ack_err(self._err_acked + written)
+
+    def _err_lost(self) -> None:
+        self.close_err()
+        self._err_buf.clear()
+        self._ack_err(self._err_offset)
+        if self._err_eof:
+            self.err_done.set()
 
     def close_err(self) -> None:
-        if self._err_fd is not None:
-            os.close(self._err_fd)
-            self._err_fd = None
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+        """Stop copying its stderr (what is unwritten stays unacknowledged: the
+        holder keeps it for a later daemon). A write in a thread closes it after."""
+        if self._err_fd is None:
+            return
+        if self._err_writing:
+            self._err_closing = True
+            return
+        self._err_closing = False
+        if self._err_nonblocking:
+            trio.lowlevel.notify_closing(self._err_fd)
+        os.close(self._err_fd)
+        self._err_fd = None
+        self._err_wake.set()
 
 
 class AgentStdout(trio.abc.ReceiveStream):
@@ -266,6 +346,7 @@ class HolderLink:
     _written_wake: trio.Event = attrs.field(factory=trio.Event)
     torn: bool = False  # the writer was cancelled mid-message: nothing more may follow
     closed: bool = False  # `open_holder_link` closed the socket
+    _nursery: trio.Nursery | None = None  # the link's tasks (`open_holder_link`)
 
     async def request(self, header: dict[str, Any], payload: bytes = b"") -> dict[str, Any]:
         """Send a request and return its reply; `HolderRefused` for an error reply."""
@@ -363,7 +444,7 @@ class HolderLink:
         agent.pid = reply["pid"]
         agent.start_time = reply.get("start_time")
         if stderr_fd is not None:
-            agent._err_fd = os.dup(stderr_fd)
+            self._copy_err_of(agent, stderr_fd)
         # Everything it writes, from its first byte.
         await self.request({"op": "resume", "id": agent_id, "stream": "out", "offset": 0})
         await self.request({"op": "resume", "id": agent_id, "stream": "err", "offset": 0})
@@ -392,6 +473,7 @@ class HolderLink:
         agent._out_offset = out_offset
         agent._out_acked = out_offset
         agent._err_offset = err_offset
+        agent._err_acked = err_offset
         if found["returncode"] is not None:
             agent.returncode = found["returncode"]
             agent.exited.set()
@@ -406,8 +488,13 @@ class HolderLink:
             self.found[agent_id] = found
             raise
         if stderr_fd is not None:
-            agent._err_fd = os.dup(stderr_fd)
+            self._copy_err_of(agent, stderr_fd)
         return agent
+
+    def _copy_err_of(self, agent: HeldAgent, stderr_fd: int) -> None:
+        agent._open_err(stderr_fd)
+        assert self._nursery is not None, "a link's tasks run in open_holder_link"
+        self._nursery.start_soon(agent._copy_err)
 
     def forget_unclaimed(self) -> None:
         """Give up what the holder held at attach and was not adopted (Rule 4):
@@ -466,12 +553,12 @@ class HolderLink:
         elif op == "out" and header.get("stream") == "out":
             agent._on_out(header["offset"], payload)
         elif op == "out":
-            await agent._on_err(header["offset"], payload)
+            agent._on_err(header["offset"], payload)
         elif op == "eof" and header.get("stream") == "out":
             agent._out_eof = True
             agent._out_ready.set()
         elif op == "eof":
-            agent.err_done.set()
+            agent._on_err_eof()
         elif op == "exited":
             agent.returncode = header["returncode"]
             agent.exited.set()
@@ -663,6 +750,7 @@ async def open_holder_link(state_dir: Path) -> AsyncIterator[HolderLink]:
     link.found = {a["id"]: a for a in welcome["agents"]}
     try:
         async with trio.open_nursery() as nursery:
+            link._nursery = nursery
             nursery.start_soon(link._read, decoder, early)
             nursery.start_soon(link._write)
             nursery.start_soon(_watch_holder, link)

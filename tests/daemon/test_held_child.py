@@ -5,11 +5,13 @@ leaves no agent and no holder behind."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import signal
 import stat
 import sys
+import termios
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -627,3 +629,46 @@ async def test_a_clock_stepped_back_never_fences_the_next_daemon_out(
     assert holder_link.next_epoch(tmp_path) == ahead * 2 + 1
     assert holder_link.next_epoch(tmp_path) == ahead * 2 + 2
     await eventually(lambda: _ended(holder_pid))
+
+
+async def test_a_stderr_pipe_nobody_reads_stalls_no_other_agent(keeper: HolderKeeper) -> None:
+    """An agent floods its stderr into a log pipe nobody reads: another agent's
+    requests and output are served all the same, and the copy resumes, in order,
+    once the pipe is read."""
+    link = await keeper.link()
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+    flood = "import sys\nwhile True:\n    sys.stderr.buffer.write(b'e' * 65536)\n"
+    echo = "import sys\nfor line in sys.stdin:\n    print('echo: ' + line, end='', flush=True)\n"
+    env = dict(os.environ)
+    a = b = None
+    try:
+        a = await link.spawn(new_spawn_token(), [sys.executable, "-c", flood], "/", env, write_end)
+        b = await link.spawn(new_spawn_token(), [sys.executable, "-c", echo], "/", env, None)
+        # The log pipe is full: its copy (the link's reader, before) waits on it.
+        await eventually(
+            lambda: (
+                int.from_bytes(fcntl.ioctl(read_end, termios.FIONREAD, b"\0\0\0\0"), sys.byteorder)
+                >= 4096
+            )
+        )
+        with trio.fail_after(60):
+            for i in range(3):
+                assert await b.signal_group(signal.SIGCONT)
+                await b.stdin.send_all(f"{i}\n".encode())
+                assert await _read_until(b, f"echo: {i}\n".encode()) == f"echo: {i}\n".encode()
+            # Read, the pipe takes the rest: a's stderr flows on, only its bytes.
+            got = b""
+            while len(got) < 1 << 20:
+                got += await trio.to_thread.run_sync(os.read, read_end, 1 << 16)
+        assert set(got) == {ord("e")}
+        assert not link.lost.is_set()
+    finally:
+        for agent in (a, b):
+            if agent is not None:
+                await agent.signal_group(signal.SIGKILL)
+                with trio.fail_after(30):
+                    await agent.wait()
+                await link.release(agent)
+        os.close(read_end)
+        os.close(write_end)
