@@ -45,6 +45,7 @@ import select
 import signal
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import threading
@@ -720,6 +721,10 @@ async def open_holder_link(state_dir: Path) -> AsyncIterator[HolderLink]:
             stream = await _connect(path)
         if stream is None:
             raise HolderLost(f"the holder started at {path} does not accept")
+    untrusted = _untrusted_holder(path, stream)
+    if untrusted is not None:
+        await stream.aclose()
+        raise HolderLost(f"the holder at {path} is not to be trusted: {untrusted}")
     decoder = wire.Decoder()
     epoch = await trio.to_thread.run_sync(next_epoch, state_dir)
     hello = {"op": "hello", "protocol": wire.PROTOCOL, "epoch": epoch, "ref": 0}
@@ -768,6 +773,34 @@ async def open_holder_link(state_dir: Path) -> AsyncIterator[HolderLink]:
             await stream.aclose()
             link.closed = True
             link._written_wake.set()  # a send still waiting raises HolderLost
+
+
+def _untrusted_holder(path: Path, stream: trio.SocketStream) -> str | None:
+    """Why what listens at ``path`` may not be our holder (Rule 5), or None: the
+    peer must have our uid, and the socket be ours, 0600, in a directory that only
+    we can write (so no one else can have put it there or replaced it). A process
+    of the same uid (an agent included) could still listen there in place of the
+    holder: same-uid isolation is the agents' cgroup and the holder's own Rule 5,
+    not this check."""
+    uid = os.getuid()
+    raw = stream.socket.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    _pid, peer_uid, _gid = _UCRED.unpack(raw)
+    if peer_uid != uid:
+        return f"its peer has uid {peer_uid}"
+    try:
+        sock_stat, dir_stat = os.lstat(path), os.stat(path.parent)
+    except OSError as exc:
+        return f"cannot stat it: {exc}"
+    if not stat.S_ISSOCK(sock_stat.st_mode) or sock_stat.st_uid != uid:
+        return "the socket file is not ours"
+    if stat.S_IMODE(sock_stat.st_mode) & 0o077:
+        return f"the socket file has mode {stat.S_IMODE(sock_stat.st_mode):o}"
+    if dir_stat.st_uid != uid or stat.S_IMODE(dir_stat.st_mode) & 0o022:
+        return f"others can write {path.parent}"
+    return None
+
+
+_UCRED = struct.Struct("3i")
 
 
 def _end_started(pid: int) -> None:

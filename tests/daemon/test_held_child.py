@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import signal
+import socket
 import stat
 import sys
 import termios
@@ -672,3 +673,26 @@ async def test_a_stderr_pipe_nobody_reads_stalls_no_other_agent(keeper: HolderKe
                 await link.release(agent)
         os.close(read_end)
         os.close(write_end)
+
+
+async def test_a_holder_socket_others_could_have_made_is_not_trusted(tmp_path: Path) -> None:
+    """What listens at holder.sock is trusted only if the socket is ours, 0600, in
+    a directory only we can write: no holder is attached (nor started) otherwise."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    impostor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        impostor.bind(str(socket_path(state)))
+        impostor.listen(4)
+        os.chmod(socket_path(state), 0o666)
+        with pytest.raises(HolderLost, match="mode 666"):
+            async with open_holder_link(state):
+                pass
+        os.chmod(socket_path(state), 0o600)
+        os.chmod(state, 0o770)
+        with pytest.raises(HolderLost, match="others can write"):
+            async with open_holder_link(state):
+                pass
+    finally:
+        impostor.close()
+    assert not (state / holder_link.EPOCH_NAME).exists()  # it never said hello
