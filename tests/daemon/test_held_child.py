@@ -450,7 +450,11 @@ async def test_a_holder_that_refuses_the_daemon_fails_the_attach(tmp_path: Path)
     """A holder that closes the connection on the daemon (as it does for a peer it
     refuses) is HolderLost, never another exception out of the attach."""
     listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
-    await listener.bind(str(socket_path(tmp_path)))
+    old = os.umask(0o077)  # 0600, as the holder's own: trusted (Rule 5)
+    try:
+        await listener.bind(str(socket_path(tmp_path)))
+    finally:
+        os.umask(old)
     listener.listen(4)
 
     async def refuse() -> None:
