@@ -37,7 +37,13 @@ the same. Output meanwhile stays retained within Rule 2's bound.
 Rule 5 (who may connect): the peer must have the holder's uid (SO_PEERCRED) and must
 not be one of its agents: not a descendant of the holder (the subreaper makes that
 inescapable by reparenting), not carrying a spawn token in its environment, not in
-an agent's cgroup. Residual risk: an agent that gets an unrelated process of the
+an agent's cgroup. The peer is the process that connect()ed, pinned by a pidfd
+(SO_PEERPIDFD, Linux 6.5) so that a pid reused meanwhile is not mistaken for it, and
+every check fails closed: a peer already gone (an agent's child that connected and
+exited, leaving the socket to the agent), or a process of the chain whose /proc
+entries cannot be read, is refused. Without SO_PEERPIDFD the pid of connect() time
+is checked: a peer gone is refused, but its pid reused at once by an unrelated
+process of the user between the connect() and the accept would pass. Residual risk: an agent that gets an unrelated process of the
 user to connect for it (a terminal multiplexer's server it can talk to, ``systemd-run
 --user``) passes these checks, as it could already talk to the daemon's socket then.
 
@@ -82,6 +88,7 @@ MAX_ANCESTORS = 64
 SPAWN_TOKEN_ENV = "AGENTSD_SPAWN_TOKEN"  # agentsd.procfs.SPAWN_TOKEN_ENV
 CGROUP_PREFIX = "agent-"  # agentsd.cgroup.CGROUP_PREFIX
 PR_SET_CHILD_SUBREAPER = 36
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5; Python 3.11 has no name
 AGENT_OPS = frozenset({"write", "close_stdin", "resume", "ack", "signal", "forget"})
 
 
@@ -306,24 +313,32 @@ class Holder:
         self._want(sock.fileno(), selectors.EVENT_READ, ("conn", conn))
 
     def _refusal(self, sock: socket.socket) -> str | None:
-        """Rule 5: why this peer may not connect, or None."""
+        """Rule 5: why this peer may not connect, or None. Fails closed: a peer (or
+        an ancestor) that is gone or whose /proc entries cannot be read is refused."""
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         pid, uid, _ = struct.unpack("3i", creds)
         if uid != os.getuid():
             return "another user"
-        if in_agent_cgroup(pid):
-            return "an agent's cgroup"
-        current = pid
-        for _ in range(MAX_ANCESTORS):
-            if current == os.getpid():
-                return "a process the holder started"
-            if carries_token(current):
-                return "a process carrying a spawn token"
-            parent = parent_pid(current)
-            if parent is None or parent <= 1:
-                return None
-            current = parent
-        return "too deep a process tree"
+        try:
+            pidfd = sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+        except OSError as exc:
+            if exc.errno == errno.ESRCH:
+                return "a peer already gone"
+            pidfd = None  # a kernel older than 6.5: the pid as of connect() it is
+        if pidfd is None:
+            return lineage_refusal(pid, os.getpid()) if pid > 0 else "a peer already gone"
+        try:
+            # The process that connect()ed, pinned: alive before and after its /proc
+            # is read, so its pid was not reused meanwhile.
+            pinned = pidfd_pid(pidfd)
+            if pinned <= 0:
+                return "a peer already gone"
+            why = lineage_refusal(pinned, os.getpid())
+            if why is None and pidfd_pid(pidfd) != pinned:
+                return "a peer already gone"
+            return why
+        finally:
+            os.close(pidfd)
 
     def _on_conn(self, conn: Connection, events: int) -> None:
         if events & selectors.EVENT_WRITE:
@@ -347,7 +362,14 @@ class Holder:
             for header, payload in messages:
                 if conn.closing:
                     break
-                self._handle(conn, header, payload)
+                try:
+                    self._handle(conn, header, payload)
+                except Exception as exc:
+                    # A request that meets a bug is that request's error, never the
+                    # connection's end (the daemon's is every agent's).
+                    traceback.print_exc()
+                    body = {"op": "error", "kind": "internal", "message": repr(exc)[:200]}
+                    self._send(conn, {**body, "ref": header.get("ref")})
 
     def _drop(self, conn: Connection) -> None:
         """Close ``conn`` now; a daemon's end is a detach (Rule 4)."""
@@ -567,15 +589,17 @@ class Holder:
                 start_new_session=True,
                 close_fds=True,
             )
-        except OSError as exc:
+        except Exception as exc:  # OSError; ValueError for a NUL byte; any: this spawn's
             for fd in ours:
                 os.close(fd)
-            return {
-                "op": "error",
-                "kind": "spawn_failed",
-                "errno": exc.errno,
-                "message": exc.strerror or str(exc),
-            }
+            if isinstance(exc, OSError):
+                return {
+                    "op": "error",
+                    "kind": "spawn_failed",
+                    "errno": exc.errno,
+                    "message": exc.strerror or str(exc),
+                }
+            return {"op": "error", "kind": "bad_request", "message": f"spawn: {exc}"}
         finally:
             for fd in theirs:
                 os.close(fd)
@@ -675,6 +699,38 @@ class _suppress_oserror:
         return isinstance(exc, OSError)
 
 
+def lineage_refusal(pid: int, holder_pid: int) -> str | None:
+    """Rule 5 on a process and its ancestors: why it may be an agent, or None.
+    Whatever cannot be read refuses (a process gone meanwhile included)."""
+    current = pid
+    for _ in range(MAX_ANCESTORS):
+        if current == holder_pid:
+            return "a process the holder started"
+        why = in_agent_cgroup(current) or carries_token(current)
+        if why is not None:
+            return why
+        parent = parent_pid(current)
+        if parent is None:
+            return "a process whose ancestry cannot be read"
+        if parent <= 1:
+            return None
+        current = parent
+    return "too deep a process tree"
+
+
+def pidfd_pid(pidfd: int) -> int:
+    """The pid a pidfd refers to, -1 once that process has exited (``Pid:`` in
+    ``/proc/self/fdinfo``; agentsd.caller.pidfd_pid)."""
+    try:
+        with open(f"/proc/self/fdinfo/{pidfd}") as f:
+            for line in f:
+                if line.startswith("Pid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return -1
+
+
 def parent_pid(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -697,28 +753,49 @@ def start_time(pid: int) -> int | None:
     return int(fields[19]) if len(fields) > 19 else None
 
 
-def carries_token(pid: int) -> bool:
+def carries_token(pid: int) -> str | None:
+    """Why ``pid`` may carry a spawn token: it does, or its environment cannot be
+    read although it is the user's (an agent can make itself undumpable to hide
+    it); None when it carries none or belongs to another user (say a root sshd
+    among the daemon's ancestors: no agent of ours)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             environ = f.read()
     except OSError:
-        return False
+        return None if owner_uid(pid) not in (None, os.getuid()) else "an unreadable environment"
     prefix = f"{SPAWN_TOKEN_ENV}=".encode()
-    return any(entry.startswith(prefix) for entry in environ.split(b"\0"))
+    if any(entry.startswith(prefix) for entry in environ.split(b"\0")):
+        return "a process carrying a spawn token"
+    return None
 
 
-def in_agent_cgroup(pid: int) -> bool:
+def owner_uid(pid: int) -> int | None:
+    """The real uid of ``pid`` (``Uid:`` in its status), None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def in_agent_cgroup(pid: int) -> str | None:
+    """Why ``pid`` may be in an agent's cgroup: it is, or its cgroup is unreadable."""
     try:
         with open(f"/proc/{pid}/cgroup") as f:
             lines = f.read().splitlines()
     except OSError:
-        return False
-    return any(
+        return "an unreadable cgroup"
+    if any(
         is_agent_cgroup(part)
         for line in lines
         if line.startswith("0::")
         for part in line[3:].split("/")
-    )
+    ):
+        return "an agent's cgroup"
+    return None
 
 
 def is_agent_cgroup(name: str) -> bool:

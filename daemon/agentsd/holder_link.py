@@ -3,9 +3,13 @@ each agent it holds trio streams like a pipe's.
 
 Rule 1 (one link, one holder): `open_holder_link` connects to the state
 directory's holder, starting one (detached: its own session, outliving this daemon)
-when none listens, and attaches with an epoch above any earlier daemon's
-(``time.time_ns()``: daemons of one state directory never overlap, the daemon lock
-sees to that). A link is never re-established: once the holder is lost (its socket
+when none listens, and attaches with an epoch above any earlier daemon's: a
+durable counter (`next_epoch`, ``holder.epoch`` in the state directory, 0600), at
+least ``time.time_ns()`` so that it stays above the clock-based epochs of earlier
+releases, and always above the last one stored, so that a clock stepped back never
+fences the next daemon out. Daemons of one state directory never overlap (the
+daemon lock sees to that), so reading, incrementing and storing it needs no lock of
+its own between processes. A link is never re-established: once the holder is lost (its socket
 ended: it died), every agent on it is lost, and the next spawn starts a new holder.
 
 Rule 2 (what a lost holder means): the agents it held lost their pipes. Their
@@ -19,7 +23,10 @@ holder retains only what is still in flight; or, for an agent a later daemon may
 reattach (``durable_acks``), only once its effects are journaled
 (`HeldAgent.acknowledge_out`, ``agentsd.sink`` Rule 4), so the holder retains
 everything a later daemon must read again. Stderr is copied to the caller's stderr
-pipe (``agentsd.stderr_log``) and acknowledged as it is written.
+pipe (``agentsd.stderr_log``) by a task per agent, never by the link's one reader
+(a log reader that stalls must not stall every agent's output and every reply),
+and acknowledged as it is written: what waits is bounded by the holder's bound,
+and a stalled log stalls that agent's stderr writes only.
 
 Rule 4 (agents nobody claims): what the holder held at attach (``found``) may be
 adopted (`HolderLink.adopt`: its output resumed from a given offset) until
@@ -37,8 +44,11 @@ import os
 import select
 import signal
 import socket
+import stat
+import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
@@ -53,6 +63,7 @@ from agentsd import holder as wire
 log = logging.getLogger(__name__)
 
 SOCKET_NAME = "holder.sock"
+EPOCH_NAME = "holder.epoch"
 LOG_NAME = "holder.log"
 HOLDER_SCRIPT = Path(wire.__file__)
 CONNECT_TIMEOUT_S = 10.0  # a holder accepts from its first instruction
@@ -60,6 +71,7 @@ REQUEST_TIMEOUT_S = 30.0  # a request is a few syscalls in the holder; a spawn a
 # Once an agent's exit is proven, how long the rest of its stderr may take to arrive
 # (what it wrote is in the holder or its pipe; ``agentsd.stderr_log`` waits as long).
 ERR_DRAIN_S = 2.0
+ERR_CHUNK = 64 << 10  # one write of stderr to the caller's pipe
 
 
 class HolderLost(Exception):
@@ -93,9 +105,16 @@ class HeldAgent:
     # Rule 3: acknowledge stdout only as ``acknowledge_out`` says (durable), not as read.
     durable_acks: bool = False
     _out_acked: int = 0
-    _err_fd: int | None = None  # our dup of the caller's stderr pipe, written in a thread
-    _err_offset: int = 0
-    _err_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    # Rule 3: stderr is copied by a task of its own (`_copy_err`), never the reader.
+    _err_fd: int | None = None  # ours of the caller's stderr (`_open_err`)
+    _err_nonblocking: bool = False  # a pipe of our own opening; else written in a thread
+    _err_offset: int = 0  # received up to here
+    _err_acked: int = 0  # written (and acknowledged) up to here
+    _err_buf: bytearray = attrs.field(factory=bytearray)  # received, not yet written
+    _err_eof: bool = False
+    _err_wake: trio.Event = attrs.field(factory=trio.Event)
+    _err_writing: bool = False  # a thread is writing ``_err_fd``: it closes it after
+    _err_closing: bool = False
     err_done: trio.Event = attrs.field(factory=trio.Event)  # its stderr ended or was lost
     # Called (trio's thread) once the holder reported its exit: the session task's
     # exit watch, as ``agentsd.agent_watch`` watches our own children's pidfds.
@@ -166,31 +185,99 @@ class HeldAgent:
         self._out += data
         self._out_ready.set()
 
-    async def _on_err(self, offset: int, data: bytes) -> None:
-        async with self._err_lock:
-            if offset != self._err_offset:
+    def _on_err(self, offset: int, data: bytes) -> None:
+        if offset != self._err_offset:
+            return
+        self._err_offset += len(data)
+        if self._err_fd is None:  # no log (or lost): acknowledged as read
+            self._ack_err(self._err_offset)
+        else:
+            self._err_buf += data
+            self._err_wake.set()
+
+    def _on_err_eof(self) -> None:
+        self._err_eof = True
+        self._err_wake.set()
+        if self._err_fd is None or not self._err_buf:
+            self.err_done.set()
+
+    def _ack_err(self, offset: int) -> None:
+        if offset > self._err_acked:
+            self._err_acked = offset
+            self.link.send_nowait({"op": "ack", "id": self.id, "stream": "err", "offset": offset})
+
+    def _open_err(self, stderr_fd: int) -> None:
+        """Ours of the caller's stderr: a pipe is opened anew (its own open file
+        description) non-blocking, so that a stalled log reader stalls nothing but
+        this copy; anything else (a file) is a dup, written in a thread."""
+        if stat.S_ISFIFO(os.fstat(stderr_fd).st_mode):
+            with suppress(OSError):
+                self._err_fd = os.open(
+                    f"/proc/self/fd/{stderr_fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC
+                )
+                self._err_nonblocking = True
                 return
-            self._err_offset += len(data)
-            if self._err_fd is not None:
-                fd = self._err_fd
-                try:
-                    await trio.to_thread.run_sync(_write_all, fd, data)
-                except OSError:  # the log reader is gone: the log is lost, not the agent
-                    self.close_err()
-            self.link.send_nowait(
-                {"op": "ack", "id": self.id, "stream": "err", "offset": self._err_offset}
-            )
+        self._err_fd = os.dup(stderr_fd)
+
+    async def _copy_err(self) -> None:
+        """Rule 3: write what came of its stderr to the caller's pipe, acknowledging
+        each byte once written. What waits here is bounded by what the holder
+        retains (it relays no byte past its bound unacknowledged); a log reader
+        that stalls stalls this copy only, then the agent's stderr writes, never
+        the link."""
+        while self._err_fd is not None:
+            if not self._err_buf:
+                if self._err_eof:
+                    self.err_done.set()
+                    return
+                self._err_wake = trio.Event()
+                await self._err_wake.wait()
+                continue
+            fd, chunk = self._err_fd, bytes(self._err_buf[:ERR_CHUNK])
+            try:
+                if self._err_nonblocking:
+                    try:
+                        written = os.write(fd, chunk)
+                    except BlockingIOError:
+                        await trio.lowlevel.wait_writable(fd)
+                        continue
+                else:
+                    self._err_writing = True
+                    try:
+                        written = await trio.to_thread.run_sync(os.write, fd, chunk)
+                    finally:
+                        self._err_writing = False
+                        if self._err_closing:
+                            self.close_err()
+            except trio.ClosedResourceError:
+                return  # closed meanwhile (`close_err`)
+            except OSError:  # the log reader is gone: the log is lost, not the agent
+                self._err_lost()
+                return
+            del self._err_buf[:written]
+            self._ack_err(self._err_acked + written)
+
+    def _err_lost(self) -> None:
+        self.close_err()
+        self._err_buf.clear()
+        self._ack_err(self._err_offset)
+        if self._err_eof:
+            self.err_done.set()
 
     def close_err(self) -> None:
-        if self._err_fd is not None:
-            os.close(self._err_fd)
-            self._err_fd = None
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+        """Stop copying its stderr (what is unwritten stays unacknowledged: the
+        holder keeps it for a later daemon). A write in a thread closes it after."""
+        if self._err_fd is None:
+            return
+        if self._err_writing:
+            self._err_closing = True
+            return
+        self._err_closing = False
+        if self._err_nonblocking:
+            trio.lowlevel.notify_closing(self._err_fd)
+        os.close(self._err_fd)
+        self._err_fd = None
+        self._err_wake.set()
 
 
 class AgentStdout(trio.abc.ReceiveStream):
@@ -249,11 +336,18 @@ class HolderLink:
     found: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     lost: trio.Event = attrs.field(factory=trio.Event)
     lost_reason: str = ""
-    _send_lock: trio.StrictFIFOLock = attrs.field(factory=trio.StrictFIFOLock)
     _replies: dict[int, trio.MemorySendChannel[dict[str, Any]]] = attrs.field(factory=dict)
     _refs: int = 0
+    # Every message goes through the one writer task (`_write`), whole: the socket
+    # is every agent's, and half a message would garble all that follows.
     _outbox: list[bytes] = attrs.field(factory=list)
     _outbox_wake: trio.Event = attrs.field(factory=trio.Event)
+    _queued: int = 0  # messages queued so far
+    _written: int = 0  # of which the socket took this many
+    _written_wake: trio.Event = attrs.field(factory=trio.Event)
+    torn: bool = False  # the writer was cancelled mid-message: nothing more may follow
+    closed: bool = False  # `open_holder_link` closed the socket
+    _nursery: trio.Nursery | None = None  # the link's tasks (`open_holder_link`)
 
     async def request(self, header: dict[str, Any], payload: bytes = b"") -> dict[str, Any]:
         """Send a request and return its reply; `HolderRefused` for an error reply."""
@@ -280,21 +374,29 @@ class HolderLink:
         return reply
 
     async def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
-        if self.lost.is_set():
-            raise HolderLost(self.lost_reason)
-        data = wire.encode(header, payload)
-        async with self._send_lock:
-            try:
-                await self.stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                self.fail(f"sending to the holder failed: {exc}")
-                raise HolderLost(self.lost_reason) from None
+        """Queue one message and wait until the socket took it. Cancelled meanwhile,
+        the message still goes out whole (or the holder is lost): the holder gets
+        a stdin frame whole or not at all (``agentsd.holder`` Rule 3)."""
+        self._check_open()
+        seq = self._enqueue(wire.encode(header, payload))
+        while self._written < seq:
+            self._check_open()
+            await self._written_wake.wait()
+
+    def _check_open(self) -> None:
+        if self.lost.is_set() or self.closed:
+            raise HolderLost(self.lost_reason or "the link is closed")
 
     def send_nowait(self, header: dict[str, Any]) -> None:
-        """Queue a small message (an ack) for the sender task."""
+        """Queue a small message (an ack) for the writer task."""
         if not self.lost.is_set():
-            self._outbox.append(wire.encode(header))
-            self._outbox_wake.set()
+            self._enqueue(wire.encode(header))
+
+    def _enqueue(self, data: bytes) -> int:
+        self._outbox.append(data)
+        self._queued += 1
+        self._outbox_wake.set()
+        return self._queued
 
     def fail(self, reason: str) -> None:
         """The holder is lost (Rule 2)."""
@@ -307,7 +409,8 @@ class HolderLink:
             sender.close()
         for agent in self.agents.values():
             agent._lost()
-        self._outbox_wake.set()  # the sender task sees ``lost`` and returns
+        self._outbox_wake.set()  # the writer task sees ``lost`` and returns
+        self._written_wake.set()  # senders waiting see ``lost``
 
     async def spawn(
         self,
@@ -320,7 +423,11 @@ class HolderLink:
         durable_acks: bool = False,
     ) -> HeldAgent:
         """Have the holder start an agent. Raises OSError as Popen would (with the
-        holder's errno), `HolderLost`. ``durable_acks``: Rule 3."""
+        holder's errno; EINVAL for what exec cannot be given, a NUL byte in ``argv``,
+        ``env`` or ``cwd``), `HolderLost`. ``durable_acks``: Rule 3."""
+        unfit = _unspawnable(argv, cwd, env)
+        if unfit is not None:
+            raise OSError(errno.EINVAL, unfit)
         header = {"op": "spawn", "id": agent_id, "argv": argv, "cwd": cwd, "env": dict(env)}
         # Known before the answer: the holder may report its exit right behind it.
         agent = HeldAgent(self, agent_id, 0, None, durable_acks=durable_acks)
@@ -338,7 +445,7 @@ class HolderLink:
         agent.pid = reply["pid"]
         agent.start_time = reply.get("start_time")
         if stderr_fd is not None:
-            agent._err_fd = os.dup(stderr_fd)
+            self._copy_err_of(agent, stderr_fd)
         # Everything it writes, from its first byte.
         await self.request({"op": "resume", "id": agent_id, "stream": "out", "offset": 0})
         await self.request({"op": "resume", "id": agent_id, "stream": "err", "offset": 0})
@@ -367,6 +474,7 @@ class HolderLink:
         agent._out_offset = out_offset
         agent._out_acked = out_offset
         agent._err_offset = err_offset
+        agent._err_acked = err_offset
         if found["returncode"] is not None:
             agent.returncode = found["returncode"]
             agent.exited.set()
@@ -381,8 +489,13 @@ class HolderLink:
             self.found[agent_id] = found
             raise
         if stderr_fd is not None:
-            agent._err_fd = os.dup(stderr_fd)
+            self._copy_err_of(agent, stderr_fd)
         return agent
+
+    def _copy_err_of(self, agent: HeldAgent, stderr_fd: int) -> None:
+        agent._open_err(stderr_fd)
+        assert self._nursery is not None, "a link's tasks run in open_holder_link"
+        self._nursery.start_soon(agent._copy_err)
 
     def forget_unclaimed(self) -> None:
         """Give up what the holder held at attach and was not adopted (Rule 4):
@@ -441,12 +554,12 @@ class HolderLink:
         elif op == "out" and header.get("stream") == "out":
             agent._on_out(header["offset"], payload)
         elif op == "out":
-            await agent._on_err(header["offset"], payload)
+            agent._on_err(header["offset"], payload)
         elif op == "eof" and header.get("stream") == "out":
             agent._out_eof = True
             agent._out_ready.set()
         elif op == "eof":
-            agent.err_done.set()
+            agent._on_err_eof()
         elif op == "exited":
             agent.returncode = header["returncode"]
             agent.exited.set()
@@ -454,22 +567,75 @@ class HolderLink:
                 agent.on_exit()
 
     async def _write(self) -> None:
+        """The one writer of the socket: whole messages, in the order queued."""
         while True:
             await self._outbox_wake.wait()
             self._outbox_wake = trio.Event()
             if self.lost.is_set():
                 return
             batch, self._outbox = b"".join(self._outbox), []
-            async with self._send_lock:
-                try:
-                    await self.stream.send_all(batch)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    self.fail(f"sending to the holder failed: {exc}")
-                    return
+            upto = self._queued
+            try:
+                await self.stream.send_all(batch)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                self.fail(f"sending to the holder failed: {exc}")
+                return
+            except trio.Cancelled:
+                self.torn = True  # the link is closing; a detach may not follow
+                raise
+            self._written = upto
+            self._written_wake.set()
+            self._written_wake = trio.Event()
+
+
+def _unspawnable(argv: list[str], cwd: str, env: Mapping[str, str]) -> str | None:
+    """Why exec cannot be given these (a NUL byte; a name with ``=``), or None."""
+    if any("\0" in arg for arg in argv):
+        return "a NUL byte in the agent's argv"
+    if "\0" in cwd:
+        return "a NUL byte in the agent's cwd"
+    if any("\0" in key or "\0" in value for key, value in env.items()):
+        return "a NUL byte in the agent's environment"
+    if any("=" in key or not key for key in env):
+        return "an environment variable name that is empty or holds '='"
+    return None
 
 
 def socket_path(state_dir: Path) -> Path:
     return state_dir / SOCKET_NAME
+
+
+_epoch_lock = threading.Lock()  # the links of one daemon, in threads
+
+
+def next_epoch(state_dir: Path) -> int:
+    """The next hello epoch (Rule 1): above the last one stored and at least the
+    clock's, stored durably (written, fsynced, renamed into place) before it is
+    used. Blocking: run it in a thread."""
+    path = state_dir / EPOCH_NAME
+    with _epoch_lock:
+        try:
+            last = int(path.read_text().strip() or 0)
+        except FileNotFoundError:
+            last = 0
+        except (OSError, ValueError) as exc:
+            log.warning("holder epoch file %s unreadable (%s): the clock's is used", path, exc)
+            last = 0
+        epoch = max(time.time_ns(), last + 1)
+        temporary = path.with_name(f".{EPOCH_NAME}.{os.getpid()}")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, f"{epoch}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+        directory = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+    return epoch
 
 
 async def _connect(path: Path) -> trio.SocketStream | None:
@@ -555,8 +721,13 @@ async def open_holder_link(state_dir: Path) -> AsyncIterator[HolderLink]:
             stream = await _connect(path)
         if stream is None:
             raise HolderLost(f"the holder started at {path} does not accept")
+    untrusted = _untrusted_holder(path, stream)
+    if untrusted is not None:
+        await stream.aclose()
+        raise HolderLost(f"the holder at {path} is not to be trusted: {untrusted}")
     decoder = wire.Decoder()
-    hello = {"op": "hello", "protocol": wire.PROTOCOL, "epoch": time.time_ns(), "ref": 0}
+    epoch = await trio.to_thread.run_sync(next_epoch, state_dir)
+    hello = {"op": "hello", "protocol": wire.PROTOCOL, "epoch": epoch, "ref": 0}
     welcome: dict[str, Any] | None = None
     early: list[tuple[dict[str, Any], bytes]] = []  # what came with it, in order
     with trio.move_on_after(CONNECT_TIMEOUT_S):
@@ -584,6 +755,7 @@ async def open_holder_link(state_dir: Path) -> AsyncIterator[HolderLink]:
     link.found = {a["id"]: a for a in welcome["agents"]}
     try:
         async with trio.open_nursery() as nursery:
+            link._nursery = nursery
             nursery.start_soon(link._read, decoder, early)
             nursery.start_soon(link._write)
             nursery.start_soon(_watch_holder, link)
@@ -593,12 +765,42 @@ async def open_holder_link(state_dir: Path) -> AsyncIterator[HolderLink]:
                 nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
-            if not link.lost.is_set():
+            if not link.lost.is_set() and not link.torn:
                 with trio.move_on_after(CONNECT_TIMEOUT_S), suppress(HolderLost, HolderRefused):
                     await _detach(link)
             for agent in link.agents.values():
                 agent.close_err()
             await stream.aclose()
+            link.closed = True
+            link._written_wake.set()  # a send still waiting raises HolderLost
+
+
+def _untrusted_holder(path: Path, stream: trio.SocketStream) -> str | None:
+    """Why what listens at ``path`` may not be our holder (Rule 5), or None: the
+    peer must have our uid, and the socket be ours, 0600, in a directory that only
+    we can write (so no one else can have put it there or replaced it). A process
+    of the same uid (an agent included) could still listen there in place of the
+    holder: same-uid isolation is the agents' cgroup and the holder's own Rule 5,
+    not this check."""
+    uid = os.getuid()
+    raw = stream.socket.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    _pid, peer_uid, _gid = _UCRED.unpack(raw)
+    if peer_uid != uid:
+        return f"its peer has uid {peer_uid}"
+    try:
+        sock_stat, dir_stat = os.lstat(path), os.stat(path.parent)
+    except OSError as exc:
+        return f"cannot stat it: {exc}"
+    if not stat.S_ISSOCK(sock_stat.st_mode) or sock_stat.st_uid != uid:
+        return "the socket file is not ours"
+    if stat.S_IMODE(sock_stat.st_mode) & 0o077:
+        return f"the socket file has mode {stat.S_IMODE(sock_stat.st_mode):o}"
+    if dir_stat.st_uid != uid or stat.S_IMODE(dir_stat.st_mode) & 0o022:
+        return f"others can write {path.parent}"
+    return None
+
+
+_UCRED = struct.Struct("3i")
 
 
 def _end_started(pid: int) -> None:

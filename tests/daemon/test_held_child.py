@@ -4,16 +4,23 @@ leaves no agent and no holder behind."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import signal
+import socket
+import stat
 import sys
+import termios
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from agentsd import holder_link
 from agentsd.cgroup import CgroupRoot
@@ -238,6 +245,45 @@ async def test_a_spawn_that_fails_leaves_nothing(keeper: HolderKeeper, tokens: l
     assert link.agents == {}
 
 
+async def test_a_spawn_exec_cannot_take_is_refused_before_the_holder_sees_it(
+    keeper: HolderKeeper, tokens: list[str]
+) -> None:
+    """A NUL byte in argv, environment or cwd is the spawn's EINVAL, and the link
+    (every other agent's) stays up."""
+    link: HolderLink = await keeper.link()
+    with trio.fail_after(30):
+        async with open_held_child(
+            spec(tokens), QUICK, ignore_identity, lambda _: None, link
+        ) as child:
+            lines = Lines(child)
+            for bad, why in (
+                (
+                    ChildSpec(argv=["sleep", "6\x000"], cwd="/", env={}, token=new_spawn_token()),
+                    "argv",
+                ),
+                (
+                    ChildSpec(argv=["true"], cwd="/", env={"X": "a\x00b"}, token=new_spawn_token()),
+                    "environment",
+                ),
+                (ChildSpec(argv=["true"], cwd="/\x00tmp", env={}, token=new_spawn_token()), "cwd"),
+                (
+                    ChildSpec(argv=["true"], cwd="/", env={"A=B": "c"}, token=new_spawn_token()),
+                    "name",
+                ),
+            ):
+                exits: list[HeldExit] = []
+                with pytest.raises(OSError) as raised:
+                    async with open_held_child(bad, QUICK, ignore_identity, exits.append, link):
+                        pass
+                # Refused here, saying what: the holder is never asked.
+                assert why in str(raised.value)
+                assert raised.value.errno == errno.EINVAL
+                assert exits == []
+            assert not link.lost.is_set()
+            assert set(link.agents) == {child.identity.token}
+            await lines.handshake()  # the agent spawned before is served still
+
+
 async def test_a_spawn_cancelled_while_the_holder_starts_it_is_still_laddered(
     keeper: HolderKeeper, tokens: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -404,7 +450,11 @@ async def test_a_holder_that_refuses_the_daemon_fails_the_attach(tmp_path: Path)
     """A holder that closes the connection on the daemon (as it does for a peer it
     refuses) is HolderLost, never another exception out of the attach."""
     listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
-    await listener.bind(str(socket_path(tmp_path)))
+    old = os.umask(0o077)  # 0600, as the holder's own: trusted (Rule 5)
+    try:
+        await listener.bind(str(socket_path(tmp_path)))
+    finally:
+        os.umask(old)
     listener.listen(4)
 
     async def refuse() -> None:
@@ -512,3 +562,141 @@ async def test_a_missing_agent_in_cgroup_mode_fails_and_leaves_no_cgroup(
             pytest.fail("the body ran")
     assert exits == []
     assert cgroups.existing() == []
+
+
+async def test_a_stdin_frame_cancelled_mid_send_goes_whole_and_the_link_serves_on(
+    keeper: HolderKeeper,
+) -> None:
+    """A big stdin frame whose send is cancelled while the holder is stalled (its
+    socket full) is still written whole (or not at all): the holder's next request
+    on the shared socket is answered, and the agent reads the whole frame."""
+    link = await keeper.link()
+    counter = "import sys; print(len(sys.stdin.buffer.read()), flush=True)"
+    env = dict(os.environ)
+    a = await link.spawn(new_spawn_token(), [sys.executable, "-c", counter], "/", env, None)
+    b = await link.spawn(new_spawn_token(), ["sleep", "600"], "/", env, None)
+    frame = b"x" * (8 << 20)
+    try:
+        os.kill(link.holder_pid, signal.SIGSTOP)
+        try:
+            with trio.CancelScope() as scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(a.stdin.send_all, frame)
+                    # Every task blocked: the send waits on a socket the holder
+                    # does not read, some of the frame sent.
+                    await trio.testing.wait_all_tasks_blocked()
+                    scope.cancel()
+        finally:
+            os.kill(link.holder_pid, signal.SIGCONT)
+        with trio.fail_after(60):
+            assert await b.signal_group(signal.SIGCONT)  # another agent's request
+            await a.close_stdin()
+            out = b""
+            while not out.endswith(b"\n"):
+                data = await a.stdout.receive_some()
+                assert data, "its stdout ended early"
+                out += data
+        assert int(out) in (0, len(frame))
+        assert not link.lost.is_set()
+    finally:
+        for agent in (a, b):
+            await agent.signal_group(signal.SIGKILL)
+            with trio.fail_after(30):
+                await agent.wait()
+            await link.release(agent)
+
+
+async def test_a_clock_stepped_back_never_fences_the_next_daemon_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hello epoch is durable and strictly increasing: a daemon that attached
+    while the clock ran ahead, then one after the clock was stepped back, both
+    attach the same holder (and the stored epoch is only the user's to read)."""
+    ahead = time.time_ns() + 10**18  # some 30 years
+    monkeypatch.setattr(time, "time_ns", lambda: ahead)
+    token = new_spawn_token()
+    async with open_holder_link(tmp_path) as first:
+        holder_pid = first.holder_pid
+        # Something held, so that the holder stays for the next daemon.
+        await first.spawn(token, ["sleep", "600"], "/", dict(os.environ), None)
+    monkeypatch.undo()  # the clock is stepped back
+    async with open_holder_link(tmp_path) as second:
+        assert second.holder_pid == holder_pid
+        agent = await second.adopt(token, 0, 0, None)
+        await agent.signal_group(signal.SIGKILL)
+        assert await agent.wait() == -signal.SIGKILL
+        await second.release(agent)
+    epoch_file = tmp_path / holder_link.EPOCH_NAME
+    assert int(epoch_file.read_text()) == ahead + 1
+    assert stat.S_IMODE(epoch_file.stat().st_mode) == 0o600
+    # A stored epoch is honoured however far ahead of the clock, and never reused.
+    epoch_file.write_text(f"{ahead * 2}\n")
+    assert holder_link.next_epoch(tmp_path) == ahead * 2 + 1
+    assert holder_link.next_epoch(tmp_path) == ahead * 2 + 2
+    await eventually(lambda: _ended(holder_pid))
+
+
+async def test_a_stderr_pipe_nobody_reads_stalls_no_other_agent(keeper: HolderKeeper) -> None:
+    """An agent floods its stderr into a log pipe nobody reads: another agent's
+    requests and output are served all the same, and the copy resumes, in order,
+    once the pipe is read."""
+    link = await keeper.link()
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+    flood = "import sys\nwhile True:\n    sys.stderr.buffer.write(b'e' * 65536)\n"
+    echo = "import sys\nfor line in sys.stdin:\n    print('echo: ' + line, end='', flush=True)\n"
+    env = dict(os.environ)
+    a = b = None
+    try:
+        a = await link.spawn(new_spawn_token(), [sys.executable, "-c", flood], "/", env, write_end)
+        b = await link.spawn(new_spawn_token(), [sys.executable, "-c", echo], "/", env, None)
+        # The log pipe is full: its copy (the link's reader, before) waits on it.
+        await eventually(
+            lambda: (
+                int.from_bytes(fcntl.ioctl(read_end, termios.FIONREAD, b"\0\0\0\0"), sys.byteorder)
+                >= 4096
+            )
+        )
+        with trio.fail_after(60):
+            for i in range(3):
+                assert await b.signal_group(signal.SIGCONT)
+                await b.stdin.send_all(f"{i}\n".encode())
+                assert await _read_until(b, f"echo: {i}\n".encode()) == f"echo: {i}\n".encode()
+            # Read, the pipe takes the rest: a's stderr flows on, only its bytes.
+            got = b""
+            while len(got) < 1 << 20:
+                got += await trio.to_thread.run_sync(os.read, read_end, 1 << 16)
+        assert set(got) == {ord("e")}
+        assert not link.lost.is_set()
+    finally:
+        for agent in (a, b):
+            if agent is not None:
+                await agent.signal_group(signal.SIGKILL)
+                with trio.fail_after(30):
+                    await agent.wait()
+                await link.release(agent)
+        os.close(read_end)
+        os.close(write_end)
+
+
+async def test_a_holder_socket_others_could_have_made_is_not_trusted(tmp_path: Path) -> None:
+    """What listens at holder.sock is trusted only if the socket is ours, 0600, in
+    a directory only we can write: no holder is attached (nor started) otherwise."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    impostor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        impostor.bind(str(socket_path(state)))
+        impostor.listen(4)
+        os.chmod(socket_path(state), 0o666)
+        with pytest.raises(HolderLost, match="mode 666"):
+            async with open_holder_link(state):
+                pass
+        os.chmod(socket_path(state), 0o600)
+        os.chmod(state, 0o770)
+        with pytest.raises(HolderLost, match="others can write"):
+            async with open_holder_link(state):
+                pass
+    finally:
+        impostor.close()
+    assert not (state / holder_link.EPOCH_NAME).exists()  # it never said hello

@@ -644,3 +644,83 @@ def _frame(header: dict[str, Any], rng: random.Random) -> bytes:
         head = b"{}"
     payload = rng.randbytes(rng.choice([0, 0, 1, 100]))
     return holder.HEADER.pack(len(head), len(payload)) + head + payload
+
+
+def test_a_socket_connected_by_an_agents_exited_child_is_refused(
+    make_holder: Any, tmp_path: Path
+) -> None:
+    """An agent's child connect()s and exits, the agent reaps it and says hello on
+    the socket with the highest epoch: the holder must refuse the socket (the peer
+    is gone, nothing vouches for it), never attach it in place of the daemon."""
+    h = make_holder()
+    daemon = h.connect()
+    daemon.hello(1)
+    go, connected = tmp_path / "go", tmp_path / "connected"
+    attacker = _python(
+        "import json, os, socket, struct, sys, time\n"
+        "path, go, connected, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])\n"
+        "def attempt():\n"
+        "    s = socket.socket(socket.AF_UNIX)\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        s.connect(path); os._exit(0)\n"
+        "    os.waitpid(pid, 0)\n"
+        "    return s\n"
+        "def hello(s):\n"
+        "    head = json.dumps({'op': 'hello', 'protocol': 1, 'epoch': 10**30, 'ref': 0})\n"
+        "    try:\n"
+        "        s.sendall(struct.pack('>II', len(head), 0) + head.encode())\n"
+        "        hl, pl = struct.unpack('>II', s.recv(8, socket.MSG_WAITALL))\n"
+        "        return json.loads(s.recv(hl, socket.MSG_WAITALL))['op']\n"
+        "    except (OSError, struct.error):\n"
+        "        return 'closed'\n"
+        "    finally:\n"
+        "        s.close()\n"
+        "while not os.path.exists(go):\n"
+        "    time.sleep(0.01)\n"
+        "s = attempt()  # the holder is stopped: it accepts once the child is reaped\n"
+        "open(connected, 'w').close()\n"
+        "ops = [hello(s)] + [hello(attempt()) for _ in range(rounds)]\n"
+        "print(ops.count('welcome'), 'welcome of', len(ops), flush=True)\n"
+    )
+    _spawn(daemon, "a", [*attacker, str(h.path), str(go), str(connected), "100"], tmp_path)
+    daemon.request({"op": "resume", "id": "a", "stream": "out", "offset": 0})
+    os.kill(h.process.pid, signal.SIGSTOP)
+    try:
+        go.touch()
+        _wait(connected.exists)
+    finally:
+        os.kill(h.process.pid, signal.SIGCONT)
+    # Refused ("refused", or the holder's close already) every time.
+    assert daemon.read_stream("a", "out", b"\n") == (0, b"0 welcome of 101\n")
+    # The daemon stayed attached through all of it.
+    assert daemon.request({"op": "close_stdin", "id": "a"})["op"] == "ok"
+
+
+def test_a_spawn_exec_cannot_take_is_that_spawns_error_only(
+    make_holder: Any, tmp_path: Path
+) -> None:
+    """A NUL byte in argv, environment or cwd (Popen's ValueError) is the spawn's
+    error reply: no pipe end leaks and the daemon stays attached."""
+    h = make_holder()
+    daemon = h.connect()
+    daemon.hello(1)
+    pid = _spawn(daemon, "a", ECHO, tmp_path)
+    daemon.request({"op": "resume", "id": "a", "stream": "out", "offset": 0})
+    fds = len(os.listdir(f"/proc/{h.process.pid}/fd"))
+    env = dict(os.environ)
+    for i, (argv, cwd, extra) in enumerate(
+        [
+            (["sleep", "6\x000"], str(tmp_path), {}),
+            (["true"], str(tmp_path), {"X": "a\x00b"}),
+            (["true"], str(tmp_path) + "\x00x", {}),
+        ]
+    ):
+        reply = daemon.request(
+            {"op": "spawn", "id": f"bad{i}", "argv": argv, "cwd": cwd, "env": {**env, **extra}}
+        )
+        assert reply["op"] == "error" and reply["kind"] == "bad_request", reply
+    assert len(os.listdir(f"/proc/{h.process.pid}/fd")) == fds
+    daemon.request({"op": "write", "id": "a"}, b"still here\n")
+    assert daemon.read_stream("a", "out", b"\n") == (0, b"echo: still here\n")
+    assert _alive(pid)
