@@ -49,7 +49,12 @@ user to connect for it (a terminal multiplexer's server it can talk to, ``system
 
 Rule 6 (exit): the holder exits when it holds no agent and no daemon is attached,
 after a daemon attached once (or ``--idle-exit-s`` after it started when none ever
-did). It ignores SIGHUP, SIGINT and SIGTERM's defaults are kept: a SIGTERM or SIGKILL
+did). While no daemon is attached it checks every ``ORPHAN_CHECK_S`` that its
+socket's path still leads to its socket (the same inode): a state directory deleted
+or moved, or the path taken by another socket, means no daemon can ever reach it
+again, so it ends its agents (SIGKILL to each unreaped agent's group, then reaps
+them and what they left, as a subreaper) and exits, rather than hold them unseen
+for ever. It ignores SIGHUP, SIGINT and SIGTERM's defaults are kept: a SIGTERM or SIGKILL
 to the holder is its death, which the daemon detects (pidfd) and answers by ending
 its agents (``agentsd.holder_link``, ``agentsd.held_child``).
 
@@ -84,6 +89,8 @@ READ_BYTES = 64 << 10  # one read from an agent's pipe
 SEND_HIGH_WATER = 256 << 10  # relay no more while this much is queued to the daemon
 MAX_STDIN_QUEUE = 64 << 20  # unwritten stdin per agent before the daemon is refused
 DEFAULT_IDLE_EXIT_S = 30.0
+ORPHAN_CHECK_S = 5.0  # Rule 6: how often a holder no daemon is attached to checks its path
+ORPHAN_END_S = 5.0  # Rule 6: how long ending its agents may take before it exits
 MAX_ANCESTORS = 64
 SPAWN_TOKEN_ENV = "AGENTSD_SPAWN_TOKEN"  # agentsd.procfs.SPAWN_TOKEN_ENV
 CGROUP_PREFIX = "agent-"  # agentsd.cgroup.CGROUP_PREFIX
@@ -195,6 +202,10 @@ class Connection:
 class Holder:
     def __init__(self, listener: socket.socket, retain_bytes: int, idle_exit_s: float) -> None:
         self.listener = listener
+        # Rule 6: where a daemon reaches this holder (an unnamed socket: not checked).
+        name = listener.getsockname()
+        self.path = name if isinstance(name, str) else ""
+        self.inode = _inode(self.path) if self.path else None
         self.retain = retain_bytes
         self.idle_exit_s = idle_exit_s
         self.selector = selectors.DefaultSelector()
@@ -256,7 +267,12 @@ class Holder:
                 self._refresh()
             except Exception:
                 traceback.print_exc()  # as below: never the holder's end
-            timeout = None if self.ever_attached else 1.0
+            if self.daemon is None and self._orphaned():
+                self._end_all()
+                return
+            timeout = ORPHAN_CHECK_S if self.daemon is None else None
+            if not self.ever_attached:
+                timeout = min(timeout or ORPHAN_CHECK_S, 1.0)
             for key, events in self.selector.select(timeout):
                 try:
                     self._dispatch(key.data, events)
@@ -285,6 +301,31 @@ class Holder:
             self._read_pipe(*data)
         elif kind == "stdin":
             self._write_stdin(data)
+
+    def _orphaned(self) -> bool:
+        """Rule 6: whether no daemon can reach this holder any more."""
+        return self.inode is not None and _inode(self.path) != self.inode
+
+    def _end_all(self) -> None:
+        """Rule 6: end every agent (its group, while unreaped), then reap them and
+        what they left behind; bounded by ``ORPHAN_END_S``."""
+        sys.stderr.write(f"holder: {self.path!r} no longer leads here; ending its agents\n")
+        for agent in self.agents.values():
+            if agent.returncode is None:
+                with _suppress_oserror():
+                    os.killpg(agent.pid, signal.SIGKILL)
+        deadline = time.monotonic() + ORPHAN_END_S
+        while time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return  # every child reaped
+            if pid == 0:
+                # What left an agent's group and was reparented here (a subreaper).
+                for child in _children(os.getpid()):
+                    with _suppress_oserror():
+                        os.kill(child, signal.SIGKILL)
+                time.sleep(0.05)
 
     def _done(self) -> bool:
         if self.agents or self.daemon is not None:
@@ -697,6 +738,24 @@ class _suppress_oserror:
 
     def __exit__(self, et: object, exc: object, tb: object) -> bool:
         return isinstance(exc, OSError)
+
+
+def _children(pid: int) -> list[int]:
+    """The live children of ``pid``, from /proc (Rule 6)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and parent_pid(int(name)) == pid:
+            out.append(int(name))
+    return out
+
+
+def _inode(path: str) -> tuple[int, int] | None:
+    """The (device, inode) at ``path``, None when nothing is there (Rule 6)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def lineage_refusal(pid: int, holder_pid: int) -> str | None:

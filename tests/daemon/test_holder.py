@@ -543,6 +543,35 @@ def test_the_holder_leaves_when_it_holds_nothing(make_holder: Any, tmp_path: Pat
     assert h.process.wait(TIMEOUT_S) == 0
 
 
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_holder_no_daemon_can_reach_ends_its_agents_and_leaves(
+    make_holder: Any, tmp_path: Path, how: str
+) -> None:
+    """Rule 6: its socket's path deleted (the state directory removed) or taken by
+    another socket: no daemon can ever claim its agents, so it ends them and what
+    they left behind in a session of their own, and exits, instead of holding them
+    for ever. A holder whose path still leads to it keeps them (the other tests)."""
+    h = make_holder()
+    daemon = h.connect()
+    daemon.hello(1)
+    agent = _spawn(
+        daemon, "a", ["/bin/sh", "-c", "setsid sleep 300 & echo $!; sleep 300"], tmp_path
+    )
+    daemon.request({"op": "resume", "id": "a", "stream": "out", "offset": 0})
+    _, out = daemon.read_stream("a", "out", b"\n")
+    escaped = int(out)
+    assert daemon.request({"op": "detach"})["op"] == "detached"
+    daemon.close()
+    assert _alive(agent) and _alive(escaped)
+    h.path.unlink()
+    if how == "replaced":
+        other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        other.bind(str(h.path))
+        other.close()
+    assert h.process.wait(TIMEOUT_S + holder.ORPHAN_CHECK_S + holder.ORPHAN_END_S) == 0
+    _wait(lambda: not _alive(agent) and not _alive(escaped))
+
+
 def test_a_holder_nobody_attaches_to_leaves_after_its_idle_bound(make_holder: Any) -> None:
     h = make_holder("--idle-exit-s", "0.2")
     assert h.process.wait(TIMEOUT_S) == 0
