@@ -49,9 +49,11 @@ __all__ = [
     "ContainmentError",
     "SessionCgroup",
     "end_cgroups",
+    "own_cgroup",
     "own_children_in",
     "reap_child",
     "select_containment",
+    "with_controllers",
 ]
 
 CGROUP_PREFIX = "agent-"  # a session cgroup is agent-<spawn token>
@@ -265,12 +267,12 @@ def select_containment(
         problem = _unusable(root)
         if problem is not None:
             raise ContainmentError(f"cgroup_root = {configured_root!r}: {problem}")
-        return _with_controllers(
+        return with_controllers(
             Containment(mode="cgroup-root", root=CgroupRoot(root), detail=f"configured {root}")
         )
     if "INVOCATION_ID" not in environ:
         return FALLBACK
-    own = _own_cgroup(self_cgroup)
+    own = own_cgroup(self_cgroup)
     if own is not None and own.name == DAEMON_LEAF and own.parent.name.endswith(".service"):
         # Moved there by an earlier image of this process: a restart in place
         # (agentsd.reexec) keeps the process, and with it its cgroup.
@@ -287,14 +289,14 @@ def select_containment(
     leaf = own / DAEMON_LEAF
     leaf.mkdir(mode=0o755, exist_ok=True)
     (leaf / "cgroup.procs").write_text("0")
-    return _with_controllers(
+    return with_controllers(
         Containment(
             mode="systemd-delegated", root=CgroupRoot(own), detail=f"delegated subtree {own}"
         )
     )
 
 
-def _with_controllers(containment: Containment) -> Containment:
+def with_controllers(containment: Containment) -> Containment:
     """``containment`` with the `LIMIT_CONTROLLERS` its root has enabled for session
     cgroups (so limits can be applied and memory reported), named in its detail; a
     refusal is noted there too, never fatal: limits then fail at create."""
@@ -308,8 +310,9 @@ def _with_controllers(containment: Containment) -> Containment:
     return attrs.evolve(containment, detail=f"{containment.detail}; {note}")
 
 
-def _own_cgroup(self_cgroup: Path) -> Path | None:
-    """This process's cgroup v2 directory, if a v2 hierarchy is mounted where we look."""
+def own_cgroup(self_cgroup: Path) -> Path | None:
+    """The cgroup v2 directory ``self_cgroup`` (a ``/proc/PID/cgroup``) names, if a
+    v2 hierarchy is mounted where we look. Raises OSError if it cannot be read."""
     for line in self_cgroup.read_text().splitlines():
         hierarchy, _, rest = line.partition(":")
         controllers, _, relative = rest.partition(":")

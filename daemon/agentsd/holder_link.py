@@ -9,7 +9,9 @@ least ``time.time_ns()`` so that it stays above the clock-based epochs of earlie
 releases, and always above the last one stored, so that a clock stepped back never
 fences the next daemon out. Daemons of one state directory never overlap (the
 daemon lock sees to that), so reading, incrementing and storing it needs no lock of
-its own between processes. A link is never re-established: once the holder is lost (its socket
+its own between processes. Under systemd the holder is started in a scope of its
+own, outside the service's cgroup (``agentsd.holder_scope``), so that neither a stop
+nor a crash of the service takes it and its agents along. A link is never re-established: once the holder is lost (its socket
 ended: it died), every agent on it is lost, and the next spawn starts a new holder.
 
 Rule 2 (what a lost holder means): the agents it held lost their pipes. Their
@@ -59,6 +61,7 @@ import attrs
 import trio
 
 from agentsd import holder as wire
+from agentsd.holder_scope import START_RETRY_S, HolderScope
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,7 @@ EPOCH_NAME = "holder.epoch"
 LOG_NAME = "holder.log"
 HOLDER_SCRIPT = Path(wire.__file__)
 CONNECT_TIMEOUT_S = 10.0  # a holder accepts from its first instruction
+START_RETRY_PAUSE_S = 0.1  # between attempts to start a holder in its scope
 REQUEST_TIMEOUT_S = 30.0  # a request is a few syscalls in the holder; a spawn a fork
 # Once an agent's exit is proven, how long the rest of its stderr may take to arrive
 # (what it wrote is in the holder or its pipe; ``agentsd.stderr_log`` waits as long).
@@ -646,14 +650,37 @@ async def _connect(path: Path) -> trio.SocketStream | None:
         return None
 
 
-def _start_holder(state_dir: Path) -> int:
+def _start_holder(state_dir: Path, scope: HolderScope | None) -> int:
     """Bind a fresh listening socket (0600) and start a holder on it, detached (it
-    forks once more: never our child); its pid. Blocking: run it in a thread.
-    Raises `HolderLost` when it does not report its pid in time (it is killed)."""
+    forks once more: never our child), in ``scope`` when given (`agentsd.holder_scope`);
+    its pid. Blocking: run it in a thread. Raises `HolderLost` when it does not
+    report its pid in time (it is killed), or cannot be placed in its scope."""
+    if scope is None:
+        return _start_holder_once(state_dir, None)
+    deadline = time.monotonic() + START_RETRY_S
+    while True:
+        try:
+            return _start_holder_once(state_dir, scope)
+        except _NotStarted:
+            # The scope of a holder that died may still be winding down (Rule 1 of
+            # agentsd.holder_scope): systemd refuses the name until it is gone.
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(START_RETRY_PAUSE_S)
+
+
+class _NotStarted(HolderLost):
+    """The holder's start ran but gave no pid (under systemd: worth another try)."""
+
+
+def _start_holder_once(state_dir: Path, scope: HolderScope | None) -> int:
     path = socket_path(state_dir)
     with suppress(FileNotFoundError):
         path.unlink()  # a dead holder's: nothing listened there
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    argv = [sys.executable, "-I", str(HOLDER_SCRIPT), "--detach"]
+    if scope is not None:
+        argv = [*scope.command(), *argv]
     try:
         old = os.umask(0o077)
         try:
@@ -665,15 +692,18 @@ def _start_holder(state_dir: Path) -> int:
         logs = state_dir / "logs"
         logs.mkdir(mode=0o700, exist_ok=True)
         with open(logs / LOG_NAME, "ab") as log_file:
-            process = subprocess.Popen(
-                [sys.executable, "-I", str(HOLDER_SCRIPT), "--listen-fd", str(fd), "--detach"],
-                pass_fds=[fd],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=log_file,
-                start_new_session=True,  # outlives this daemon and its terminal
-                close_fds=True,
-            )
+            try:
+                process = subprocess.Popen(
+                    [*argv, "--listen-fd", str(fd)],
+                    pass_fds=[fd],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=log_file,
+                    start_new_session=True,  # outlives this daemon and its terminal
+                    close_fds=True,
+                )
+            except OSError as exc:  # no systemd-run
+                raise HolderLost(f"the holder did not start: {argv[0]}: {exc}") from None
     finally:
         listener.close()
     assert process.stdout is not None
@@ -684,10 +714,18 @@ def _start_holder(state_dir: Path) -> int:
         with suppress(ProcessLookupError):
             process.kill()
         process.wait()
-        raise HolderLost(f"the holder did not start: {exc}") from None
+        where = "" if scope is None else f" in its scope {scope.unit} (see {LOG_NAME})"
+        raise _NotStarted(f"the holder did not start{where}: {exc}") from None
     finally:
         process.stdout.close()
-    return int(line)
+    pid = int(line)
+    if scope is not None:
+        try:
+            scope.place(pid)
+        except OSError as exc:
+            _end_started(pid)
+            raise HolderLost(f"the holder could not be placed in {scope.path}: {exc}") from None
+    return pid
 
 
 def _read_line(fd: int, timeout_s: float) -> bytes:
@@ -708,15 +746,17 @@ def _read_line(fd: int, timeout_s: float) -> bytes:
 
 
 @asynccontextmanager
-async def open_holder_link(state_dir: Path) -> AsyncIterator[HolderLink]:
-    """Attach to the state directory's holder, starting one if none listens
-    (Rule 1); yield the link. Raises `HolderLost` when no holder can be attached.
+async def open_holder_link(
+    state_dir: Path, scope: HolderScope | None = None
+) -> AsyncIterator[HolderLink]:
+    """Attach to the state directory's holder, starting one (in ``scope`` when
+    given) if none listens (Rule 1); yield the link. Raises `HolderLost` when no holder can be attached.
     On exit the link detaches: the holder keeps running what it holds."""
     path = socket_path(state_dir)
     started: int | None = None  # the pid of the holder we started
     stream = await _connect(path)
     if stream is None:
-        started = await trio.to_thread.run_sync(_start_holder, state_dir)
+        started = await trio.to_thread.run_sync(_start_holder, state_dir, scope)
         with trio.move_on_after(CONNECT_TIMEOUT_S):
             stream = await _connect(path)
         if stream is None:
@@ -849,6 +889,7 @@ class HolderKeeper:
 
     state_dir: Path
     _nursery: trio.Nursery
+    scope: HolderScope | None = None  # where holders are started (agentsd.holder_scope)
     _link: HolderLink | None = None
     _lock: trio.Lock = attrs.field(factory=trio.Lock)
     # While recovery may still adopt what the first link found (Rule 4).
@@ -880,22 +921,22 @@ class HolderKeeper:
             self._link.forget_unclaimed()
 
     async def _hold(self, task_status: trio.TaskStatus[HolderLink]) -> None:
-        async with open_holder_link(self.state_dir) as link:
+        async with open_holder_link(self.state_dir, self.scope) as link:
             task_status.started(link)
             await link.lost.wait()
 
 
 @asynccontextmanager
 async def open_holder_keeper(
-    state_dir: Path, *, claim: bool = False
+    state_dir: Path, *, claim: bool = False, scope: HolderScope | None = None
 ) -> AsyncIterator[HolderKeeper]:
     """Yield a `HolderKeeper`; on exit its link detaches (the holder keeps what it
     holds). A holder already listening is attached at once, so that it forgets what
     a previous daemon left exited there (Rule 4) even if nothing is spawned; with
     ``claim``, only once `HolderKeeper.claimed` says recovery adopted what it takes
-    over."""
+    over. Holders it starts are started in ``scope`` when given."""
     async with trio.open_nursery() as nursery:
-        keeper = HolderKeeper(state_dir, nursery, claiming=claim)
+        keeper = HolderKeeper(state_dir, nursery, scope=scope, claiming=claim)
         if socket_path(state_dir).exists():
             try:
                 await keeper.link()

@@ -55,10 +55,11 @@ import trio
 from agentsd.agent_env import AgentEnvironment, resolve_mode
 from agentsd.app import App
 from agentsd.caller import UNIDENTIFIED, Caller, identify_peer
-from agentsd.cgroup import select_containment
+from agentsd.cgroup import select_containment, with_controllers
 from agentsd.config import Config
 from agentsd.connection import Connection, Transport
-from agentsd.holder_link import HolderKeeper, open_holder_keeper
+from agentsd.holder_link import HolderKeeper, HolderLost, open_holder_keeper
+from agentsd.holder_scope import HolderScope, holder_scope
 from agentsd.listener import (
     TRANSIENT_ACCEPT_ERRNOS,
     SocketTransport,
@@ -289,12 +290,40 @@ async def _serve_sessions(
 @asynccontextmanager
 async def _open_holder(app: App) -> AsyncIterator[HolderKeeper | None]:
     """With the config's ``holder``, the supervisor's holder keeper, attached to a
-    holder left running (if any) before recovery, which may take over what it holds."""
+    holder left running (if any) before recovery, which may take over what it holds.
+    Under systemd the holder lives in a scope of its own, and so do the agents'
+    cgroups (``agentsd.holder_scope``): the containment moves there."""
     if not app.config.holder:
         yield None
         return
-    async with open_holder_keeper(app.state_dir, claim=True) as keeper:
+    scope = holder_scope(app.containment, app.state_dir)
+    async with open_holder_keeper(app.state_dir, claim=True, scope=scope) as keeper:
+        if scope is not None:
+            await _contain_in_scope(app, keeper, scope)
         yield keeper
+
+
+async def _contain_in_scope(app: App, keeper: HolderKeeper, scope: HolderScope) -> None:
+    """Make the holder's scope the agents' containment: started now if no holder
+    runs, so that its cgroup exists before recovery looks in it. A holder left
+    running outside it (started by a daemon run by hand) keeps its agents where they
+    are, under the service's cgroup, which a stop or crash of the service ends."""
+    link = keeper.current()
+    if link is not None and not scope.holds(link.holder_pid):
+        log.warning(
+            "the holder (pid %d) runs outside its scope %s: its agents end with the "
+            "service; stop every session and restart the daemon to move it",
+            link.holder_pid,
+            scope.unit,
+        )
+        return
+    if link is None:
+        try:
+            await keeper.link()
+        except HolderLost as exc:
+            log.error("the holder could not be started in its scope %s: %s", scope.unit, exc)
+    app.containment = await trio.to_thread.run_sync(with_controllers, scope.containment())
+    log.info("agent containment: %s (%s)", app.containment.mode, app.containment.detail)
 
 
 def has_controlling_terminal() -> bool:
