@@ -34,8 +34,11 @@ served agent is handed over (``agentsd.runner`` Rule 5) instead of closed: the
 caller then executes the new image in this process (``agentsd.reexec``), which says
 ``READY=1`` once it serves. Without the holder the agents are closed, as in a
 shutdown: they end, and the next send resumes each conversation natively. SIGTERM
-or SIGINT meanwhile turns the restart into a stop: no new image, and what is not
-handed over yet is closed.
+or SIGINT meanwhile turns the restart into a stop: no new image, what is not
+handed over yet is closed, and what was handed over already is ended after, as
+recovery under ``crash_policy = "end"`` ends a previous daemon's agents. (A SIGTERM
+in the instant between the end of the handover and the exec kills the process
+before the new image runs: the next daemon to start takes those agents over.)
 """
 
 from __future__ import annotations
@@ -269,6 +272,7 @@ async def _serve_sessions(
                     nursery.start_soon(_report_status, app, notifier)
                     nursery.start_soon(run_sampler, supervisor)
                     task_status.started(app)
+            handed = 0
             if app.restart_requested:  # Rule 6
                 notifier.reloading()
                 if supervisor.reattaches:  # else the next image would end them
@@ -285,6 +289,14 @@ async def _serve_sessions(
             running = supervisor.counts().running
             notifier.status(f"closing {running} running sessions")
             log.info("closing %d running sessions", running)
+        if handed and not app.restart_requested:
+            # A stop came during the handover (Rule 6): no image is coming to take
+            # over what was handed to the holder, so it is ended now, as the recovery
+            # of crash_policy "end" would (outside the holder's scope nothing else
+            # would end it: agentsd.holder_scope).
+            notifier.status(f"ending the {handed} agents handed over before the stop")
+            ended = await recover(store, config.ladder, app.containment.root)
+            log.info("the restart was abandoned: %s", ended.report.summary)
 
 
 @asynccontextmanager

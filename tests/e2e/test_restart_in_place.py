@@ -19,8 +19,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -583,3 +584,50 @@ def test_the_units_reload_never_starts_a_daemon_of_its_own() -> None:
         done = restart_cli(sock)
         assert done.returncode == EXIT_UNREACHABLE, (done.stdout, done.stderr)
         assert not sock.exists()
+
+
+def test_a_stop_during_the_handover_ends_what_was_handed_over() -> None:
+    """``systemctl stop`` while a reload hands agents over: the restart becomes a
+    stop, and what the holder was handed already, which no image is coming to take
+    over, is ended and settled before the daemon exits (outside the service's cgroup
+    under systemd, nothing else would end it). A second session, still starting (never
+    handed over), keeps the old image's close ladder going for seconds: the SIGTERM
+    lands after the handover, before the exec."""
+    with scratch() as base, NotifyListener.bound(base) as notify, held_turn(base, notify) as turn:
+        stubborn = {"hangHandshake": True, "ignoreEof": True, "ignoreSigterm": True}
+        params = {"provider": "mock", "cwd": str(base), "options": stubborn}
+        # Its create answers only once the daemon stops: from a thread of its own.
+        creating = threading.Thread(
+            target=_quietly, args=(rpc, turn.sock, "agentSession.create", params), daemon=True
+        )
+        creating.start()
+
+        def starting_one() -> list[str]:
+            sessions = rpc(turn.sock, "agentSession.list")["sessions"]
+            return [s["sessionId"] for s in sessions if s["phase"] == "starting"]
+
+        wait_until(lambda: bool(starting_one()), timeout_s=IO_TIMEOUT_S, what="a starting session")
+        [starting] = starting_one()
+        rpc(turn.sock, "daemon.restart")
+        wait_until(
+            lambda: "restart: 1 of" in turn.daemon.log(),
+            timeout_s=RESTART_TIMEOUT_S,
+            what="the held agent handed over",
+        )
+        turn.daemon.process.send_signal(signal.SIGTERM)
+        assert turn.daemon.wait(RESTART_TIMEOUT_S) == 0
+        log = turn.daemon.log()
+        assert "the restart under way is abandoned: stopping instead" in log
+        assert "restart: executing" not in log
+        assert "the restart was abandoned: 1 session recovered" in log, log
+        assert ended(turn.pid)
+        assert exit_causes(turn.state, turn.session_id) == ["daemon-restart"]
+        assert exit_causes(turn.state, starting) == ["shutdown"]
+        creating.join(IO_TIMEOUT_S)
+    assert token_carriers(lease_tokens(turn.state)) == []
+
+
+def _quietly(call: Callable[..., Any], *args: Any) -> None:
+    """``call(*args)``, whatever it raises (a request the daemon never answers)."""
+    with contextlib.suppress(Exception):
+        call(*args)
