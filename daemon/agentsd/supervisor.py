@@ -307,11 +307,15 @@ class Supervisor:
     async def start(self, session: Session) -> None:
         """Start the session's agent unless it runs; return once it is ready.
 
-        Raises the start failure (``AgentNotFound``, ``HandshakeTimeout``, ...), or
-        ``ExitUnproven`` when a previous child still cannot be proven gone.
+        Raises the start failure (``AgentNotFound``, ``HandshakeTimeout``, ...),
+        ``ExitUnproven`` when a previous child still cannot be proven gone, and
+        ``InvalidState`` while the session is being deleted, ``SessionNotFound`` once
+        it was (a request that looked it up before the delete completed).
         """
         async with session.lock:
             if session.deleting:
+                if self.sessions.get(session.id) is not session:
+                    raise SessionNotFound(f"no session {session.id!r}", sessionId=session.id)
                 raise InvalidState(f"session {session.id} is being deleted")
             task = session.task
             if task is None:
