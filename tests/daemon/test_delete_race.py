@@ -34,6 +34,7 @@ from agentsd_protocol.api.events import (
     ApprovalResolved,
     CommandRun,
     Event,
+    InterruptRequested,
     SessionUpdated,
     Submission,
 )
@@ -262,6 +263,27 @@ async def test_an_answer_racing_the_delete_of_its_session_gets_session_not_found
         )
         assert_error(reply, SessionNotFound.code, "session_not_found")
         assert not session.claims  # the claim is given back: nobody won
+        await assert_nothing_left(harness)
+        await assert_still_serves(harness)
+
+
+async def test_an_interrupt_racing_the_delete_of_its_session_gets_session_not_found(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = harness.supervisor.get(harness.daemon.session_id)
+    client = connect(harness.daemon)
+    with trio.fail_after(HANG_GUARD_S):
+        # A turn that stays open: the agent waits for an answer.
+        await call(client, 1, "agentSession.send", {"sessionId": session.id, "text": "approve"})
+        reply = await client.peer.recv()
+        assert "result" in reply, reply
+        await eventually(lambda: bool(session.conversation.approvals), timeout_s=HANG_GUARD_S)
+        assert session.conversation.turn_open
+        held = hold_append(monkeypatch, session.journal, of_type(InterruptRequested))
+        reply = await delete_between_lookup_and_act(
+            harness, held, client, "agentSession.interrupt", {"sessionId": session.id}
+        )
+        assert_error(reply, SessionNotFound.code, "session_not_found")
         await assert_nothing_left(harness)
         await assert_still_serves(harness)
 
