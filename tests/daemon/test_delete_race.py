@@ -35,6 +35,7 @@ from agentsd_protocol.api.events import (
     CommandRun,
     Event,
     InterruptRequested,
+    PromptWithdrawn,
     SessionUpdated,
     Submission,
 )
@@ -284,6 +285,38 @@ async def test_an_interrupt_racing_the_delete_of_its_session_gets_session_not_fo
             harness, held, client, "agentSession.interrupt", {"sessionId": session.id}
         )
         assert_error(reply, SessionNotFound.code, "session_not_found")
+        await assert_nothing_left(harness)
+        await assert_still_serves(harness)
+
+
+async def test_a_queue_withdrawal_racing_the_delete_of_its_session_gets_session_not_found(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = harness.supervisor.get(harness.daemon.session_id)
+    client = connect(harness.daemon)
+    with trio.fail_after(HANG_GUARD_S):
+        await call(client, 1, "agentSession.send", {"sessionId": session.id, "text": "approve"})
+        assert "result" in await client.peer.recv()
+        await eventually(lambda: bool(session.conversation.approvals), timeout_s=HANG_GUARD_S)
+        await call(
+            client,
+            1,
+            "agentSession.send",
+            {"sessionId": session.id, "text": "later", "delivery": "queue"},
+        )
+        queued = await client.peer.recv()
+        assert queued["result"]["queued"] is True, queued
+        prompt_id = queued["result"]["clientMessageId"]
+        held = hold_append(monkeypatch, session.journal, of_type(PromptWithdrawn))
+        reply = await delete_between_lookup_and_act(
+            harness,
+            held,
+            client,
+            "agentSession.queue",
+            {"sessionId": session.id, "action": "withdraw", "promptId": prompt_id},
+        )
+        assert_error(reply, SessionNotFound.code, "session_not_found")
+        assert prompt_id not in session.queue.claims  # the claim is given back
         await assert_nothing_left(harness)
         await assert_still_serves(harness)
 
