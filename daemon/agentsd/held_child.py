@@ -22,7 +22,7 @@ holder, so it survives this daemon. What changes, rule by rule of ``agentsd.chil
 - The close ladder is the same (stdin EOF, SIGTERM, SIGKILL or ``cgroup.kill``,
   proof), its steps sent to the holder, and the holder forgets the agent only
   after the proof.
-- A handover (a planned restart, ``agentsd.runner`` Rule 5): `HeldChild.hand_over`
+- A handover (a planned restart, ``agentsd.session_task`` Rule 2): `HeldChild.hand_over`
   leaves the agent running in the holder. Nothing of the ladder runs, ``on_exit``
   is not called (nothing ended: the lease stays held) and the holder is not told
   to forget it; the link then detaches, which leaves the holder everything it

@@ -103,7 +103,7 @@ class HeldLease:
     # held it was lost and it was ended by its identity (agentsd.held_child).
     proof: Proof = None
     settle_error: RpcError | None = None  # why the settle could not be committed
-    # Its agent was handed over to the next image (``agentsd.runner`` Rule 5): it
+    # Its agent was handed over to the next image (``agentsd.session_task`` Rule 2): it
     # runs on, nothing ended, so nothing is settled and the lease stays held.
     handed_over: bool = False
 

@@ -2,10 +2,10 @@
 
 With the holder and ``crash_policy = "reattach"``, recovery hands the supervisor
 the held leases whose agents the holder kept through the previous daemon's death
-(``agentsd.recovery.Reattachable``). Each session task then takes its lease over
-(``agentsd.held_lease.open_lease`` with ``handover``), claims the agent from the
-holder (``agentsd.held_child.adopt_held_child``) and, instead of a handshake, gives
-its adapter the `Takeover` built here (``Adapter.take_over``).
+(``agentsd.recovery.Reattachable``). Each session task (``agentsd.takeover``) then
+takes its lease over (``agentsd.held_lease.open_lease`` with ``handover``), claims
+the agent from the holder (``agentsd.held_child.adopt_held_child``) and, instead of
+a handshake, gives its adapter the `Takeover` built here (``Adapter.take_over``).
 
 Rule 1: everything here is read from the journal as committed: the open turn,
 pending approvals and submissions as the session's conversation derives them, the

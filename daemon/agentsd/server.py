@@ -20,7 +20,7 @@ hangs up, and shuts down as for SIGTERM.
 
 Rule 7: with the holder (config ``holder``) a holder left running is attached
 before recovery; under ``crash_policy = "reattach"`` recovery hands the agents it
-kept to the supervisor, which takes each over (``agentsd.runner`` Rule 4) before
+kept to the supervisor, which takes each over (``agentsd.takeover``) before
 anything is served, and what it did not take is given up to the holder after.
 
 Rule 4: the first capture of the agents' environment (``agentsd.agent_env``) runs
@@ -30,7 +30,7 @@ the first agent start, by at most its bound, and nothing else.
 Rule 6: a restart (``daemon.restart``) is a shutdown that says ``RELOADING=1``
 instead of ``STOPPING=1``, and in which, when the holder keeps the agents for the
 next image to take over (``crash_policy = "reattach"``), every
-served agent is handed over (``agentsd.runner`` Rule 5) instead of closed: the
+served agent is handed over (``agentsd.session_task`` Rule 2) instead of closed: the
 caller then executes the new image in this process (``agentsd.reexec``), which says
 ``READY=1`` once it serves. Without the holder the agents are closed, as in a
 shutdown: they end, and the next send resumes each conversation natively. SIGTERM

@@ -62,8 +62,8 @@ from agentsd_protocol.api.session import (
 )
 
 if TYPE_CHECKING:
-    from agentsd.runner import SessionTask
     from agentsd.session_journal import SessionJournal
+    from agentsd.session_task import SessionTask
     from agentsd.status_board import StatusBoard
 
 

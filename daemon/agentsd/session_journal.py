@@ -22,6 +22,12 @@ handler holds SQL or a connection.
 
 Rule 3: the port keeps the streamed text no snapshot has journaled yet
 (``agentsd.streaming``), for a subscriber that arrives mid-stream (``tails``).
+
+Rule 4 (a deleted session is not found): a request looks its session up, then
+writes; a delete can complete in between. The store then refuses the write
+(``UnknownSession``: nothing is committed) and the port raises ``SessionNotFound``,
+what a request naming a deleted session gets, for every writer alike: the client
+sees that stable error, not an internal one.
 """
 
 from __future__ import annotations
@@ -37,10 +43,11 @@ from agentsd.operations import Provisional, record_provisional
 from agentsd.store import leases as lease_rows
 from agentsd.store import sessions as session_rows
 from agentsd.store.database import StoreConnection
-from agentsd.store.journal import StoredEvent, bodies_of_kind, read_events
+from agentsd.store.journal import StoredEvent, UnknownSession, bodies_of_kind, read_events
 from agentsd.store.writer import Store
 from agentsd.streaming import StreamingText
 from agentsd_protocol.api.events import Event, EventStruct, UnknownEvent, decode_event, kind_of
+from agentsd_protocol.errors import SessionNotFound
 
 if TYPE_CHECKING:
     import sqlite3
@@ -76,26 +83,32 @@ class SessionJournal:
         session columns ``fields``, the ledger's ``provisional`` entry and the held
         agent's ``output`` position (offset, events of that line journaled: on the
         lease of ``fence``) in the same commit; returns the events as stored.
-        Raises what the store raises (``StorageUnavailable``), and then nothing
+        Raises what the store raises (``StorageUnavailable``), or
+        ``SessionNotFound`` once the session was deleted (Rule 4), and then nothing
         changed, durably or in memory."""
         session = self._session
         session_id = session.id
         fence = session.fence if fence is None else fence
         now = time.time()
-        if fields or provisional is not None:
+        try:
+            if fields or provisional is not None:
 
-            def op(conn: StoreConnection) -> list[StoredEvent]:
-                stored = session_rows.update_session(conn, session_id, fence, now, events, **fields)
-                if provisional is not None:
-                    record_provisional(conn, provisional.operation, provisional.result(stored))
-                if output is not None:
-                    lease_rows.record_output(conn, session_id, fence, *output)
-                return stored
+                def op(conn: StoreConnection) -> list[StoredEvent]:
+                    stored = session_rows.update_session(
+                        conn, session_id, fence, now, events, **fields
+                    )
+                    if provisional is not None:
+                        record_provisional(conn, provisional.operation, provisional.result(stored))
+                    if output is not None:
+                        lease_rows.record_output(conn, session_id, fence, *output)
+                    return stored
 
-            stored = await self._store.write(op)
-        else:
-            items = session_rows.encode_events(events)
-            stored = await self._store.append(session_id, fence, items, now, output)
+                stored = await self._store.write(op)
+            else:
+                items = session_rows.encode_events(events)
+                stored = await self._store.append(session_id, fence, items, now, output)
+        except UnknownSession:
+            raise _deleted(session_id) from None
         if fields:
             session.row = attrs.evolve(session.row, **fields)
         self._committed(stored)
@@ -106,8 +119,12 @@ class SessionJournal:
     ) -> tuple[T, list[StoredEvent]]:
         """Commit ``op``, a store op that changes other rows too (a lease, the
         session's own row) and returns ``(value, events it journaled)``; then apply
-        and publish those events (Rule 1). Raises what the store raises."""
-        value, stored = await self._store.write(op)
+        and publish those events (Rule 1). Raises what the store raises, or
+        ``SessionNotFound`` once the session was deleted (Rule 4)."""
+        try:
+            value, stored = await self._store.write(op)
+        except UnknownSession:
+            raise _deleted(self._session.id) from None
         self._committed(stored)
         return value, stored
 
@@ -186,3 +203,8 @@ class SessionJournal:
         for event, decoded in notable:
             session.board.announce(session, event.seq, event.ts, decoded)
         session.conversation_changed()
+
+
+def _deleted(session_id: str) -> SessionNotFound:
+    """Rule 4: as ``Supervisor.get`` says it of a session it does not know."""
+    return SessionNotFound(f"no session {session_id!r}", sessionId=session_id)

@@ -52,7 +52,7 @@ from agentsd_protocol.api.events import (
 from agentsd_protocol.errors import RpcError
 
 if TYPE_CHECKING:
-    from agentsd.runner import SessionTask
+    from agentsd.session_task import SessionTask
 
 log = logging.getLogger(__name__)
 

@@ -45,9 +45,10 @@ from agentsd.procfs import current_scanner
 from agentsd.prompt_queue import derive_queue
 from agentsd.providers.base import Provider
 from agentsd.recovery import Reattachable
-from agentsd.runner import SessionTask, run_session
+from agentsd.runner import run_session
 from agentsd.session import Session, derive_conversation
 from agentsd.session_journal import SessionJournal
+from agentsd.session_task import SessionTask
 from agentsd.status_board import StatusBoard
 from agentsd.stderr_log import remove_log
 from agentsd.store import leases as lease_rows
@@ -306,11 +307,15 @@ class Supervisor:
     async def start(self, session: Session) -> None:
         """Start the session's agent unless it runs; return once it is ready.
 
-        Raises the start failure (``AgentNotFound``, ``HandshakeTimeout``, ...), or
-        ``ExitUnproven`` when a previous child still cannot be proven gone.
+        Raises the start failure (``AgentNotFound``, ``HandshakeTimeout``, ...),
+        ``ExitUnproven`` when a previous child still cannot be proven gone, and
+        ``InvalidState`` while the session is being deleted, ``SessionNotFound`` once
+        it was (a request that looked it up before the delete completed).
         """
         async with session.lock:
             if session.deleting:
+                if self.sessions.get(session.id) is not session:
+                    raise SessionNotFound(f"no session {session.id!r}", sessionId=session.id)
                 raise InvalidState(f"session {session.id} is being deleted")
             task = session.task
             if task is None:
@@ -398,7 +403,7 @@ class Supervisor:
         return self.holder is not None and self.config.crash_policy == "reattach"
 
     async def reattach(self, reattachable: Sequence[Reattachable]) -> list[str]:
-        """Take over what recovery kept (``agentsd.runner`` Rule 4), all at once;
+        """Take over what recovery kept (``agentsd.takeover``), all at once;
         return once each was taken over or ended: the ids of the sessions whose
         agent now runs under this daemon."""
         tasks: list[tuple[Session, SessionTask]] = []
@@ -429,7 +434,7 @@ class Supervisor:
                 session.task.stop(cause)
 
     async def hand_over_all(self, timeout_s: float = HANDOVER_TIMEOUT_S) -> int:
-        """A planned restart with the holder (``agentsd.runner`` Rule 5): leave every
+        """A planned restart with the holder (``agentsd.session_task`` Rule 2): leave every
         served agent running in the holder for the next image; how many were.
         Returns once each handover finished or ``timeout_s`` passed; what was not
         handed over by then (a session still starting, a reader that never reached a

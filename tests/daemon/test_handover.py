@@ -1,4 +1,4 @@
-"""A handover (``agentsd.runner`` Rule 5): a planned restart whose agents the holder
+"""A handover (``agentsd.session_task`` Rule 2): a planned restart whose agents the holder
 keeps stops each session's reader between two frames, journals the streamed text,
 and leaves the agent running with its lease held: no close ladder, no settle, the
 holder link detached rather than closed."""

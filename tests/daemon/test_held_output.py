@@ -20,9 +20,9 @@ import trio.testing
 from agentsd.feed import Feed
 from agentsd.leases import Identity
 from agentsd.providers.base import BACKLOG_BYTES, BACKLOG_SOON_BYTES, OVERRUN_BYTES, LineLink
-from agentsd.runner import SessionTask
 from agentsd.session import Session
 from agentsd.session_journal import SessionJournal
+from agentsd.session_task import SessionTask
 from agentsd.sink import HeldOutput, OpenItem, Sink
 from agentsd.status_board import StatusBoard
 from agentsd.store import leases as lease_rows

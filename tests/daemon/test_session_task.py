@@ -32,8 +32,8 @@ from agentsd.procfs import (
 from agentsd.providers import provider_registry
 from agentsd.providers.base import Submission
 from agentsd.providers.mock_agent import BARRIER_EXIT_CODE
-from agentsd.runner import SessionTask
 from agentsd.session import Session
+from agentsd.session_task import SessionTask
 from agentsd.sink import Sink
 from agentsd.store import leases as lease_rows
 from agentsd.store import sessions as session_rows

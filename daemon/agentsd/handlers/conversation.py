@@ -56,6 +56,7 @@ from agentsd_protocol.errors import (
     ContentUnsupported,
     InvalidParams,
     InvalidState,
+    SessionNotFound,
     StorageUnavailable,
 )
 
@@ -74,11 +75,19 @@ async def handle_send(call: Call, params: api.SendParams) -> api.SendResult:
     """Check and keep the prompt's images and files (``agentsd.attachments``),
     journal the prompt, then deliver it by ``params.delivery`` (``api.SendParams``);
     the session's first prompt names an untitled session. A draining daemon refuses
-    it before journaling (``agentsd.drain`` Rule 1)."""
+    it before journaling (``agentsd.drain`` Rule 1). A session deleted after the
+    lookup raises ``SessionNotFound``, with nothing of the prompt left."""
     supervisor = call.app.supervisor
     session = supervisor.get(params.session_id, params.expected_fence)
     with supervisor.gate.admit():
-        return await _send(call, session, params)
+        try:
+            return await _send(call, session, params)
+        except SessionNotFound:
+            if supervisor.sessions.get(session.id) is not session:
+                # Deleted after the lookup (``agentsd.session_journal`` Rule 4): the
+                # images the prompt kept may have come after the delete's clean-up.
+                await trio.to_thread.run_sync(supervisor.blobs.drop, session.id)
+            raise
 
 
 async def _send(call: Call, session: Session, params: api.SendParams) -> api.SendResult:

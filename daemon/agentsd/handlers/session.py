@@ -15,7 +15,7 @@ from agentsd.resources import cached_resources, read_resources
 from agentsd_protocol.api import conversation as capi
 from agentsd_protocol.api import session as api
 from agentsd_protocol.display import excerpt
-from agentsd_protocol.errors import InvalidParams, RpcError
+from agentsd_protocol.errors import InvalidParams, RpcError, SessionNotFound
 
 if TYPE_CHECKING:
     from agentsd.connection import Call
@@ -219,9 +219,14 @@ async def handle_start(call: Call, params: api.StartParams) -> api.StartResult:
 
 
 async def handle_close(call: Call, params: api.CloseParams) -> api.CloseResult:
+    """A close that found no agent because a delete completed after the lookup
+    (while it waited for the session's lock) says so as a close after the delete
+    would: ``SessionNotFound``, not the deleted session's last state."""
     supervisor = call.app.supervisor
     session = supervisor.get(params.session_id, params.expected_fence)
     was_running = await supervisor.close(session)
+    if not was_running and supervisor.sessions.get(session.id) is not session:
+        raise SessionNotFound(f"no session {session.id!r}", sessionId=session.id)
     return api.CloseResult(session=session.info(), was_running=was_running)
 
 
