@@ -65,9 +65,11 @@ __all__ = [
     "after_stop",
     "holder_scope",
     "holder_unit",
+    "is_holder_scope",
 ]
 
 HOLDER_LEAF = "holder"  # Rule 2
+UNIT_PREFIX = "agentsd-holder-"  # Rule 1
 START_RETRY_S = 5.0  # Rule 1: a dead holder's scope winding down
 SYSTEMD_RUN = "systemd-run"
 SYSTEMCTL = "systemctl"
@@ -165,7 +167,12 @@ def holder_scope(containment: Containment, state_dir: Path) -> HolderScope | Non
 def holder_unit(state_dir: Path) -> str:
     """The name of the holder's scope of ``state_dir`` (Rule 1)."""
     digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
-    return f"agentsd-holder-{digest}.scope"
+    return f"{UNIT_PREFIX}{digest}.scope"
+
+
+def is_holder_scope(name: str) -> bool:
+    """Whether a cgroup directory's name is a holder's scope's (any state directory's)."""
+    return name.startswith(UNIT_PREFIX) and name.endswith(".scope")
 
 
 def after_stop(state_dir: Path, environ: Mapping[str, str]) -> str:

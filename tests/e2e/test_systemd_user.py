@@ -16,6 +16,7 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,6 +83,42 @@ def _main_pid(manager: UserManager) -> int:
 
 def _notes_of(notes: list[tuple[str, dict[str, Any]]], method: str) -> list[dict[str, Any]]:
     return [p for m, p in notes if m == method]
+
+
+async def _escaped_call(
+    manager: UserManager, scope: Path, *args: str
+) -> subprocess.CompletedProcess[bytes]:
+    """``agentsctl ARGS`` from a process that moved itself into the holder's scope,
+    out of any agent's cgroup, before it connects (as an agent's process could)."""
+    escaped = scope / "escaped-caller"
+    escaped.mkdir()
+    command = 'read go && exec "$0" --no-start "$@"'
+    agentsctl = str(Path(sys.executable).parent / "agentsctl")
+    process = await trio.lowlevel.open_process(
+        ["sh", "-c", command, agentsctl, *args],
+        env=dict(manager.env),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    (escaped / "cgroup.procs").write_text(str(process.pid))
+    assert process.stdin is not None and process.stdout is not None
+    assert process.stderr is not None
+    await process.stdin.send_all(b"go\n")
+    await process.stdin.aclose()
+    out = err = b""
+    async with trio.open_nursery() as nursery:
+
+        async def drain(stream: trio.abc.ReceiveStream, into: list[bytes]) -> None:
+            async for chunk in stream:
+                into.append(bytes(chunk))
+
+        outs: list[bytes] = []
+        errs: list[bytes] = []
+        nursery.start_soon(drain, process.stdout, outs)
+        nursery.start_soon(drain, process.stderr, errs)
+    out, err = b"".join(outs), b"".join(errs)
+    return subprocess.CompletedProcess(args, await process.wait(), out, err)
 
 
 async def _run(manager: UserManager, *args: str) -> None:
@@ -210,8 +247,9 @@ async def test_under_systemd_a_holder_killed_takes_its_agents_and_the_next_start
 ):
     """The holder dies alone (SIGKILL): its agent is ended and proven gone and the
     session settles. A process that had moved itself out of its agent's cgroup into
-    the scope (any process of the user may) keeps the dead holder's scope loaded:
-    the next holder's start kills it first, and starts in a scope of the same name."""
+    the scope (any process of the user may) is refused what agents are refused, and
+    keeps the dead holder's scope loaded: the next holder's start kills it first,
+    and starts in a scope of the same name."""
     with (
         trio.fail_after(TIMEOUT_S),
         temp_dir() as home,
@@ -239,6 +277,9 @@ async def test_under_systemd_a_holder_killed_takes_its_agents_and_the_next_start
                 info = (await rpc.call("agentSession.get", {"sessionId": sid}))["session"]
                 assert info["child"] is None, info
                 assert escaped.poll() is None  # nothing ended it yet: the scope is loaded
+                refused = await _escaped_call(manager, scope, "daemon", "restart")
+                assert refused.returncode == 1, refused
+                assert b"[forbidden_for_agents]" in refused.stderr, refused
 
                 # The next agent gets a new holder, in a scope of the same name: where
                 # the daemon's containment makes the agents' cgroups.
