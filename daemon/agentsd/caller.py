@@ -6,10 +6,14 @@ where the kernel gives one: SO_PEERPIDFD) is looked up once, at accept:
 
 Rule 1: it comes from a session when the peer is in that session's cgroup (cgroup
 mode: ``0::/.../agent-<token>`` in ``/proc/PID/cgroup``, which no descendant can
-leave), or when the peer or one of its ancestors is that session's recorded child
+leave by accident), or when the peer or one of its ancestors is that session's recorded child
 (pid and start time) or carries its spawn token in its environment (fallback; a
 process that both left the agent's tree and cleared its environment is not found
-without a cgroup). Identification fails closed: a peer (or ancestor) already gone
+without a cgroup). Under systemd the agents' cgroups are in the holder's delegated
+scope (``agentsd.holder_scope``), whose cgroups any process of the user may move
+itself between: a peer anywhere in a holder's scope outside an agent's cgroup (an
+agent's process that moved itself out, into the scope or the holder's leaf; the
+holder itself never calls) is UNIDENTIFIED. Identification fails closed: a peer (or ancestor) already gone
 or unreadable, or in an ``agent-*`` cgroup of no held session, is UNIDENTIFIED: it
 may be an agent, which one is unknown; it is refused everything an agent is
 refused with no allowance at all, logged (it has no session to journal in).
@@ -49,6 +53,7 @@ import attrs
 
 from agentsd.cgroup import CGROUP_PREFIX
 from agentsd.config import Limits
+from agentsd.holder_scope import is_holder_scope
 from agentsd.procfs import SPAWN_TOKEN_ENV, read_proc_info
 from agentsd.session import Session
 from agentsd_protocol.methods import ACKNOWLEDGE, METHODS
@@ -143,9 +148,12 @@ def _by_cgroup(pid: int, by_token: Mapping[str, str]) -> str | Unidentified | No
         return UNIDENTIFIED
     for line in lines:
         if line.startswith("0::"):
-            for part in line[3:].split("/"):
+            parts = line[3:].split("/")
+            for part in parts:
                 if part.startswith(CGROUP_PREFIX):
                     return by_token.get(part.removeprefix(CGROUP_PREFIX), UNIDENTIFIED)
+            if any(is_holder_scope(part) for part in parts):
+                return UNIDENTIFIED  # Rule 1: never the user, never the holder
     return None
 
 

@@ -657,6 +657,10 @@ def _start_holder(state_dir: Path, scope: HolderScope | None) -> int:
     report its pid in time (it is killed), or cannot be placed in its scope."""
     if scope is None:
         return _start_holder_once(state_dir, None)
+    try:
+        scope.clear()
+    except OSError as exc:
+        raise HolderLost(f"the holder's scope {scope.unit} cannot be made: {exc}") from None
     deadline = time.monotonic() + START_RETRY_S
     while True:
         try:

@@ -17,6 +17,7 @@ import trio
 from agentsd import __version__
 from agentsd.cgroup import ContainmentError
 from agentsd.config import MAX_SOCKET_PATH_BYTES, Config, ConfigError, load_config
+from agentsd.holder_scope import after_stop
 from agentsd.listener import SocketInUse
 from agentsd.logging_setup import configure_logging
 from agentsd.paths import AlreadyRunning, UnsafeDirectory
@@ -61,6 +62,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="load the configuration and the code as a start would, then exit (0: it "
         "would start); what a restart checks before it stops anything",
+    )
+    parser.add_argument(
+        "--after-stop",
+        action="store_true",
+        help="what the unit's ExecStopPost= runs: after a stop (SERVICE_RESULT success or "
+        "timeout) end what is left in the holder's scope; after a crash, nothing",
     )
     add_arguments(parser)
     return parser.parse_args(argv)
@@ -112,6 +119,9 @@ def main(argv: list[str] | None = None) -> None:
             file=sys.stderr,
         )
         sys.exit(EXIT_USAGE)
+    if args.after_stop:
+        print(f"agentsd: {after_stop(state_dir, os.environ)}")
+        sys.exit(EXIT_OK)
     upkeep_status = run_upkeep(args, state_dir, socket_path)
     if upkeep_status is not None:
         sys.exit(upkeep_status)

@@ -46,6 +46,7 @@ from agentsd.store import leases as lease_rows
 from agentsd.store import sessions as session_rows
 from agentsd.store.writer import Store
 from agentsd_protocol.api.daemon import CutOffTurn, RecoveryFailure, RecoveryReport
+from agentsd_protocol.api.session import ExitCause
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +79,14 @@ async def recover(
     root: CgroupRoot | None = None,
     *,
     holder_found: Mapping[str, Mapping[str, Any]] | None = None,
+    cause: ExitCause = "daemon-restart",
 ) -> Recovered:
     """End and settle what a previous daemon left; with a cgroup ``root``, also kill
     and remove every session cgroup there that no lease kept for a takeover owns.
     ``holder_found``: what the holder held when this daemon attached it, by agent id
-    (spawn token), when held agents are to be reattached; None: end them all."""
+    (spawn token), when held agents are to be reattached; None: end them all.
+    ``cause``: what the ends are journaled as (``shutdown`` for the agents a stop
+    during a restart leaves handed over: ``agentsd.server`` Rule 6)."""
     held = await store.read(lease_rows.load_held_leases)
     kept: list[Reattachable] = []
     if holder_found is not None:
@@ -114,7 +118,7 @@ async def recover(
         session = await _load(store, lease)
         if session.conversation.turn_open:
             open_turns.add(session.id)
-        await settle(session, store.write, "daemon-restart", outcome)
+        await settle(session, store.write, cause, outcome)
         if session.lease is not None and session.lease.held:
             unproven += 1
             failures.append(

@@ -35,10 +35,12 @@ caller then executes the new image in this process (``agentsd.reexec``), which s
 ``READY=1`` once it serves. Without the holder the agents are closed, as in a
 shutdown: they end, and the next send resumes each conversation natively. SIGTERM
 or SIGINT meanwhile turns the restart into a stop: no new image, what is not
-handed over yet is closed, and what was handed over already is ended after, as
-recovery under ``crash_policy = "end"`` ends a previous daemon's agents. (A SIGTERM
-in the instant between the end of the handover and the exec kills the process
-before the new image runs: the next daemon to start takes those agents over.)
+handed over yet is closed, and what was handed over already is ended after (cause
+``shutdown``), as recovery under ``crash_policy = "end"`` ends a previous daemon's
+agents. A SIGTERM after that point (the store and the holder link closing, or the
+instant before the exec) leaves what was handed over to the holder: under systemd
+the unit's ``ExecStopPost=`` ends it (``agentsd.holder_scope`` Rule 4); run by hand,
+the next daemon to start takes it over.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ log = logging.getLogger(__name__)
 
 DATABASE_NAME = "agentsd.db"
 SOCKET_UNIT_NAME = "agentsd.socket"  # LISTEN_FDNAMES entry of systemd/agentsd.socket
+FORGET_WAIT_S = 5.0  # Rule 6: the holder's reports of the handed-over agents' ends
 STATUS_INTERVAL_S = 5.0  # how stale `systemctl status` may be
 MAX_CONNECTIONS = 4096  # each costs a few KiB; far beyond any real set of clients
 ACCEPT_RETRY_S = 0.1  # back off when out of file descriptors, as trio's serve_listeners does
@@ -292,11 +295,25 @@ async def _serve_sessions(
         if handed and not app.restart_requested:
             # A stop came during the handover (Rule 6): no image is coming to take
             # over what was handed to the holder, so it is ended now, as the recovery
-            # of crash_policy "end" would (outside the holder's scope nothing else
-            # would end it: agentsd.holder_scope).
+            # of crash_policy "end" would, and the holder forgets it (else it would
+            # never leave: holder Rule 6).
             notifier.status(f"ending the {handed} agents handed over before the stop")
-            ended = await recover(store, config.ladder, app.containment.root)
+            ended = await recover(store, config.ladder, app.containment.root, cause="shutdown")
             log.info("the restart was abandoned: %s", ended.report.summary)
+            if holder is not None:
+                await _forget_ended(holder)
+
+
+async def _forget_ended(keeper: HolderKeeper) -> None:
+    """Let the holder forget the agents handed over and ended since (their exits
+    arrive as the holder reaps them), within ``FORGET_WAIT_S``."""
+    link = keeper.current()
+    if link is None:
+        return
+    with trio.move_on_after(FORGET_WAIT_S):
+        for agent in list(link.agents.values()):
+            await agent.wait()
+            await link.release(agent)
 
 
 @asynccontextmanager
@@ -319,7 +336,8 @@ async def _contain_in_scope(app: App, keeper: HolderKeeper, scope: HolderScope) 
     """Make the holder's scope the agents' containment: started now if no holder
     runs, so that its cgroup exists before recovery looks in it. A holder left
     running outside it (started by a daemon run by hand) keeps its agents where they
-    are, under the service's cgroup, which a stop or crash of the service ends."""
+    are, under the service's cgroup, which a stop or crash of the service ends; so do
+    the holders started after it, for the containment to stay where they are."""
     link = keeper.current()
     if link is not None and not scope.holds(link.holder_pid):
         log.warning(
@@ -328,13 +346,17 @@ async def _contain_in_scope(app: App, keeper: HolderKeeper, scope: HolderScope) 
             link.holder_pid,
             scope.unit,
         )
+        keeper.scope = None
         return
+    started = ""
     if link is None:
         try:
             await keeper.link()
         except HolderLost as exc:
             log.error("the holder could not be started in its scope %s: %s", scope.unit, exc)
-    app.containment = await trio.to_thread.run_sync(with_controllers, scope.containment())
+            started = f"; its holder not started yet: {exc}"
+    contained = await trio.to_thread.run_sync(with_controllers, scope.containment())
+    app.containment = attrs.evolve(contained, detail=contained.detail + started)
     log.info("agent containment: %s (%s)", app.containment.mode, app.containment.detail)
 
 

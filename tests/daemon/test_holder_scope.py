@@ -14,7 +14,7 @@ import trio
 
 from agentsd.cgroup import FALLBACK, CgroupRoot, Containment
 from agentsd.holder_link import HolderLost, open_holder_link, socket_path
-from agentsd.holder_scope import holder_scope
+from agentsd.holder_scope import after_stop, holder_scope, holder_unit
 
 MANAGER = Path("/sys/fs/cgroup/user.slice/user-1000.slice/user@1000.service")
 
@@ -67,15 +67,29 @@ def test_a_holder_is_never_found_in_a_scope_it_is_not_in(tmp_path: Path) -> None
         scope.place(os.getpid())
 
 
-async def test_without_systemd_run_no_holder_starts_and_none_is_left_listening(
+async def test_without_a_user_manager_to_ask_no_holder_starts_and_none_listens(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     scope = holder_scope(_delegated(MANAGER / "app.slice" / "agentsd.service"), state)
-    with trio.fail_after(30), pytest.raises(HolderLost, match="systemd-run"):
+    assert scope is not None
+    with trio.fail_after(30), pytest.raises(HolderLost, match=f"{scope.unit} cannot be made"):
         async with open_holder_link(state, scope):
             raise AssertionError("attached a holder that should not have started")
-    with pytest.raises(ConnectionRefusedError):
+    with pytest.raises(OSError):
         await trio.open_unix_socket(str(socket_path(state)))
+
+
+def test_after_a_crash_the_stop_post_leaves_the_scope_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # nothing could be run
+    unit = holder_unit(tmp_path)
+    for result in ("signal", "exit-code", "core-dump", "watchdog", ""):
+        said = after_stop(tmp_path, {"SERVICE_RESULT": result})
+        assert said.startswith(f"{unit} kept for the next daemon"), said
+    # After a stop it asks the manager; with none to ask it says so, and fails nothing.
+    said = after_stop(tmp_path, {"SERVICE_RESULT": "timeout"})
+    assert said.startswith(f"{unit}: nothing to end"), said

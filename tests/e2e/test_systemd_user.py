@@ -13,7 +13,10 @@ a stop of the service still ends them all.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,19 +44,25 @@ CRASH_AFTER_DELTAS = 5
 
 
 @contextlib.contextmanager
-def installed(manager: UserManager) -> Iterator[Path]:
+def installed(
+    manager: UserManager, config_text: str = CONFIG, drop_in: str | None = None
+) -> Iterator[Path]:
     """The socket and service units, the daemon and the config installed as
-    ``make install-user-service`` would, the socket started; its path."""
+    ``make install-user-service`` would (and ``drop_in`` as a user's
+    ``systemctl --user edit``), the socket started; its path."""
     manager.unit_dir.mkdir(parents=True)
     for name in ("agentsd.socket", "agentsd.service"):
         shutil.copy(UNITS / name, manager.unit_dir / name)
+    if drop_in is not None:
+        (manager.unit_dir / "agentsd.service.d").mkdir()
+        (manager.unit_dir / "agentsd.service.d" / "override.conf").write_text(drop_in)
     bin_dir = manager.home / ".local" / "bin"
     bin_dir.mkdir(parents=True)
     for program in ("agentsd", "agentsctl"):
         (bin_dir / program).symlink_to(Path(sys.executable).parent / program)
     config = manager.home / ".config" / "agentsd" / "config.toml"
     config.parent.mkdir(parents=True)
-    config.write_text(CONFIG)
+    config.write_text(config_text)
     manager.systemctl("daemon-reload")
     manager.systemctl("start", "agentsd.socket")
     try:
@@ -74,6 +83,42 @@ def _main_pid(manager: UserManager) -> int:
 
 def _notes_of(notes: list[tuple[str, dict[str, Any]]], method: str) -> list[dict[str, Any]]:
     return [p for m, p in notes if m == method]
+
+
+async def _escaped_call(
+    manager: UserManager, scope: Path, *args: str
+) -> subprocess.CompletedProcess[bytes]:
+    """``agentsctl ARGS`` from a process that moved itself into the holder's scope,
+    out of any agent's cgroup, before it connects (as an agent's process could)."""
+    escaped = scope / "escaped-caller"
+    escaped.mkdir()
+    command = 'read go && exec "$0" --no-start "$@"'
+    agentsctl = str(Path(sys.executable).parent / "agentsctl")
+    process = await trio.lowlevel.open_process(
+        ["sh", "-c", command, agentsctl, *args],
+        env=dict(manager.env),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    (escaped / "cgroup.procs").write_text(str(process.pid))
+    assert process.stdin is not None and process.stdout is not None
+    assert process.stderr is not None
+    await process.stdin.send_all(b"go\n")
+    await process.stdin.aclose()
+    out = err = b""
+    async with trio.open_nursery() as nursery:
+
+        async def drain(stream: trio.abc.ReceiveStream, into: list[bytes]) -> None:
+            async for chunk in stream:
+                into.append(bytes(chunk))
+
+        outs: list[bytes] = []
+        errs: list[bytes] = []
+        nursery.start_soon(drain, process.stdout, outs)
+        nursery.start_soon(drain, process.stderr, errs)
+    out, err = b"".join(outs), b"".join(errs)
+    return subprocess.CompletedProcess(args, await process.wait(), out, err)
 
 
 async def _run(manager: UserManager, *args: str) -> None:
@@ -200,6 +245,11 @@ async def test_under_systemd_agents_outlive_a_crash_and_a_reload_of_the_service(
 async def test_under_systemd_a_holder_killed_takes_its_agents_and_the_next_starts_in_its_scope() -> (
     None
 ):
+    """The holder dies alone (SIGKILL): its agent is ended and proven gone and the
+    session settles. A process that had moved itself out of its agent's cgroup into
+    the scope (any process of the user may) is refused what agents are refused, and
+    keeps the dead holder's scope loaded: the next holder's start kills it first,
+    and starts in a scope of the same name."""
     with (
         trio.fail_after(TIMEOUT_S),
         temp_dir() as home,
@@ -215,22 +265,64 @@ async def test_under_systemd_a_holder_killed_takes_its_agents_and_the_next_start
             ]
             scope = _cgroup(pid).parent
             [holder_pid] = map(int, (scope / "holder" / "cgroup.procs").read_text().split())
-            await _run(manager, "kill", "--signal=SIGKILL", scope.name)
-            await rpc.wait_note(
-                lambda m, p: m == "agentSession.event" and p["event"]["kind"] == "child.exited"
-            )
-            assert not _agent_alive(pid) and not _agent_alive(holder_pid)
-            info = (await rpc.call("agentSession.get", {"sessionId": sid}))["session"]
-            assert info["child"] is None, info
+            escaped = await trio.lowlevel.open_process(["sleep", "600"])
+            try:
+                (scope / "escaped").mkdir()
+                (scope / "escaped" / "cgroup.procs").write_text(str(escaped.pid))
+                os.kill(holder_pid, signal.SIGKILL)
+                await rpc.wait_note(
+                    lambda m, p: m == "agentSession.event" and p["event"]["kind"] == "child.exited"
+                )
+                assert not _agent_alive(pid)
+                info = (await rpc.call("agentSession.get", {"sessionId": sid}))["session"]
+                assert info["child"] is None, info
+                assert escaped.poll() is None  # nothing ended it yet: the scope is loaded
+                refused = await _escaped_call(manager, scope, "daemon", "restart")
+                assert refused.returncode == 1, refused
+                assert b"[forbidden_for_agents]" in refused.stderr, refused
 
-            # The next agent gets a new holder, in a scope of the same name: where
-            # the daemon's containment makes the agents' cgroups.
-            again = (await create(rpc, home))["sessionId"]
-            await rpc.call("agentSession.send", {"sessionId": again, "text": "hello"})
-            new_pid = (await rpc.call("agentSession.get", {"sessionId": again}))["session"][
-                "child"
-            ]["pid"]
-            assert _cgroup(new_pid).parent == scope
-            [new_holder] = map(int, (scope / "holder" / "cgroup.procs").read_text().split())
-            assert new_holder != holder_pid
-            assert manager.show(scope.name, "ActiveState") == "active"
+                # The next agent gets a new holder, in a scope of the same name: where
+                # the daemon's containment makes the agents' cgroups.
+                again = (await create(rpc, home))["sessionId"]
+                await rpc.call("agentSession.send", {"sessionId": again, "text": "hello"})
+                new_pid = (await rpc.call("agentSession.get", {"sessionId": again}))["session"][
+                    "child"
+                ]["pid"]
+                assert _cgroup(new_pid).parent == scope
+                [new_holder] = map(int, (scope / "holder" / "cgroup.procs").read_text().split())
+                assert new_holder != holder_pid
+                assert manager.show(scope.name, "ActiveState") == "active"
+                assert await escaped.wait() == -signal.SIGKILL
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    escaped.kill()
+                await escaped.wait()
+
+
+async def test_under_systemd_a_stop_that_outlasts_its_timeout_still_ends_every_agent() -> None:
+    """The ladder outlasts ``TimeoutStopSec=`` (an agent that ignores end of input,
+    a 20 s grace): systemd SIGKILLs the service's cgroup, which the agents are not
+    in; ``ExecStopPost=`` ends what is left in the holder's scope."""
+    slow_ladder = CONFIG.replace("eof_grace_s = 0.5", "eof_grace_s = 20")
+    with (
+        trio.fail_after(TIMEOUT_S),
+        temp_dir() as home,
+        user_manager(home) as manager,
+        installed(manager, slow_ladder, "[Service]\nTimeoutStopSec=3s\n") as socket,
+    ):
+        async with open_rpc(socket) as rpc:
+            sid = (await create(rpc, home, options={"ignoreEof": True}))["sessionId"]
+            pid = (await rpc.call("agentSession.get", {"sessionId": sid}))["session"]["child"][
+                "pid"
+            ]
+            scope = _cgroup(pid).parent
+            [holder_pid] = map(int, (scope / "holder" / "cgroup.procs").read_text().split())
+        await _run(manager, "stop", "agentsd.service")
+        assert manager.show("agentsd.service", "Result") == "timeout"
+        assert not _agent_alive(pid) and not _agent_alive(holder_pid)
+        await trio.to_thread.run_sync(
+            lambda: manager.wait_for(
+                "the holder's scope gone",
+                lambda: manager.show(scope.name, "ActiveState") in ("inactive", "failed", ""),
+            )
+        )
