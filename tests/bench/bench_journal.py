@@ -11,7 +11,7 @@
    slower than what the WAL pays: it flattered the store; it is still printed,
    for reference. Also shown: the same SQL run inline on a connection of its own
    (the writer's memory of heads included), SQLite's share of the cost; and the
-   writer's thread round trip alone (a deque and an eventfd to a thread,
+   writer's thread round trip alone (``queue.SimpleQueue`` to a thread,
    ``run_sync_soon`` back, a parked task rescheduled: what ``handoff`` does, with
    no SQL), which bounds a lone write at floor / (floor + round trip) even with
    free SQL. The baselines on the store's file use the store's WAL checkpoint
@@ -48,8 +48,8 @@ sees the same disk.
 
 from __future__ import annotations
 
-import collections
 import os
+import queue
 import sqlite3
 import statistics
 import tempfile
@@ -192,35 +192,26 @@ class _InlineSingleCommits:
 
 async def _thread_round_trip_s() -> float:
     """Seconds per round trip to a thread and back, as the writer's handoff makes
-    one for a lone write: a deque and an eventfd rung (``handoff`` Rule 4),
-    ``run_sync_soon`` from the thread, the waiting task rescheduled. No SQL."""
+    one for a lone write: put on a ``queue.SimpleQueue``, ``run_sync_soon`` from
+    the thread, the waiting task rescheduled. No SQL."""
     token = trio.lowlevel.current_trio_token()
-    inbox: collections.deque[trio.lowlevel.Task | None] = collections.deque()
-    doorbell = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_SEMAPHORE)
+    inbox: queue.SimpleQueue[trio.lowlevel.Task | None] = queue.SimpleQueue()
 
     def serve() -> None:
-        while True:
-            os.eventfd_read(doorbell)
-            if (task := inbox.popleft()) is None:
-                return
+        while (task := inbox.get()) is not None:
             token.run_sync_soon(trio.lowlevel.reschedule, task)
-
-    def ring(task: trio.lowlevel.Task | None) -> None:
-        inbox.append(task)
-        os.eventfd_write(doorbell, 1)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
         started = time.perf_counter()
         for _ in range(SINGLE_COMMITS):
-            ring(trio.lowlevel.current_task())
+            inbox.put(trio.lowlevel.current_task())
             await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
         return (time.perf_counter() - started) / SINGLE_COMMITS
     finally:
-        ring(None)
+        inbox.put(None)
         await trio.to_thread.run_sync(thread.join)
-        os.close(doorbell)
 
 
 def _one_page_ceiling(directory: Path) -> float:
