@@ -57,6 +57,14 @@ the other 50 writers' turn in trio: no better on two shared cores, and twice the
 fsyncs); waking the writer's thread through an eventfd (its write releases the
 GIL, and trio's thread then waited 0.5-0.9 ms for it behind every batch).
 
+A lone durable write, timed in place (medians of three runs of 1,500): 16-31 us
+until the writer's thread picked it up, 20-51 us for BEGIN, the seq and the
+INSERT, 14-33 us for the location checks around COMMIT (``location`` Rule 1),
+95-250 us for COMMIT, 45-120 us from the thread's report to the caller running
+again (trio's entry queue wakes its task, whose callback reschedules the caller
+for the next scheduler pass). Everything but COMMIT is the store's, 110-280 us,
+which is why a single commit stays near 0.3x of a floor of 70-130 us.
+
 Single commits and group commits are measured in short chunks interleaved with
 their baselines (``PAIRS`` x ``CHUNK`` commits, ``GROUP_ROUNDS`` x
 ``GROUP_COMMITS``), and each ratio is the median of the chunks' ratios: on these shared machines the cost
