@@ -62,7 +62,7 @@ until the writer's thread picked it up, 20-51 us for BEGIN, the seq and the
 INSERT, 14-33 us for the location checks around COMMIT (``location`` Rule 1),
 95-250 us for COMMIT, 45-120 us from the thread's report to the caller running
 again (trio's entry queue wakes its task, whose callback reschedules the caller
-for the next scheduler pass). Everything but COMMIT is the store's, 110-280 us,
+for the next scheduler pass). Everything but COMMIT is the store's, 110-400 us,
 which is why a single commit stays near 0.3x of a floor of 70-130 us.
 
 Single commits and group commits are measured in short chunks interleaved with
