@@ -39,6 +39,32 @@
    of a commit's rows land on one or two pages) bounds what any per-row work
    costs; it is not the store's workload.
 
+Where the time goes with one event per write (callgrind, 100 writers, the
+instructions of both threads per write, measured in this bench's workload): about
+71,000, of which about 26,000 are trio's own cost of parking a task and waking it
+again (100 tasks woken together from a thread, with nothing else done: the floor
+of any store that makes each writer await its own commit), about 13,000 SQLite's,
+and the rest the store's Python on both sides of the handoff (the write path, the
+channel, the batch loop, the seq reservation, binding). The GIL runs trio's thread
+and the writer's thread one at a time, so this is serial work, 20-25 us of CPU per
+event here against 10-15 us for a row of bare SQLite (most of which is the WAL's
+write and sync, in the kernel): the ratio at one event per write stays near 0.5,
+and 50,000 events/s (20 us per event, everything included) is out of reach on
+this machine while each event is a trio task's own await. With ten events per
+write the per-write cost is shared and the store reaches 0.8-0.9x. Measured and
+not kept: cutting batches short so two overlap (commits of 50 alternating with
+the other 50 writers' turn in trio: no better on two shared cores, and twice the
+fsyncs); waking the writer's thread through an eventfd (its write releases the
+GIL, and trio's thread then waited 0.5-0.9 ms for it behind every batch).
+
+A lone durable write, timed in place (medians of three runs of 1,500): 16-31 us
+until the writer's thread picked it up, 20-51 us for BEGIN, the seq and the
+INSERT, 14-33 us for the location checks around COMMIT (``location`` Rule 1),
+95-250 us for COMMIT, 45-120 us from the thread's report to the caller running
+again (trio's entry queue wakes its task, whose callback reschedules the caller
+for the next scheduler pass). Everything but COMMIT is the store's, 110-400 us,
+which is why a single commit stays near 0.3x of a floor of 70-130 us.
+
 Single commits and group commits are measured in short chunks interleaved with
 their baselines (``PAIRS`` x ``CHUNK`` commits, ``GROUP_ROUNDS`` x
 ``GROUP_COMMITS``), and each ratio is the median of the chunks' ratios: on these shared machines the cost

@@ -98,6 +98,11 @@ class Location:
             return f"the state directory {directory} cannot be checked: {exc.strerror}"
         return None
 
+    def wal_bytes(self) -> int:
+        """``wal_bytes`` of this database: the writer asks after every commit, and
+        the log's path is built once."""
+        return _size(self._checks[2])
+
 
 def _file_id(path: str) -> tuple[int, int] | None:
     try:
@@ -110,8 +115,12 @@ def _file_id(path: str) -> tuple[int, int] | None:
 def wal_bytes(path: Path) -> int:
     """The size of the write-ahead log of the database at ``path`` (0 if there is
     none, or it cannot be read)."""
+    return _size(str(_wal_path(path)))
+
+
+def _size(path: str) -> int:
     try:
-        return os.stat(_wal_path(path)).st_size
+        return os.stat(path).st_size
     except OSError:
         return 0
 

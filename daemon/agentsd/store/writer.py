@@ -79,7 +79,7 @@ from agentsd.store.database import BUSY_TIMEOUT_MS, StoreConnection, open_databa
 from agentsd.store.failures import batch_failed, translate
 from agentsd.store.handoff import Request, WriterThread
 from agentsd.store.journal import Append, StoredEvent, insert_rows
-from agentsd.store.location import Location, wal_bytes
+from agentsd.store.location import Location
 from agentsd_protocol.errors import ShuttingDown, StorageUnavailable
 
 __all__ = [
@@ -145,7 +145,7 @@ class Store:
         self._batch_failure: BaseException | None = None
         # The WAL file's size after the last commit, and why it last could not give
         # its space back (Rule 8; writer thread only).
-        self._wal_size = wal_bytes(location.path)
+        self._wal_size = location.wal_bytes()
         self._wal_problem: str | None = None
         self._read_conn = read_conn
         self._send, self._receive = trio.open_memory_channel[Request[Any]](QUEUE_CAPACITY)
@@ -415,7 +415,7 @@ class Store:
         waiting at most ``busy_ms`` for a read in progress. True when the log
         shrank."""
         conn = self._write_conn
-        before = wal_bytes(self._location.path)
+        before = self._location.wal_bytes()
         if not before or conn.in_transaction:
             return False
         try:
@@ -428,7 +428,7 @@ class Store:
             # The checkpoint had to grow the database and found no room either.
             self._note_wal(f"checkpointing it failed: {exc}")
             return False
-        after = self._wal_size = wal_bytes(self._location.path)
+        after = self._wal_size = self._location.wal_bytes()
         if after < before:
             self._note_wal(None)
             log.debug("the WAL gave back %d bytes", before - after)
@@ -451,13 +451,12 @@ class Store:
         """After a commit that grew the WAL file: if it now takes as much space as
         the filesystem has left, give that space back (Rule 8). A log that only
         reuses its file takes no new space and costs one ``stat``."""
-        path = self._location.path
-        size = wal_bytes(path)
+        size = self._location.wal_bytes()
         grew, self._wal_size = size > self._wal_size, size
         if not grew:
             return
         try:
-            fs = os.statvfs(path.parent)
+            fs = os.statvfs(self._location.path.parent)
         except OSError:
             return
         if size >= fs.f_bavail * fs.f_frsize:
