@@ -31,12 +31,13 @@ per period, not per line it writes; a reply that comes after a pause is not
 delayed). While a daemon reads a stream, its pipe is read again only once what was
 read of it went out, so a daemon that falls behind leaves the output in the pipe, as
 a pipe straight to the daemon would. Output is framed only once the daemon's socket
-took everything before it, at most ``FRAME_BYTES`` a message. A daemon may also bound what it is sent ahead of what it consumed: a
-``resume`` with ``upto`` relays nothing at or past that offset until an ``ack``
-carries a higher ``upto`` (an ``ack`` may carry ``upto`` alone, its ``offset``
-unchanged). Both fields are optional: a daemon that sends no ``upto`` is relayed
-everything as it comes, and an older holder ignores them, so daemons and holders of
-either kind attach each other (the protocol is unchanged).
+took everything before it, at most ``FRAME_BYTES`` a message. A daemon may also
+bound what it is sent ahead of what it consumed: a ``resume`` with ``upto`` relays
+nothing at or past that offset until an ``ack`` carries a higher ``upto`` (an
+``ack`` may carry ``upto`` alone, its ``offset`` unchanged). Both fields are
+optional: a daemon that sends no ``upto`` is relayed everything as it comes, and an
+older holder ignores them, so daemons and holders of either kind attach each other
+(the protocol is unchanged).
 
 Rule 3 (whole frames in): a ``write`` message is read whole before any byte of it
 is written to the agent's stdin, and once read it is written whole, whatever

@@ -26,11 +26,11 @@ everything a later daemon must read again. The holder relays stdout at most
 ``OUT_WINDOW`` bytes ahead of what the reader took (the ``upto`` of its ``resume``
 and ``ack``, moved on as the reader takes it), as a pipe's capacity would: what an
 agent writes faster than the reader takes it waits in the holder and its pipe, and
-comes in bigger messages, not as one message per line written. Stderr is copied to the caller's stderr
-pipe (``agentsd.stderr_log``) by a task per agent, never by the link's one reader
-(a log reader that stalls must not stall every agent's output and every reply),
-and acknowledged as it is written: what waits is bounded by the holder's bound,
-and a stalled log stalls that agent's stderr writes only.
+comes in bigger messages, not as one message per line written. Stderr is copied to
+the caller's stderr pipe (``agentsd.stderr_log``) by a task per agent, never by the
+link's one reader (a log reader that stalls must not stall every agent's output and
+every reply), and acknowledged as it is written: what waits is bounded by the
+holder's bound, and a stalled log stalls that agent's stderr writes only.
 
 Rule 4 (agents nobody claims): what the holder held at attach (``found``) may be
 adopted (`HolderLink.adopt`: its output resumed from a given offset) until
