@@ -23,6 +23,22 @@ skipped, nothing sent twice after that offset. At most ``--retain-bytes`` are
 retained per agent and stream; at the bound the holder stops reading that pipe and
 the agent blocks on its write (the pipe's own 64 KiB to 1 MiB come on top).
 
+The relay batches what comes fast and delays nothing else: output goes out at once
+unless the stream was relayed less than ``RELAY_QUIET_S`` ago; then its pipe is left
+alone until that quiet period ends, and what the agent wrote meanwhile goes out in
+one message (a flooding agent costs the holder and the daemon a wakeup and a message
+per period, not per line it writes; a reply that comes after a pause is not
+delayed). While a daemon reads a stream, its pipe is read again only once what was
+read of it went out, so a daemon that falls behind leaves the output in the pipe, as
+a pipe straight to the daemon would. Output is framed only once the daemon's socket
+took everything before it, at most ``FRAME_BYTES`` a message. A daemon may also
+bound what it is sent ahead of what it consumed: a ``resume`` with ``upto`` relays
+nothing at or past that offset until an ``ack`` carries a higher ``upto`` (an
+``ack`` may carry ``upto`` alone, its ``offset`` unchanged). Both fields are
+optional: a daemon that sends no ``upto`` is relayed everything as it comes, and an
+older holder ignores them, so daemons and holders of either kind attach each other
+(the protocol is unchanged).
+
 Rule 3 (whole frames in): a ``write`` message is read whole before any byte of it
 is written to the agent's stdin, and once read it is written whole, whatever
 happens to the daemon meanwhile: the agent never sees half a frame.
@@ -78,7 +94,7 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, TypeGuard
 
 PROTOCOL = 1
 HEADER = struct.Struct(">II")  # header length, payload length
@@ -86,7 +102,9 @@ MAX_HEADER = 1 << 20  # a spawn's argv and environment fit many times over
 MAX_PAYLOAD = 16 << 20  # one stdin frame; the daemon's own frame bound is lower
 DEFAULT_RETAIN_BYTES = 1 << 20  # per agent and stream (Rule 2)
 READ_BYTES = 64 << 10  # one read from an agent's pipe
-SEND_HIGH_WATER = 256 << 10  # relay no more while this much is queued to the daemon
+SEND_HIGH_WATER = 256 << 10  # frame no more output at once than this (Rule 2's relay)
+FRAME_BYTES = 256 << 10  # the most output one ``out`` message carries
+RELAY_QUIET_S = 0.002  # Rule 2's relay: one ``out`` message per stream per this, at most
 MAX_STDIN_QUEUE = 64 << 20  # unwritten stdin per agent before the daemon is refused
 DEFAULT_IDLE_EXIT_S = 30.0
 ORPHAN_CHECK_S = 5.0  # Rule 6: how often a holder no daemon is attached to checks its path
@@ -99,7 +117,7 @@ SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5; Python 3.11 has
 AGENT_OPS = frozenset({"write", "close_stdin", "resume", "ack", "signal", "forget"})
 
 
-def encode(header: dict[str, Any], payload: bytes = b"") -> bytes:
+def encode(header: dict[str, Any], payload: bytes | bytearray = b"") -> bytes:
     """One message on the wire."""
     head = json.dumps(header, separators=(",", ":")).encode()
     return HEADER.pack(len(head), len(payload)) + head + payload
@@ -144,7 +162,14 @@ class Stream:
         self.buf = bytearray()
         self.base = 0  # offset of buf[0]
         self.sent: int | None = None  # relayed up to here; None: not resumed
+        self.upto: int | None = None  # relay nothing at or past this; None: no window
+        self.quiet_until = 0.0  # relayed lately: relay again no sooner (monotonic)
         self.eof_sent = False
+
+    def waiting(self) -> bool:
+        """Whether output read from the pipe waits to be relayed: then the pipe is
+        not read further (Rule 2's relay)."""
+        return self.sent is not None and self.sent < self.end
 
     @property
     def end(self) -> int:
@@ -222,6 +247,7 @@ class Holder:
         self.selector.register(listener, selectors.EVENT_READ, ("accept", None))
         self.selector.register(self.wake_r, selectors.EVENT_READ, ("sigchld", None))
         self.interest: dict[int, int] = {}
+        self.wake_at: float | None = None  # when a stream's quiet period ends
 
     # -- selector bookkeeping ------------------------------------------------------
 
@@ -240,19 +266,30 @@ class Holder:
             self.interest[fd] = events
 
     def _refresh(self) -> None:
-        """Interest in every fd, from the state: read a pipe while under the bound,
-        write stdin while something is queued, send while the daemon has bytes due."""
+        """Interest in every fd, from the state: send while the daemon has bytes due;
+        read a pipe while under the bound, and while a daemon reads it only once
+        what was read of it is relayed and its quiet period is over (Rule 2's
+        relay); write stdin while something is queued. Sets ``wake_at``: when the
+        next quiet period ends."""
+        conn = self.daemon
+        now = time.monotonic()
+        self.wake_at = None
+        if conn is not None:
+            self._pump(conn, now)
         for agent in self.agents.values():
             for name, stream in agent.streams.items():
+                quiet = stream.sent is not None and now < stream.quiet_until
+                if quiet and (stream.fd is not None or stream.waiting()):
+                    until = stream.quiet_until
+                    self.wake_at = until if self.wake_at is None else min(self.wake_at, until)
                 if stream.fd is not None:
-                    want = selectors.EVENT_READ if len(stream.buf) < self.retain else 0
-                    self._want(stream.fd, want, ("pipe", (agent, name)))
+                    read = len(stream.buf) < self.retain and not quiet and not stream.waiting()
+                    self._want(
+                        stream.fd, selectors.EVENT_READ if read else 0, ("pipe", (agent, name))
+                    )
             if agent.stdin_fd is not None:
                 want = selectors.EVENT_WRITE if agent.stdin else 0
                 self._want(agent.stdin_fd, want, ("stdin", agent))
-        conn = self.daemon
-        if conn is not None:
-            self._pump(conn)
 
     # -- the loop --------------------------------------------------------------------
 
@@ -271,8 +308,10 @@ class Holder:
                 self._end_all()
                 return
             timeout = ORPHAN_CHECK_S if self.daemon is None else None
+            if self.wake_at is not None:
+                timeout = max(0.0, self.wake_at - time.monotonic())
             if not self.ever_attached:
-                timeout = min(timeout or ORPHAN_CHECK_S, 1.0)
+                timeout = min(ORPHAN_CHECK_S if timeout is None else timeout, 1.0)
             for key, events in self.selector.select(timeout):
                 try:
                     self._dispatch(key.data, events)
@@ -426,6 +465,7 @@ class Holder:
         for agent in self.agents.values():
             for stream in agent.streams.values():
                 stream.sent = None
+                stream.upto = None
                 stream.eof_sent = False
             agent.exit_sent = False
 
@@ -464,21 +504,36 @@ class Holder:
             events = selectors.EVENT_WRITE
         self._want(conn.sock.fileno(), events, ("conn", conn))
 
-    def _pump(self, conn: Connection) -> None:
+    def _pump(self, conn: Connection, now: float) -> None:
         """Relay due output, exits and ends of output to the attached daemon, as far
-        as its socket takes them (Rule 2)."""
-        for agent in self.agents.values():
-            for name, stream in agent.streams.items():
-                if stream.sent is None:
-                    continue
-                while stream.sent < stream.end and len(conn.outbuf) < SEND_HIGH_WATER:
+        as its socket takes them (Rule 2). Output is framed only once the socket took
+        everything before it: what arrives meanwhile goes out in one bigger frame, so
+        a daemon that falls behind gets fewer, larger messages, not more of them."""
+        if not conn.outbuf:
+            for agent in self.agents.values():
+                for name, stream in agent.streams.items():
+                    if not stream.waiting() or len(conn.outbuf) >= SEND_HIGH_WATER:
+                        continue
+                    if now < stream.quiet_until:
+                        continue
+                    assert stream.sent is not None
+                    size = FRAME_BYTES
+                    if stream.upto is not None:
+                        size = min(size, stream.upto - stream.sent)
+                        if size <= 0:
+                            continue
                     start = stream.sent - stream.base
-                    chunk = bytes(stream.buf[start : start + READ_BYTES])
+                    chunk = stream.buf[start : start + size]
                     conn.outbuf += encode(
                         {"op": "out", "id": agent.id, "stream": name, "offset": stream.sent},
                         chunk,
                     )
                     stream.sent += len(chunk)
+                    stream.quiet_until = now + RELAY_QUIET_S
+        for agent in self.agents.values():
+            for name, stream in agent.streams.items():
+                if stream.sent is None:
+                    continue
                 if stream.fd is None and stream.sent == stream.end and not stream.eof_sent:
                     stream.eof_sent = True
                     conn.outbuf += encode(
@@ -565,12 +620,14 @@ class Holder:
             reply({"op": "ok"})
         elif op == "resume" or op == "ack":
             stream = agent.streams.get(header.get("stream", ""))
-            offset = header.get("offset")
-            if stream is None or not isinstance(offset, int):
+            offset, upto = header.get("offset"), header.get("upto")
+            if stream is None or not _is_int(offset) or not (upto is None or _is_int(upto)):
                 reply({"op": "error", "kind": "bad_request", "message": "stream and offset"})
                 return
             if op == "ack":
                 stream.ack(offset)
+                if upto is not None and stream.upto is not None:
+                    stream.upto = max(stream.upto, upto)
                 return
             if not stream.base <= offset <= stream.end:
                 reply(
@@ -583,6 +640,7 @@ class Holder:
                 return
             stream.ack(offset)
             stream.sent = offset
+            stream.upto = upto
             stream.eof_sent = False
             agent.exit_sent = False
             reply({"op": "ok"})
@@ -662,20 +720,27 @@ class Holder:
     # -- agents' pipes -------------------------------------------------------------------
 
     def _read_pipe(self, agent: Agent, name: str) -> None:
+        """Read what the pipe holds, up to ``FRAME_BYTES`` (a full read may be
+        followed by more the agent wrote meanwhile) and the retention bound."""
         stream = agent.streams[name]
-        if stream.fd is None:
-            return
-        room = self.retain - len(stream.buf)
-        try:
-            data = os.read(stream.fd, max(1, min(READ_BYTES, room)))
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if data:
+        total = 0
+        while stream.fd is not None and total < FRAME_BYTES:
+            want = min(READ_BYTES, self.retain - len(stream.buf))
+            if want <= 0:
+                return
+            try:
+                data = os.read(stream.fd, want)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._close_pipe(stream)
+                return
             stream.buf += data
-        else:
-            self._close_pipe(stream)
+            total += len(data)
+            if len(data) < want:
+                return
 
     def _close_pipe(self, stream: Stream) -> None:
         if stream.fd is not None:
@@ -722,6 +787,10 @@ class Holder:
                 # Unwritten input can no longer reach it.
                 agent.stdin.clear()
                 self._close_stdin(agent)
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class _suppress_eagain:

@@ -24,11 +24,15 @@ holder's numbering. Each byte handed to the reader is acknowledged at once, so t
 holder retains only what is still in flight; or, for an agent a later daemon may
 reattach (``durable_acks``), only once its effects are journaled
 (`HeldAgent.acknowledge_out`, ``agentsd.sink`` Rule 4), so the holder retains
-everything a later daemon must read again. Stderr is copied to the caller's stderr
-pipe (``agentsd.stderr_log``) by a task per agent, never by the link's one reader
-(a log reader that stalls must not stall every agent's output and every reply),
-and acknowledged as it is written: what waits is bounded by the holder's bound,
-and a stalled log stalls that agent's stderr writes only.
+everything a later daemon must read again. The holder relays stdout at most
+``OUT_WINDOW`` bytes ahead of what the reader took (the ``upto`` of its ``resume``
+and ``ack``, moved on as the reader takes it), as a pipe's capacity would: what an
+agent writes faster than the reader takes it waits in the holder and its pipe, and
+comes in bigger messages, not as one message per line written. Stderr is copied to
+the caller's stderr pipe (``agentsd.stderr_log``) by a task per agent, never by the
+link's one reader (a log reader that stalls must not stall every agent's output and
+every reply), and acknowledged as it is written: what waits is bounded by the
+holder's bound, and a stalled log stalls that agent's stderr writes only.
 
 Rule 4 (agents nobody claims): what the holder held at attach (``found``) may be
 adopted (`HolderLink.adopt`: its output resumed from a given offset) until
@@ -76,6 +80,12 @@ REQUEST_TIMEOUT_S = 30.0  # a request is a few syscalls in the holder; a spawn a
 # (what it wrote is in the holder or its pipe; ``agentsd.stderr_log`` waits as long).
 ERR_DRAIN_S = 2.0
 ERR_CHUNK = 64 << 10  # one write of stderr to the caller's pipe
+# Rule 3: how far the holder may relay an agent's stdout ahead of what its reader
+# took (what waits here, like a pipe's capacity), and by how much the reader's
+# progress moves that bound before the holder is told.
+OUT_WINDOW = 256 << 10
+OUT_WINDOW_STEP = 64 << 10
+LINK_READ_BYTES = 256 << 10  # one read of the holder's socket
 
 
 class HolderLost(Exception):
@@ -109,6 +119,7 @@ class HeldAgent:
     # Rule 3: acknowledge stdout only as ``acknowledge_out`` says (durable), not as read.
     durable_acks: bool = False
     _out_acked: int = 0
+    _out_upto: int = OUT_WINDOW  # the holder relays stdout up to here (Rule 3's window)
     # Rule 3: stderr is copied by a task of its own (`_copy_err`), never the reader.
     _err_fd: int | None = None  # ours of the caller's stderr (`_open_err`)
     _err_nonblocking: bool = False  # a pipe of our own opening; else written in a thread
@@ -160,7 +171,30 @@ class HeldAgent:
         """Let the holder drop its stdout before ``offset`` (Rule 3: journaled)."""
         if offset > self._out_acked:
             self._out_acked = offset
-            self.link.send_nowait({"op": "ack", "id": self.id, "stream": "out", "offset": offset})
+            self._ack_out()
+
+    def _took_out(self) -> None:
+        """The reader took stdout up to ``_out_offset``: acknowledged as read unless
+        acknowledgements wait for the journal, and the window moved on (Rule 3) when
+        it moved far enough to be worth a message."""
+        if not self.durable_acks and self._out_offset > self._out_acked:
+            self._out_acked = self._out_offset
+            self._ack_out()
+        elif self._out_offset + OUT_WINDOW - self._out_upto >= OUT_WINDOW_STEP:
+            self._ack_out()
+
+    def _ack_out(self) -> None:
+        """One ``ack`` of stdout: the acknowledged offset and the window's end."""
+        self._out_upto = max(self._out_upto, self._out_offset + OUT_WINDOW)
+        self.link.send_nowait(
+            {
+                "op": "ack",
+                "id": self.id,
+                "stream": "out",
+                "offset": self._out_acked,
+                "upto": self._out_upto,
+            }
+        )
 
     def give_up_exactness(self, offset: int) -> None:
         """One line outgrew what the holder retains (``providers.base.OutputCursor``):
@@ -289,20 +323,21 @@ class AgentStdout(trio.abc.ReceiveStream):
         self._agent = agent
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        # One checkpoint a call, always before anything is taken: waiting for bytes
+        # is one; with bytes already here, one is made.
         agent = self._agent
+        if agent._out or agent._out_eof:
+            await trio.lowlevel.checkpoint()
         while not agent._out and not agent._out_eof:
             agent._out_ready = trio.Event()
             await agent._out_ready.wait()
         if not agent._out:
-            await trio.lowlevel.checkpoint()
             return b""
         size = len(agent._out) if max_bytes is None else min(max_bytes, len(agent._out))
         data = bytes(agent._out[:size])
         del agent._out[:size]
         agent._out_offset += size
-        if not agent.durable_acks:
-            agent.acknowledge_out(agent._out_offset)
-        await trio.lowlevel.checkpoint()
+        agent._took_out()
         return data
 
     async def aclose(self) -> None:
@@ -451,7 +486,9 @@ class HolderLink:
         if stderr_fd is not None:
             self._copy_err_of(agent, stderr_fd)
         # Everything it writes, from its first byte.
-        await self.request({"op": "resume", "id": agent_id, "stream": "out", "offset": 0})
+        await self.request(
+            {"op": "resume", "id": agent_id, "stream": "out", "offset": 0, "upto": OUT_WINDOW}
+        )
         await self.request({"op": "resume", "id": agent_id, "stream": "err", "offset": 0})
         return agent
 
@@ -477,6 +514,7 @@ class HolderLink:
         )
         agent._out_offset = out_offset
         agent._out_acked = out_offset
+        agent._out_upto = out_offset + OUT_WINDOW
         agent._err_offset = err_offset
         agent._err_acked = err_offset
         if found["returncode"] is not None:
@@ -484,10 +522,18 @@ class HolderLink:
             agent.exited.set()
         self.agents[agent_id] = agent
         try:
-            for stream, offset in (("out", out_offset), ("err", err_offset)):
-                await self.request(
-                    {"op": "resume", "id": agent_id, "stream": stream, "offset": offset}
-                )
+            await self.request(
+                {
+                    "op": "resume",
+                    "id": agent_id,
+                    "stream": "out",
+                    "offset": out_offset,
+                    "upto": agent._out_upto,
+                }
+            )
+            await self.request(
+                {"op": "resume", "id": agent_id, "stream": "err", "offset": err_offset}
+            )
         except BaseException:
             del self.agents[agent_id]
             self.found[agent_id] = found
@@ -520,10 +566,10 @@ class HolderLink:
 
     async def _read(self, decoder: wire.Decoder, early: list[tuple[dict[str, Any], bytes]]) -> None:
         for header, payload in early:
-            await self._dispatch(header, payload)
+            self._dispatch(header, payload)
         while True:
             try:
-                data = await self.stream.receive_some(wire.READ_BYTES)
+                data = await self.stream.receive_some(LINK_READ_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 self.fail(f"reading from the holder failed: {exc}")
                 return
@@ -536,9 +582,9 @@ class HolderLink:
                 self.fail(f"the holder sent something unreadable: {exc}")
                 return
             for header, payload in messages:
-                await self._dispatch(header, payload)
+                self._dispatch(header, payload)
 
-    async def _dispatch(self, header: dict[str, Any], payload: bytes) -> None:
+    def _dispatch(self, header: dict[str, Any], payload: bytes) -> None:
         ref = header.get("ref")
         if ref is not None:
             sender = self._replies.get(ref)

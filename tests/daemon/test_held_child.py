@@ -22,7 +22,7 @@ import pytest
 import trio
 import trio.testing
 
-from agentsd import holder_link
+from agentsd import holder, holder_link
 from agentsd.cgroup import CgroupRoot
 from agentsd.child import ChildSpec, ExitProof, new_spawn_token
 from agentsd.config import Ladder
@@ -398,6 +398,84 @@ async def test_a_later_link_adopts_an_agent_and_resumes_its_output_exactly(
             await second.release(adopted)
             second.forget_unclaimed()
     await eventually(lambda: _ended(holder_pid))
+
+
+# After a "go" line: 2.3 MB of numbered lines as fast as it can, then "done".
+FLOODER = [
+    sys.executable,
+    "-I",
+    "-c",
+    "import sys\n"
+    "sys.stdin.readline()\n"
+    "out = sys.stdout.buffer\n"
+    "for i in range(250_000):\n"
+    "    out.write(b'line %d\\n' % i)\n"
+    "out.write(b'done\\n'); out.flush()\n"
+    "sys.stdin.readline()\n",
+]
+
+
+async def test_an_agent_faster_than_its_reader_waits_within_the_window_and_nothing_is_lost(
+    tmp_path: Path, tokens: list[str]
+) -> None:
+    """An agent that writes far more than the reader takes (2.3 MB against a slow
+    reader, acknowledging only what it made durable, as under reattach): the daemon
+    is never sent more than its window ahead of what the reader took (the rest waits
+    in the holder and the agent's pipe), and the reader gets every byte in order."""
+    assert await _flood_slowly(tmp_path, tokens) <= holder_link.OUT_WINDOW
+
+
+@pytest.fixture
+def windowless_holder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Links start a holder that ignores ``upto``, as one of an earlier release."""
+    source = Path(holder.__file__).read_text()
+    assert source.count("stream.upto = upto\n") == 1
+    earlier = tmp_path / "holder_without_window.py"
+    earlier.write_text(source.replace("stream.upto = upto\n", "stream.upto = None\n"))
+    monkeypatch.setattr(holder_link, "HOLDER_SCRIPT", earlier)
+
+
+@pytest.mark.usefixtures("windowless_holder")
+async def test_a_holder_that_knows_no_window_is_read_exactly(
+    tmp_path: Path, tokens: list[str]
+) -> None:
+    """A holder of an earlier release (a restart in place keeps the one running)
+    ignores ``upto`` and relays everything as it comes: the link reads it exactly."""
+    # It relayed past the window: the holder that ran was the one without it.
+    assert await _flood_slowly(tmp_path, tokens) > holder_link.OUT_WINDOW
+
+
+async def _flood_slowly(tmp_path: Path, tokens: list[str]) -> int:
+    """``FLOODER`` read 4 KiB at a time through a link of its own, acknowledging
+    only what is "journaled" (every 100 KB); checks every byte came in order. The
+    most that waited in the daemon, unread."""
+    token = new_spawn_token()
+    tokens.append(token)
+    env = {**os.environ, "AGENTSD_SPAWN_TOKEN": token}
+    expected = b"".join(b"line %d\n" % i for i in range(250_000)) + b"done\n"
+    with trio.fail_after(60):
+        async with open_holder_link(tmp_path) as link:
+            agent = await link.spawn(token, FLOODER, "/", env, None, durable_acks=True)
+            await agent.stdin.send_all(b"go\n")
+            # The holder fills the window (at least) before the reader takes a byte.
+            await eventually(lambda: len(agent._out) >= holder_link.OUT_WINDOW)
+            await agent.signal_group(signal.SIGCONT)  # a round trip: what was relayed came
+            data = bytearray()
+            ahead = len(agent._out)
+            while not data.endswith(b"done\n"):
+                chunk = await agent.stdout.receive_some(4096)
+                assert chunk, "its output ended early"
+                data += chunk
+                ahead = max(ahead, len(agent._out))
+                if len(data) - agent._out_acked >= 100_000:
+                    agent.acknowledge_out(len(data))  # "journaled"
+            assert data == expected
+            await agent.stdin.send_all(b"bye\n")
+            assert await agent.wait() == 0
+            holder_pid = link.holder_pid
+            await link.release(agent)
+    await eventually(lambda: _ended(holder_pid))
+    return ahead
 
 
 def _running(script: Path) -> list[int]:

@@ -328,6 +328,64 @@ def test_retained_output_is_bounded_and_the_agent_waits(make_holder: Any, tmp_pa
     assert received == total
 
 
+def test_a_window_bounds_the_relay_and_what_waited_comes_in_few_messages(
+    make_holder: Any, tmp_path: Path
+) -> None:
+    h = make_holder()
+    daemon = h.connect()
+    daemon.hello(1)
+    written = tmp_path / "written"
+    lines = b"".join(b"line %d\n" % i for i in range(2000))
+    _spawn(
+        daemon,
+        "a",
+        _python(
+            "import sys\n"
+            "sys.stdin.readline()\n"
+            f"sys.stdout.buffer.write({lines!r}); sys.stdout.flush()\n"
+            f"open({str(written)!r}, 'w').close()\n"
+            "sys.stdin.readline()\n"
+        ),
+        tmp_path,
+    )
+    for bad in ("100", True, 1.5):
+        reply = daemon.request(
+            {"op": "resume", "id": "a", "stream": "out", "offset": 0, "upto": bad}
+        )
+        assert reply["kind"] == "bad_request", bad
+    reply = daemon.request({"op": "resume", "id": "a", "stream": "out", "offset": 0, "upto": 100})
+    assert reply["op"] == "ok"
+    daemon.send({"op": "write", "id": "a"}, b"go\n")
+    # Exactly the window's 100 bytes, then nothing while it stays where it is.
+    head = bytearray()
+    while len(head) < 100:
+        header, payload = daemon.next()
+        if header["op"] == "out":
+            assert header["offset"] == len(head)
+            head += payload
+    assert head == lines[:100]
+    _wait(written.exists)
+    assert daemon.request({"op": "signal", "id": "a", "signal": signal.SIGCONT})["sent"]
+    assert [m for m in daemon.pending if m[0]["op"] == "out"] == []
+    # An ack with a bad upto is refused and changes nothing; one that moves it on
+    # relays the rest: what waited in the holder and the pipe, in one message each.
+    reply = daemon.request({"op": "ack", "id": "a", "stream": "out", "offset": 0, "upto": "x"})
+    assert reply["kind"] == "bad_request"
+    daemon.send({"op": "ack", "id": "a", "stream": "out", "offset": 100, "upto": 1 << 30})
+    frames = []
+    rest = bytearray()
+    while len(rest) < len(lines) - 100:
+        header, payload = daemon.next()
+        if header["op"] == "out":
+            assert header["offset"] == 100 + len(rest), "a gap or a duplicate"
+            frames.append(len(payload))
+            rest += payload
+    assert head + rest == lines
+    assert len(frames) <= 2, frames
+    daemon.send({"op": "write", "id": "a"}, b"bye\n")
+    assert daemon.wait_for("exited", "a")["returncode"] == 0
+
+
 def test_a_frame_is_written_whole_even_when_the_daemon_dies_at_once(
     make_holder: Any, tmp_path: Path
 ) -> None:
