@@ -9,7 +9,7 @@ closes, 0.18 deletes, 0.1 interrupts and 0.05 answers, and recovery ended 4.5
 children. The one failure class the harness has found so far (a delete whose reply
 the kill cut off, commit 8e90ef0) lives in the delete window, the rarest of the
 ones CI insists on. So the short form runs 8 rounds (a few interleavings of the
-three clients; at about 3.5 s a round on this machine, the rounds are the test's
+three clients; at 2 to 4 s a round on this machine, the rounds are the test's
 whole cost) and then keeps going until a kill has cut off a create, a send, a close
 and a delete: 8 rounds reach the delete window with probability 1 - 0.82^8, about
 80 %, and the rest run about 5 more on average (the cap, 60 rounds, misses the
