@@ -41,6 +41,7 @@ from agentsd.leftovers import ChildIdentity, EndOutcome
 from agentsd.procfs import is_same_process, read_proc_info, scan_processes
 from tests.cgroup_root import cgroup_root, unavailable
 from tests.daemon.test_cgroup import ESCAPING
+from tests.daemon.test_cgroup import QUICK as ESCAPING_LADDER
 from tests.daemon.test_child import MOCK_AGENT, QUICK
 from tests.polling import eventually
 
@@ -526,7 +527,10 @@ async def test_a_held_agent_is_born_in_its_cgroup_and_nothing_escapes_its_ladder
     cgroup = cgroups.for_token(token)
     exits: list[HeldExit] = []
     with trio.fail_after(30):
-        async with open_held_child(escaping, QUICK, ignore_identity, exits.append, link) as child:
+        # It ignores EOF and SIGTERM: short graces walk the same rungs to cgroup.kill.
+        async with open_held_child(
+            escaping, ESCAPING_LADDER, ignore_identity, exits.append, link
+        ) as child:
             first = b""
             while first.count(b"\n") < 2:
                 first += await child.stdout.receive_some(4096)
