@@ -89,8 +89,14 @@ class NotifyListener:
 
     @property
     def env(self) -> dict[str, str]:
-        """What systemd puts in a ``Type=notify`` service's environment."""
-        return {"NOTIFY_SOCKET": str(self.path)}
+        """What systemd puts in a ``Type=notify`` service's environment, and a login
+        shell with no rc file of the user's. Under a service manager the daemon takes
+        its agents' environment from ``$SHELL -l -i`` (``agent_env = "auto"``), so the
+        test machine's dotfiles would decide a test's outcome and speed: a root
+        ``.bashrc`` that hangs (a stale pyenv lock) made each such daemon wait out the
+        10 s bound before its first agent. ``/bin/sh`` still runs the capture; a
+        test of the capture itself names its own ``SHELL`` after this."""
+        return {"NOTIFY_SOCKET": str(self.path), "SHELL": "/bin/sh"}
 
     def close(self) -> None:
         self._sock.close()

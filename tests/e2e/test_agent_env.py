@@ -242,7 +242,7 @@ async def test_reload_env_gives_the_next_start_the_new_environment_and_running_a
 async def test_auto_captures_when_systemd_started_the_daemon(tmp_path: Path) -> None:
     with scratch() as base, NotifyListener.bound(base) as notify:
         shell = write_shell(base / "shell", profile_adding("/opt/from-login"))
-        env = {"SHELL": str(shell), **notify.env}
+        env = {**notify.env, "SHELL": str(shell)}
         with service_like_daemon(base, config(), env) as daemon, trio.fail_after(TEST_TIMEOUT_S):
             async with open_rpc(daemon.socket) as rpc:
                 session = await create(rpc, tmp_path)

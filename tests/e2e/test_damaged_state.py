@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.daemon_process import (
     WireClient,
@@ -104,17 +108,31 @@ def _served_sessions(state: Path) -> list[dict[str, Any]]:
         return list(listed)
 
 
-def _populated_state() -> tuple[Path, Path, list[str]]:
+@pytest.fixture(scope="module")
+def populated() -> Iterator[tuple[Path, list[str]]]:
+    """One daemon's state with ``SESSIONS`` sessions, cleanly stopped: made once, as
+    each test damages a copy of its own (the creates and the daemon's start and stop
+    were most of each test's time)."""
     base = make_temp_dir()
     state = base / "state"
     with running_daemon(state_dir=state) as daemon, daemon.connect() as client:
         ids = _populate(client, base)
     assert not (state / f"{DATABASE_NAME}-wal").exists()  # a clean stop checkpointed it
+    yield state, ids
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _populated_state(populated: tuple[Path, list[str]]) -> tuple[Path, Path, list[str]]:
+    """A private copy of the populated state: (base, state, session ids)."""
+    source, ids = populated
+    base = make_temp_dir()
+    state = base / "state"
+    shutil.copytree(source, state)
     return base, state, ids
 
 
-def test_a_truncated_database_is_refused_and_salvaged() -> None:
-    base, state, ids = _populated_state()
+def test_a_truncated_database_is_refused_and_salvaged(populated: tuple[Path, list[str]]) -> None:
+    base, state, ids = _populated_state(populated)
     db = state / DATABASE_NAME
     os.truncate(db, db.stat().st_size // 2)
     _assert_refused(base, state, "truncated")
@@ -128,8 +146,8 @@ def test_a_truncated_database_is_refused_and_salvaged() -> None:
     assert {s["sessionId"] for s in served} <= set(ids)
 
 
-def test_an_overwritten_block_is_refused_and_salvaged() -> None:
-    base, state, ids = _populated_state()
+def test_an_overwritten_block_is_refused_and_salvaged(populated: tuple[Path, list[str]]) -> None:
+    base, state, ids = _populated_state(populated)
     db = state / DATABASE_NAME
     page = 4096
     pages = db.stat().st_size // page
@@ -163,8 +181,8 @@ def test_a_deleted_write_ahead_log_with_its_index_left_is_refused() -> None:
     assert _served_sessions(state) == []  # what the file held; the loss was reported
 
 
-def test_check_of_a_sound_database_is_ok() -> None:
-    base, state, _ = _populated_state()
+def test_check_of_a_sound_database_is_ok(populated: tuple[Path, list[str]]) -> None:
+    base, state, _ = _populated_state(populated)
     checked = _agentsd(base, state, "--check")
     assert checked.returncode == 0, checked
     assert checked.stdout.strip() == f"{state / DATABASE_NAME}: ok"
