@@ -373,6 +373,7 @@ class HolderLink:
     agents: dict[str, HeldAgent] = attrs.field(factory=dict)
     # What the holder held at attach, by id: not ours until adopted (Rule 4).
     found: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    _found_exited: trio.Event = attrs.field(factory=trio.Event)
     lost: trio.Event = attrs.field(factory=trio.Event)
     lost_reason: str = ""
     _replies: dict[int, trio.MemorySendChannel[dict[str, Any]]] = attrs.field(factory=dict)
@@ -418,6 +419,20 @@ class HolderLink:
         a stdin frame whole or not at all (``agentsd.holder`` Rule 3)."""
         self._check_open()
         seq = self._enqueue(wire.encode(header, payload))
+        while self._written < seq:
+            self._check_open()
+            await self._written_wake.wait()
+
+    async def found_ended(self) -> None:
+        """Return once every agent found at attach has exited (its exit reported)."""
+        while any(found["returncode"] is None for found in self.found.values()):
+            self._found_exited = trio.Event()
+            await self._found_exited.wait()
+
+    async def flush(self) -> None:
+        """Wait until the socket took every message queued so far (the acks and
+        forgets of `send_nowait` included)."""
+        seq = self._queued
         while self._written < seq:
             self._check_open()
             await self._written_wake.wait()
@@ -599,6 +614,7 @@ class HolderLink:
             agent_id = header.get("id")
             if op == "exited" and agent_id in self.found:
                 self.found[agent_id] = {**self.found[agent_id], "returncode": header["returncode"]}
+                self._found_exited.set()
             elif op == "exited":  # Rule 4
                 self.send_nowait({"op": "forget", "id": agent_id})
         elif op == "out" and header.get("stream") == "out":

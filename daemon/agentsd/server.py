@@ -51,7 +51,7 @@ import os
 import signal
 import socket
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
 import attrs
@@ -63,7 +63,8 @@ from agentsd.caller import UNIDENTIFIED, Caller, identify_peer
 from agentsd.cgroup import select_containment, with_controllers
 from agentsd.config import Config
 from agentsd.connection import Connection, Transport
-from agentsd.holder_link import HolderKeeper, HolderLost, open_holder_keeper
+from agentsd.holder_link import HolderKeeper, HolderLink, HolderLost, open_holder_keeper
+from agentsd.holder_link import socket_path as holder_socket_path
 from agentsd.holder_scope import HolderScope, holder_scope
 from agentsd.listener import (
     TRANSIENT_ACCEPT_ERRNOS,
@@ -230,7 +231,11 @@ async def _serve_sessions(
         # taken over instead (Rule 7), also before.
         link = None if holder is None else holder.current()
         found = link.found if link is not None and config.crash_policy == "reattach" else None
-        recovered = await recover(store, config.ladder, app.containment.root, holder_found=found)
+        async with _left_holder(app, holder) as left:
+            recovered = await recover(
+                store, config.ladder, app.containment.root, holder_found=found
+            )
+            await _dismiss(left)
         providers = provider_registry(config.agents)
         async with open_supervisor(
             store, config, app.state_dir, providers, app.agent_env, app.containment, holder
@@ -358,6 +363,32 @@ async def _contain_in_scope(app: App, keeper: HolderKeeper, scope: HolderScope) 
     contained = await trio.to_thread.run_sync(with_controllers, scope.containment())
     app.containment = attrs.evolve(contained, detail=contained.detail + started)
     log.info("agent containment: %s (%s)", app.containment.mode, app.containment.detail)
+
+
+@asynccontextmanager
+async def _left_holder(app: App, holder: HolderKeeper | None) -> AsyncIterator[HolderLink | None]:
+    """Without the holder (config ``holder = false``), the one an earlier daemon left
+    running (``holder = true`` then), attached for recovery to end what it holds;
+    None when there is none (or the holder is in use)."""
+    if holder is not None or not holder_socket_path(app.state_dir).exists():
+        yield None
+        return
+    async with open_holder_keeper(app.state_dir, claim=True) as keeper:
+        yield keeper.current()
+
+
+async def _dismiss(link: HolderLink | None) -> None:
+    """Let a holder left by an earlier config forget the agents recovery ended, so
+    that it leaves once detached (holder Rule 6) instead of keeping their exit
+    statuses, and itself, for ever. Their exits arrive as the holder reaps them:
+    waited for within ``FORGET_WAIT_S``."""
+    if link is None:
+        return
+    with trio.move_on_after(FORGET_WAIT_S):
+        await link.found_ended()
+    link.forget_unclaimed()
+    with suppress(HolderLost), trio.move_on_after(FORGET_WAIT_S):
+        await link.flush()
 
 
 def has_controlling_terminal() -> bool:

@@ -139,3 +139,34 @@ async def test_held_agents_outlive_a_sigkilled_daemon_and_crash_policy_end_ends_
             await eventually(lambda: _ended(holder_pid))
         finally:
             kill_carriers(tokens)
+
+
+async def test_a_holder_left_by_an_earlier_config_is_dismissed_once_its_agents_are_ended() -> None:
+    """``holder = true``, a SIGKILLed daemon, then a daemon with ``holder = false``:
+    recovery ends the agent the holder kept, and the holder, attached meanwhile,
+    forgets it and leaves rather than keep its exit status (and itself) for ever."""
+    with trio.fail_after(120), temp_dir() as base, holder_config() as config:
+        state = base / "state"
+        tokens: list[str] = []
+        try:
+            with running_daemon(state_dir=state, extra_args=["--config", str(config)]) as first:
+                async with open_rpc(first.socket) as rpc:
+                    sid = (await create(rpc, base))["sessionId"]
+                    pid = (await rpc.call("agentSession.get", {"sessionId": sid}))["session"][
+                        "child"
+                    ]["pid"]
+                info = read_proc_info(pid)
+                assert info is not None
+                holder_pid = info.ppid
+                tokens = [r[0] for r in db_rows(state / DATABASE_NAME, "SELECT token FROM leases")]
+                first.process.send_signal(signal.SIGKILL)
+                first.wait()
+            assert not _ended(pid) and not _ended(holder_pid)
+            with running_daemon(state_dir=state) as second:  # holder = false
+                async with open_rpc(second.socket) as rpc:
+                    recovery = (await rpc.call("daemon.status"))["recovery"]
+                    assert recovery["sessionsRecovered"] == 1, recovery
+                assert _ended(pid)
+                await eventually(lambda: _ended(holder_pid))
+        finally:
+            kill_carriers(tokens)
