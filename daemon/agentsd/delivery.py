@@ -1,4 +1,5 @@
-"""Handing journaled prompts to the agent: a send's, a queued prompt's.
+"""Handing journaled prompts and answers to the agent: a send's, a queued prompt's,
+a client's answer to an approval.
 
 Rule 1 (write-ahead, ``handlers.conversation`` Rule 1): every prompt is journaled as
 ``submission`` before ``deliver`` hands it to the agent, and ``deliver`` journals
@@ -8,6 +9,13 @@ Rule 2: a queued prompt is sent as a ``submission`` whose ``client_message_id`` 
 its prompt id, committed under its claim (``agentsd.prompt_queue`` Rule 2), so it is
 sent once whoever sends it: the session task when the running turn ended
 (``drain_queue``), or a client (send-now, resume).
+
+Rule 3 (answers, ``handlers.conversation`` Rule 2): a committed answer is written
+keyed with its approval id (``agentsd.holder_link`` Rule 5), and when the adapter
+writes nothing for it (the agent withdrew the question, or it asks the next one of
+a form) an empty write carries the key alone: either way the holder's last key
+says the answer was handled, and a daemon taking over writes it only when it was
+not (``agentsd.reattach`` Rule 2).
 """
 
 from __future__ import annotations
@@ -18,8 +26,9 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from agentsd.holder_link import keyed
 from agentsd.prompt_queue import QueuedPrompt
-from agentsd.providers.base import Dispatch, FileInput, ImageInput, Submission
+from agentsd.providers.base import Adapter, Dispatch, FileInput, ImageInput, LineLink, Submission
 from agentsd_protocol.api import conversation as api
 from agentsd_protocol.api.conversation import Attachment
 from agentsd_protocol.api.events import Submission as SubmissionEvent
@@ -77,6 +86,18 @@ async def deliver(
     if session.task is not None:
         session.task.touch()
     return dispatch
+
+
+async def deliver_answer(
+    adapter: Adapter, link: LineLink | None, native_id: str, approval_id: str, decision: str
+) -> None:
+    """Write a committed answer to the agent through ``adapter`` (Rule 3; ``link``:
+    the adapter's, for the key alone). Raises ``trio.BrokenResourceError`` or
+    ``trio.ClosedResourceError`` when the agent is gone."""
+    with keyed(approval_id) as key:
+        await adapter.answer_approval(native_id, decision)
+        if not key.written and link is not None:
+            await link.send_raw(b"")
 
 
 def send_result(cmid: str, seq: int, dispatch: Dispatch) -> api.SendResult:

@@ -41,7 +41,13 @@ older holder ignores them, so daemons and holders of either kind attach each oth
 
 Rule 3 (whole frames in): a ``write`` message is read whole before any byte of it
 is written to the agent's stdin, and once read it is written whole, whatever
-happens to the daemon meanwhile: the agent never sees half a frame.
+happens to the daemon meanwhile: the agent never sees half a frame. A ``write`` may
+carry a ``key`` (a string; its payload may be empty): the holder remembers the last
+key it took per agent and reports it (``stdin_key``, None before the first) with the
+agent at ``welcome``, so that a daemon taking over knows which of the answers its
+predecessor committed reached the agent (``agentsd.reattach`` Rule 2). Only a daemon
+that says ``keys`` in its ``hello`` keys what it writes; once a daemon that does not
+was attached, an agent's key proves nothing and is no longer reported.
 
 Rule 4 (one daemon at a time, fenced): a connection becomes the attached daemon by
 ``hello`` with an ``epoch`` higher than every epoch accepted before; the previous
@@ -195,6 +201,8 @@ class Agent:
         self.stdin_fd: int | None = stdin
         self.stdin = bytearray()
         self.stdin_close = False  # close once the queue is written
+        self.stdin_key: str | None = None  # Rule 3: the last key written
+        self.keys_known = True  # Rule 3: no daemon that does not key wrote to it
         self.streams = {"out": Stream(out), "err": Stream(err)}
         self.returncode: int | None = None
         self.exit_sent = False
@@ -208,6 +216,7 @@ class Agent:
             "pid": self.pid,
             "start_time": self.start_time,
             "returncode": self.returncode,
+            **({"stdin_key": self.stdin_key} if self.keys_known else {}),
             **{
                 f"{name}_{key}": value
                 for name, s in self.streams.items()
@@ -239,6 +248,7 @@ class Holder:
         self.daemon: Connection | None = None
         self.epoch = 0
         self.ever_attached = False
+        self.keyed = False  # Rule 3: the attached daemon keys what it writes
         self.started = time.monotonic()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -570,6 +580,10 @@ class Holder:
                 self._drop(self.daemon)  # Rule 4: the previous daemon is fenced off
             self.epoch = epoch
             self.daemon = conn
+            self.keyed = header.get("keys") is True
+            if not self.keyed:  # Rule 3: what it writes is not keyed
+                for held in self.agents.values():
+                    held.keys_known = False
             self.ever_attached = True
             reply(
                 {
@@ -611,6 +625,8 @@ class Holder:
                 reply({"op": "error", "kind": "stdin_full", "message": "too much unwritten input"})
             else:
                 agent.stdin += payload  # whole, before any of it is written (Rule 3)
+                if isinstance(header.get("key"), str):
+                    agent.stdin_key = header["key"]
                 self._write_stdin(agent)
                 if ref is not None:
                     reply({"op": "queued"})
@@ -703,6 +719,7 @@ class Holder:
             for fd in theirs:
                 os.close(fd)
         agent = Agent(agent_id, process, *ours)
+        agent.keys_known = self.keyed
         # Read before any reap: an unreaped child, even a zombie, keeps its pid.
         agent.start_time = start_time(agent.pid)
         self.agents[agent_id] = agent

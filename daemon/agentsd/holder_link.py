@@ -40,6 +40,15 @@ adopted (`HolderLink.adopt`: its output resumed from a given offset) until
 adopted is forgotten once it exited (recovery at start-up ends the previous
 daemon's; the holder then reaps them), so the holder does not keep their status for
 ever and leaves once it holds nothing.
+
+Rule 5 (keyed writes): what is written to an agent's stdin inside `keyed` carries
+that key (``agentsd.holder`` Rule 3), and the holder reports the last key it took
+for each agent it held at attach (`HeldAgent.stdin_key`; `HeldAgent.keys_known`
+False when the holder cannot say, an earlier release's or one a daemon that does
+not key wrote to). An answer's delivery is keyed with its approval id
+(``handlers.conversation``), so a daemon taking over knows which answers reached
+the agent (``agentsd.reattach`` Rule 2). A key is taken with the frame that carries
+it, atomically (Rule 3 of the holder); `StdinKey.written` says whether one was.
 """
 
 from __future__ import annotations
@@ -56,8 +65,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager, suppress
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +96,28 @@ ERR_CHUNK = 64 << 10  # one write of stderr to the caller's pipe
 OUT_WINDOW = 256 << 10
 OUT_WINDOW_STEP = 64 << 10
 LINK_READ_BYTES = 256 << 10  # one read of the holder's socket
+
+
+@attrs.define
+class StdinKey:
+    """Rule 5: the key of what the current task writes to a held agent's stdin."""
+
+    value: str
+    written: bool = False  # a write carried it
+
+
+_STDIN_KEY: ContextVar[StdinKey | None] = ContextVar("agentsd_stdin_key", default=None)
+
+
+@contextmanager
+def keyed(value: str) -> Iterator[StdinKey]:
+    """Key what this task writes to a held agent's stdin with ``value`` (Rule 5)."""
+    key = StdinKey(value)
+    token = _STDIN_KEY.set(key)
+    try:
+        yield key
+    finally:
+        _STDIN_KEY.reset(token)
 
 
 class HolderLost(Exception):
@@ -134,6 +166,10 @@ class HeldAgent:
     # Called (trio's thread) once the holder reported its exit: the session task's
     # exit watch, as ``agentsd.agent_watch`` watches our own children's pidfds.
     on_exit: Callable[[], object] | None = None
+    # Rule 5, for an adopted agent: the last key the holder took for it at attach,
+    # and whether the holder could say.
+    stdin_key: str | None = None
+    keys_known: bool = False
 
     @property
     def stdout(self) -> AgentStdout:
@@ -351,10 +387,17 @@ class AgentStdin(trio.abc.SendStream):
         self._agent = agent
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        """One ``write``; keyed inside `keyed` (Rule 5), even an empty one."""
         agent = self._agent
         if agent.returncode is not None or agent.link.lost.is_set():
             raise trio.BrokenResourceError("the agent is gone")
-        await agent.link.send({"op": "write", "id": agent.id}, bytes(data))
+        key = _STDIN_KEY.get()
+        if key is None:
+            if data:
+                await agent.link.send({"op": "write", "id": agent.id}, bytes(data))
+            return
+        await agent.link.send({"op": "write", "id": agent.id, "key": key.value}, bytes(data))
+        key.written = True
 
     async def wait_send_all_might_not_block(self) -> None:
         await trio.lowlevel.checkpoint()
@@ -535,6 +578,9 @@ class HolderLink:
         if found["returncode"] is not None:
             agent.returncode = found["returncode"]
             agent.exited.set()
+        key = found.get("stdin_key", False)
+        agent.keys_known = key is None or isinstance(key, str)
+        agent.stdin_key = key if isinstance(key, str) else None
         self.agents[agent_id] = agent
         try:
             await self.request(
@@ -833,7 +879,7 @@ async def open_holder_link(
         raise HolderLost(f"the holder at {path} is not to be trusted: {untrusted}")
     decoder = wire.Decoder()
     epoch = await trio.to_thread.run_sync(next_epoch, state_dir)
-    hello = {"op": "hello", "protocol": wire.PROTOCOL, "epoch": epoch, "ref": 0}
+    hello = {"op": "hello", "protocol": wire.PROTOCOL, "epoch": epoch, "keys": True, "ref": 0}
     welcome: dict[str, Any] | None = None
     early: list[tuple[dict[str, Any], bytes]] = []  # what came with it, in order
     with trio.move_on_after(CONNECT_TIMEOUT_S):

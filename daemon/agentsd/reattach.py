@@ -12,11 +12,23 @@ pending approvals and submissions as the session's conversation derives them, th
 items that were streaming (their text as last journaled: the sink goes on from it,
 ``agentsd.sink`` Rule 4) and the agent's version, all since the child's
 ``child.ready`` (nothing before it belongs to this child).
+
+Rule 2 (answers that did not reach the agent): a client's answer is committed, then
+written to the agent keyed with its approval id, one answer at a time per session
+(``handlers.conversation``), so the journal's order of answers is the order the
+holder took them. The holder reports the last key it took for the agent
+(``agentsd.holder_link`` Rule 5): the answers journaled after that one were
+committed and never written (the daemon died between the two), and are written now
+(`Answer`), after the adapter restored their questions. None is written again when
+the holder cannot say (``keys_known`` False), nor when its key is not among this
+child's answers: at most once before exactly once.
 """
 
 from __future__ import annotations
 
 import sqlite3
+
+import attrs
 
 from agentsd.providers.base import PendingTakeover, Takeover
 from agentsd.session import Session
@@ -24,6 +36,8 @@ from agentsd.sink import OpenItem
 from agentsd.store.journal import last_seq_of_kind, read_events
 from agentsd.store.writer import Store
 from agentsd_protocol.api.events import (
+    ApprovalRequested,
+    ApprovalResolved,
     ChildReady,
     ItemCompleted,
     ItemStarted,
@@ -32,20 +46,52 @@ from agentsd_protocol.api.events import (
     kind_of,
 )
 
-__all__ = ["journaled_child", "takeover_state"]
+__all__ = ["Answer", "JournaledChild", "journaled_child", "takeover_state", "undelivered"]
 
 PAGE_EVENTS = 1000
 PAGE_BYTES = 4 << 20
 
 
-def journaled_child(
-    conn: sqlite3.Connection, session_id: str
-) -> tuple[str | None, dict[str, OpenItem]]:
-    """The agent version of the session's last ``child.ready`` and the items opened
-    since then and not completed, with their text as last journaled (Rule 1)."""
+@attrs.frozen
+class Answer:
+    """A client's answer to one of the child's approvals, as journaled (Rule 2)."""
+
+    asked: ApprovalRequested
+    decision: str
+
+    @property
+    def approval_id(self) -> str:
+        return self.asked.approval_id
+
+    def pending(self) -> PendingTakeover:
+        """The question, for the adapter to restore before the answer is written."""
+        asked = self.asked
+        return PendingTakeover(
+            native_id=asked.native_id,
+            approval_id=asked.approval_id,
+            kind=asked.approval_kind,
+            options=tuple(asked.options),
+            request=asked.request,
+        )
+
+
+@attrs.define
+class JournaledChild:
+    """What the journal holds of the current child since its ``child.ready``."""
+
+    version: str | None = None
+    items: dict[str, OpenItem] = attrs.field(factory=dict)
+    answers: list[Answer] = attrs.field(factory=list)  # clients', in journal order
+
+
+def journaled_child(conn: sqlite3.Connection, session_id: str) -> JournaledChild:
+    """The agent version of the session's last ``child.ready``, the items opened
+    since then and not completed, with their text as last journaled, and the
+    clients' answers since then (Rules 1 and 2)."""
     after = last_seq_of_kind(conn, session_id, kind_of(ChildReady))
-    version = None
-    items: dict[str, OpenItem] = {}
+    child = JournaledChild()
+    items = child.items
+    asked: dict[str, ApprovalRequested] = {}
     first = True
     while True:
         page, more = read_events(
@@ -60,7 +106,7 @@ def journaled_child(
             event = decode_event(stored.kind, stored.body)
             match event:
                 case ChildReady(agent_version=agent_version):
-                    version = agent_version
+                    child.version = agent_version
                 case ItemStarted(item_id=item_id):
                     items.setdefault(item_id, OpenItem(text="", length=0))
                 case ItemUpdated(item_id=item_id, text=text, length=length):
@@ -69,21 +115,45 @@ def journaled_child(
                     )
                 case ItemCompleted(item_id=item_id):
                     items.pop(item_id, None)
+                case ApprovalRequested(approval_id=approval_id):
+                    asked[approval_id] = event
+                case ApprovalResolved(approval_id=approval_id, by="client", decision=decision):
+                    question = asked.pop(approval_id, None)
+                    if question is not None:
+                        child.answers.append(Answer(question, decision))
                 case _:
                     pass
             after = stored.seq
         if not more or not page:
-            return version, items
+            return child
+
+
+def undelivered(answers: list[Answer], stdin_key: str | None, keys_known: bool) -> list[Answer]:
+    """The answers committed after the last one the holder took (Rule 2)."""
+    if not keys_known:
+        return []
+    if stdin_key is None:
+        return answers
+    taken = [i for i, answer in enumerate(answers) if answer.approval_id == stdin_key]
+    return answers[taken[-1] + 1 :] if taken else []
 
 
 async def takeover_state(
-    store: Store, session: Session, fence: int, undispatched: tuple[str, ...]
-) -> tuple[Takeover, dict[str, OpenItem]]:
+    store: Store,
+    session: Session,
+    fence: int,
+    undispatched: tuple[str, ...],
+    stdin_key: str | None,
+    keys_known: bool,
+) -> tuple[Takeover, dict[str, OpenItem], list[Answer]]:
     """The adapter's `Takeover` for the session's agent under the lease ``fence``
     (just taken over; ``undispatched``: the submissions that takeover settled
-    ``unknown``), and the sink's open items."""
+    ``unknown``), the sink's open items, and the answers to write once the adapter
+    took over (Rule 2: the holder's ``stdin_key`` and ``keys_known``)."""
     session_id = session.id
-    version, items = await store.read(lambda conn: journaled_child(conn, session_id))
+    child = await store.read(lambda conn: journaled_child(conn, session_id))
+    version, items = child.version, child.items
+    answers = undelivered(child.answers, stdin_key, keys_known)
     convo = session.conversation
     handle = session.row.provider_handle
     assert handle is not None, "a ready child recorded its handle"
@@ -101,10 +171,11 @@ async def takeover_state(
                 request=a.request,
             )
             for a in convo.approvals.values()
-        ),
+        )
+        + tuple(answer.pending() for answer in answers),
         undispatched=undispatched,
         options=dict(session.row.options),
         agent_version=version,
         open_items={item_id: item.text for item_id, item in items.items()},
     )
-    return state, items
+    return state, items, answers

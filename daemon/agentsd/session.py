@@ -173,6 +173,9 @@ class Session:
     lock: trio.Lock = attrs.field(factory=trio.Lock)
     # setOptions and commands run one at a time under it (``handlers.controls``).
     controls_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    # Answers to approvals are committed and written one at a time under it
+    # (``handlers.conversation`` Rule 2).
+    answering: trio.Lock = attrs.field(factory=trio.Lock)
     # Set when the running turn is over, for whoever waits for that (``wait_turn_over``).
     _turn_over: trio.Event | None = None
     # Bound by the supervisor when it registers the session (Rule 3). Recovery

@@ -11,7 +11,8 @@ Rule 1 (what is taken over): the lease is taken over (``open_lease`` with
 is claimed from the holder (``adopt_held_child``) and read from the output offset
 the journal holds, and its adapter restores its state from the journal
 (``Adapter.take_over`` with ``agentsd.reattach.takeover_state``) instead of a
-handshake: no frame is sent. Then the same serving (``agentsd.attendance``), the
+handshake: no frame is sent, but the answers the earlier daemon committed and never
+wrote (``agentsd.reattach`` Rule 2). Then the same serving (``agentsd.attendance``), the
 same ladder and the same settle as a started agent (``agentsd.runner`` Rules 1-3).
 
 Rule 2 (or it is ended, as without the holder): if the lease cannot be taken over,
@@ -32,6 +33,7 @@ import msgspec
 import trio
 
 from agentsd.attendance import attend
+from agentsd.delivery import deliver_answer
 from agentsd.held_child import adopt_held_child
 from agentsd.held_lease import (
     SETTLE_TIMEOUT_S,
@@ -45,7 +47,7 @@ from agentsd.leases import LeaseError
 from agentsd.leftovers import ChildIdentity, EndOutcome, end_contained
 from agentsd.procfs import current_scanner
 from agentsd.providers.base import Adapter, LineLink, Provider, Takeover
-from agentsd.reattach import takeover_state
+from agentsd.reattach import Answer, takeover_state
 from agentsd.session import Session
 from agentsd.session_task import SessionTask, record_end
 from agentsd.sink import HeldOutput, Sink
@@ -161,8 +163,13 @@ async def _take_over_child(
                 generation=held.lease.generation,
                 started_at=time.time(),
             )
-            state, items = await takeover_state(
-                supervisor.store, session, held.lease.fence, undispatched
+            state, items, answers = await takeover_state(
+                supervisor.store,
+                session,
+                held.lease.fence,
+                undispatched,
+                child.agent.stdin_key,
+                child.agent.keys_known,
             )
             line_link = LineLink(child.stdin, child.stdout, base=reattach.out_offset)
             line_link.cursor.on_overrun = child.agent.give_up_exactness
@@ -181,7 +188,9 @@ async def _take_over_child(
                 child,
                 adapter,
                 sink,
-                functools.partial(_take_over, supervisor, session, task, adapter, state),
+                functools.partial(
+                    _take_over, supervisor, session, task, adapter, state, answers, line_link
+                ),
                 link=line_link,
             )
             if task.at_boundary:
@@ -199,13 +208,28 @@ async def _take_over(
     task: SessionTask,
     adapter: Adapter,
     takeover: Takeover,
+    answers: list[Answer],
+    link: LineLink,
 ) -> None:
     """Rule 1's handshake: the adapter restores its state from the journal's; no
-    frame is sent. Raises what ``take_over`` raises (``ResumeFailed``)."""
+    frame is sent but the answers the earlier daemon committed and never wrote
+    (``agentsd.reattach`` Rule 2). Raises what ``take_over`` raises
+    (``ResumeFailed``)."""
     timeout_s = supervisor.config.handshake_timeout_s
     try:
         with trio.fail_after(timeout_s):
             await adapter.take_over(takeover)
+            for answer in answers:
+                log.warning(
+                    "session %s: writing %s's answer %r, committed by the earlier daemon "
+                    "and never written to the agent",
+                    session.id,
+                    answer.approval_id,
+                    answer.decision,
+                )
+                await deliver_answer(
+                    adapter, link, answer.asked.native_id, answer.approval_id, answer.decision
+                )
     except trio.TooSlowError:
         raise HandshakeTimeout(
             f"the agent could not be taken over within {timeout_s:g} s"

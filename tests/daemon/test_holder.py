@@ -61,8 +61,9 @@ class Client:
                 return message[0]
             kept.append(message)
 
-    def hello(self, epoch: int) -> dict[str, Any]:
-        return self.request({"op": "hello", "protocol": holder.PROTOCOL, "epoch": epoch})
+    def hello(self, epoch: int, *, keys: bool = False) -> dict[str, Any]:
+        header = {"op": "hello", "protocol": holder.PROTOCOL, "epoch": epoch}
+        return self.request({**header, "keys": True} if keys else header)
 
     def read_stream(self, agent: str, stream: str, until: bytes) -> tuple[int, bytes]:
         """Relayed bytes of ``stream`` until they hold ``until``: (first offset,
@@ -442,6 +443,51 @@ def test_a_frame_still_arriving_when_another_daemon_attaches_is_dropped_whole(
     new.request({"op": "resume", "id": "a", "stream": "out", "offset": 0})
     new.send({"op": "write", "id": "a"}, b"fresh\n")
     assert new.read_stream("a", "out", b"\n") == (0, b"b'fresh\\n'\n")
+
+
+def test_the_last_key_taken_is_reported_to_the_next_daemon(
+    make_holder: Any, tmp_path: Path
+) -> None:
+    """Rule 3's keys: what the next daemon learns of the answers its predecessor
+    wrote. A key is taken with its frame, or alone with an empty one (nothing reaches
+    the agent); a refused write takes none; once a daemon that does not key wrote,
+    an agent's key proves nothing and is no longer reported."""
+    h = make_holder()
+    first = h.connect()
+    assert first.hello(1, keys=True)["agents"] == []
+    _spawn(first, "a", ECHO, tmp_path)
+    _spawn(first, "b", ECHO, tmp_path)
+    _spawn(first, "c", ECHO, tmp_path)
+    assert first.request({"op": "write", "id": "a", "key": "k1"}, b"one\n")["op"] == "queued"
+    assert first.request({"op": "write", "id": "a", "key": "k2"})["op"] == "queued"
+    first.request({"op": "write", "id": "a"}, b"two\n")
+    first.request({"op": "write", "id": "c", "key": "c1"}, b"x\n")
+    first.request({"op": "close_stdin", "id": "c"})
+    refused = first.request({"op": "write", "id": "c", "key": "c2"}, b"y\n")
+    assert refused["kind"] == "stdin_closed"
+    first.close()
+
+    second = h.connect()
+    found = {a["id"]: a for a in second.hello(2, keys=True)["agents"]}
+    assert {name: found[name]["stdin_key"] for name in "abc"} == {"a": "k2", "b": None, "c": "c1"}
+    second.request({"op": "resume", "id": "a", "stream": "out", "offset": 0})
+    assert second.read_stream("a", "out", b"two") == (0, b"echo: one\necho: two\n")
+    second.close()
+
+    unkeyed = h.connect()
+    assert all("stdin_key" not in a for a in unkeyed.hello(3)["agents"])
+    _spawn(unkeyed, "d", ECHO, tmp_path)
+    unkeyed.close()
+
+    fourth = h.connect()
+    fourth.hello(4, keys=True)
+    _spawn(fourth, "e", ECHO, tmp_path)
+    fourth.request({"op": "write", "id": "a", "key": "k3"}, b"three\n")
+    fourth.request({"op": "write", "id": "d", "key": "d1"}, b"four\n")
+    fourth.close()
+    found = {a["id"]: a for a in h.connect().hello(5, keys=True)["agents"]}
+    assert [name for name in sorted(found) if "stdin_key" in found[name]] == ["e"]
+    assert found["e"]["stdin_key"] is None
 
 
 def test_one_daemon_at_a_time_the_newest_epoch_wins(make_holder: Any, tmp_path: Path) -> None:

@@ -50,8 +50,9 @@ def _traced_by(pid: int, tracer: int) -> bool:
 
 
 @contextlib.contextmanager
-def slow_fsync(pid: int, delay_s: int) -> Iterator[None]:
-    """Every fsync/fdatasync of process ``pid`` (all its threads) takes ``delay_s``."""
+def slow_fsync(pid: int, delay_s: int) -> Iterator[subprocess.Popen[str]]:
+    """Every fsync/fdatasync of process ``pid`` (all its threads) takes ``delay_s``;
+    yields the tracer (killing it ends the delays at once)."""
     strace = shutil.which("strace")
     if strace is None:
         pytest.skip("strace is not installed: it is what makes fsync slow here")
@@ -80,7 +81,7 @@ def slow_fsync(pid: int, delay_s: int) -> Iterator[None]:
                 reason = tracer.stderr.read() if tracer.stderr else ""
                 pytest.skip(f"strace could not attach to the daemon: {reason.strip()}")
             time.sleep(0.01)
-        yield
+        yield tracer
     finally:
         tracer.terminate()  # detaches: the daemon's syscalls run at full speed again
         tracer.wait(timeout=IO_TIMEOUT_S)

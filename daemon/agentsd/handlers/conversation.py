@@ -18,8 +18,11 @@ answers get ``already_resolved`` with the winner. The commit and the delivery ru
 under one shield (bounded by ``ANSWER_DELIVERY_S``): a client that hangs up, or a
 restart that cancels the connections before it hands the agents over, cannot leave
 an answer committed and never written to the agent, which would wait for it for
-ever (a new image takes over only approvals still pending). A daemon killed between
-the two is the window left: the answer is journaled, the agent never heard it.
+ever. The answers of one session are committed and written one at a time
+(``Session.answering``), each write keyed with its approval id
+(``agentsd.delivery`` Rule 3), so that a daemon killed between the commit and the
+write leaves the holder's last key behind the journal's last answer, and the daemon
+that takes the agent over writes the answer then (``agentsd.reattach`` Rule 2).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import msgspec
 import trio
 
 from agentsd.attachments import Prepared, block_types, prepare
-from agentsd.delivery import deliver, send_result
+from agentsd.delivery import deliver, deliver_answer, send_result
 from agentsd.operations import Provisional
 from agentsd.providers.base import Dispatch
 from agentsd.session import Session
@@ -338,14 +341,15 @@ async def handle_respond(call: Call, params: api.RespondParams) -> api.RespondRe
     resolution = ApprovalResolved(approval_id=approval_id, decision=params.decision, by="client")
     session.claims[approval_id] = resolution  # the claim: first answer wins from here
     stored: list[StoredEvent] | None = None
-    with trio.CancelScope(shield=True) as bound:
-        bound.deadline = trio.current_time() + ANSWER_DELIVERY_S
-        try:
-            stored = await session.journal.append([resolution])
-        finally:
-            # Committed (now in the conversation's resolutions) or failed (nobody won).
-            session.claims.pop(approval_id, None)
-        await _deliver_answer(session, approval.native_id, approval_id, params.decision)
+    try:
+        with trio.CancelScope(shield=True) as bound:
+            bound.deadline = trio.current_time() + ANSWER_DELIVERY_S
+            async with session.answering:  # committed in the order written (Rule 2)
+                stored = await session.journal.append([resolution])
+                await _deliver_answer(session, approval.native_id, approval_id, params.decision)
+    finally:
+        # Committed (now in the conversation's resolutions) or failed (nobody won).
+        session.claims.pop(approval_id, None)
     if stored is None:  # the deadline passed before the commit returned
         raise StorageUnavailable(
             f"storage too slow: answering {approval_id} took over {ANSWER_DELIVERY_S:g} s "
@@ -369,8 +373,9 @@ async def _deliver_answer(
     adapter = None if task is None else task.adapter
     if task is None or adapter is None:
         return
+    link = None if task.reader is None else task.reader[0]
     try:
-        await adapter.answer_approval(native_id, decision)
+        await deliver_answer(adapter, link, native_id, approval_id, decision)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         # The agent ended as the answer went out (a held agent's exit is heard from
         # the holder first): the answer is committed, its end settles the rest.

@@ -358,7 +358,10 @@ class LineLink:
             stop()
 
     async def send(self, message: Any) -> None:
-        data = _encoder.encode(message) + b"\n"
+        await self.send_raw(_encoder.encode(message) + b"\n")
+
+    async def send_raw(self, data: bytes) -> None:
+        """Write ``data`` as it is, whole, between two frames of ``send``."""
         async with self._send_lock:
             await self._send_stream.send_all(data)
 
