@@ -117,6 +117,7 @@ async def attend(
             task.stop_cause = "failed" if failure else "unexpected"
         nursery.cancel_scope.cancel()
 
+    task.link = link
     release_watch = _watch_exit(child, exit_seen)
     try:
         async with trio.open_nursery() as nursery:
@@ -130,6 +131,7 @@ async def attend(
     finally:
         release_watch()
     task.adapter = None
+    task.link = None
     if task.ready.is_set():
         with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
             try:

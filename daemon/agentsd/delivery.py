@@ -11,7 +11,9 @@ sent once whoever sends it: the session task when the running turn ended
 (``drain_queue``), or a client (send-now, resume).
 
 Rule 3 (answers, ``handlers.conversation`` Rule 2): a committed answer is written
-keyed with its approval id (``agentsd.holder_link`` Rule 5), and when the adapter
+keyed with its seq in the journal (``agentsd.holder_link`` Rule 5: a key of the
+daemon's making, a few bytes, whatever the agent named its question), and when the
+adapter
 writes nothing for it (the agent withdrew the question, or it asks the next one of
 a form) an empty write carries the key alone: either way the holder's last key
 says the answer was handled, and a daemon taking over writes it only when it was
@@ -89,12 +91,13 @@ async def deliver(
 
 
 async def deliver_answer(
-    adapter: Adapter, link: LineLink | None, native_id: str, approval_id: str, decision: str
+    adapter: Adapter, link: LineLink | None, native_id: str, seq: int, decision: str
 ) -> None:
-    """Write a committed answer to the agent through ``adapter`` (Rule 3; ``link``:
-    the adapter's, for the key alone). Raises ``trio.BrokenResourceError`` or
-    ``trio.ClosedResourceError`` when the agent is gone."""
-    with keyed(approval_id) as key:
+    """Write the answer journaled at ``seq`` to the agent through ``adapter`` (Rule
+    3; ``link``: the adapter's, for the key alone). Raises
+    ``trio.BrokenResourceError`` or ``trio.ClosedResourceError`` when the agent is
+    gone."""
+    with keyed(str(seq)) as key:
         await adapter.answer_approval(native_id, decision)
         if not key.written and link is not None:
             await link.send_raw(b"")

@@ -50,12 +50,14 @@ older holder ignores them, so daemons and holders of either kind attach each oth
 Rule 3 (whole frames in): a ``write`` message is read whole before any byte of it
 is written to the agent's stdin, and once read it is written whole, whatever
 happens to the daemon meanwhile: the agent never sees half a frame. A ``write`` may
-carry a ``key`` (a string; its payload may be empty): the holder remembers the last
-key it took per agent and reports it (``stdin_key``, None before the first) with the
-agent at ``welcome``, so that a daemon taking over knows which of the answers its
-predecessor committed reached the agent (``agentsd.reattach`` Rule 2). Only a daemon
-that says ``keys`` in its ``hello`` keys what it writes; once a daemon that does not
-was attached, an agent's key proves nothing and is no longer reported.
+carry a ``key`` (a string of at most ``MAX_KEY`` characters; its payload may be
+empty): the holder remembers the last key it took per agent and reports it
+(``stdin_key``, None before the first) with the agent at ``welcome``, so that a
+daemon taking over knows which of the answers its predecessor committed reached the
+agent (``agentsd.reattach`` Rule 2). Only a daemon that says ``keys`` in its
+``hello`` keys what it writes; once a daemon that does not was attached, or a key
+that is not such a string was written, an agent's key proves nothing and is no
+longer reported.
 
 Rule 4 (one daemon at a time, fenced): a connection becomes the attached daemon by
 ``hello`` with an ``epoch`` higher than every epoch accepted before; the previous
@@ -122,6 +124,7 @@ SEND_HIGH_WATER = 256 << 10  # frame no more output at once than this (Rule 2's 
 FRAME_BYTES = 256 << 10  # the most output one ``out`` message carries
 RELAY_QUIET_S = 0.002  # Rule 2's relay: one ``out`` message per stream per this, at most
 MAX_STDIN_QUEUE = 64 << 20  # unwritten stdin per agent before the daemon is refused
+MAX_KEY = 64  # Rule 3: a key's characters (the daemon's are a journal seq)
 DEFAULT_IDLE_EXIT_S = 30.0
 ORPHAN_CHECK_S = 5.0  # Rule 6: how often a holder no daemon is attached to checks its path
 ORPHAN_END_S = 5.0  # Rule 6: how long ending its agents may take before it exits
@@ -760,8 +763,11 @@ class Holder:
                 reply({"op": "error", "kind": "stdin_full", "message": "too much unwritten input"})
             else:
                 agent.stdin += payload  # whole, before any of it is written (Rule 3)
-                if isinstance(header.get("key"), str):
-                    agent.stdin_key = header["key"]
+                key = header.get("key")
+                if isinstance(key, str) and len(key) <= MAX_KEY:
+                    agent.stdin_key = key
+                elif key is not None:  # Rule 3: then nothing is known of its answers
+                    agent.keys_known = False
                 self._write_stdin(agent)
                 if ref is not None:
                     reply({"op": "queued"})

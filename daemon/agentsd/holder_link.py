@@ -45,8 +45,8 @@ Rule 5 (keyed writes): what is written to an agent's stdin inside `keyed` carrie
 that key (``agentsd.holder`` Rule 3), and the holder reports the last key it took
 for each agent it held at attach (`HeldAgent.stdin_key`; `HeldAgent.keys_known`
 False when the holder cannot say, an earlier release's or one a daemon that does
-not key wrote to). An answer's delivery is keyed with its approval id
-(``handlers.conversation``), so a daemon taking over knows which answers reached
+not key wrote to). An answer's delivery is keyed with its seq in the journal
+(``agentsd.delivery`` Rule 3), so a daemon taking over knows which answers reached
 the agent (``agentsd.reattach`` Rule 2). A key is taken with the frame that carries
 it, atomically (Rule 3 of the holder); `StdinKey.written` says whether one was.
 """
@@ -392,12 +392,17 @@ class AgentStdin(trio.abc.SendStream):
         if agent.returncode is not None or agent.link.lost.is_set():
             raise trio.BrokenResourceError("the agent is gone")
         key = _STDIN_KEY.get()
-        if key is None:
-            if data:
-                await agent.link.send({"op": "write", "id": agent.id}, bytes(data))
+        header = {"op": "write", "id": agent.id}
+        if key is not None:
+            header["key"] = key.value
+        elif not data:
             return
-        await agent.link.send({"op": "write", "id": agent.id, "key": key.value}, bytes(data))
-        key.written = True
+        try:
+            await agent.link.send(header, bytes(data))
+        except HolderLost as exc:
+            raise trio.BrokenResourceError(f"the agent's holder is gone: {exc}") from None
+        if key is not None:
+            key.written = True
 
     async def wait_send_all_might_not_block(self) -> None:
         await trio.lowlevel.checkpoint()

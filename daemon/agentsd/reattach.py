@@ -14,14 +14,14 @@ items that were streaming (their text as last journaled: the sink goes on from i
 ``child.ready`` (nothing before it belongs to this child).
 
 Rule 2 (answers that did not reach the agent): a client's answer is committed, then
-written to the agent keyed with its approval id, one answer at a time per session
-(``handlers.conversation``), so the journal's order of answers is the order the
-holder took them. The holder reports the last key it took for the agent
-(``agentsd.holder_link`` Rule 5): the answers journaled after that one were
-committed and never written (the daemon died between the two), and are written now
-(`Answer`), after the adapter restored their questions. None is written again when
-the holder cannot say (``keys_known`` False), nor when its key is not among this
-child's answers: at most once before exactly once.
+written to the agent keyed with its seq, one answer at a time per session
+(``handlers.conversation``, ``agentsd.delivery`` Rule 3), so the journal's order of
+answers is the order the holder took them. The holder reports the last key it took
+for the agent (``agentsd.holder_link`` Rule 5): the answers journaled after that one
+were committed and never written (the daemon died between the two), and are written
+now (`Answer`), after the adapter restored their questions. None is written again
+when the holder cannot say (``keys_known`` False), nor when its key is not one of
+this child's answers: at most once before exactly once.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ class Answer:
 
     asked: ApprovalRequested
     decision: str
+    seq: int  # of the answer in the journal: its key (``agentsd.delivery`` Rule 3)
 
     @property
     def approval_id(self) -> str:
@@ -120,7 +121,7 @@ def journaled_child(conn: sqlite3.Connection, session_id: str) -> JournaledChild
                 case ApprovalResolved(approval_id=approval_id, by="client", decision=decision):
                     question = asked.pop(approval_id, None)
                     if question is not None:
-                        child.answers.append(Answer(question, decision))
+                        child.answers.append(Answer(question, decision, stored.seq))
                 case _:
                     pass
             after = stored.seq
@@ -134,8 +135,8 @@ def undelivered(answers: list[Answer], stdin_key: str | None, keys_known: bool) 
         return []
     if stdin_key is None:
         return answers
-    taken = [i for i, answer in enumerate(answers) if answer.approval_id == stdin_key]
-    return answers[taken[-1] + 1 :] if taken else []
+    taken = [i for i, answer in enumerate(answers) if str(answer.seq) == stdin_key]
+    return answers[taken[0] + 1 :] if taken else []
 
 
 async def takeover_state(

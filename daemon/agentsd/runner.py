@@ -128,6 +128,7 @@ async def _run(supervisor: Supervisor, session: Session, task: SessionTask) -> N
                 failure = await _run_child(supervisor, session, task, provider, held, stderr_fd)
         finally:
             task.adapter = None
+            task.link = None
             record_end(task, held, failure, stderr)
 
 

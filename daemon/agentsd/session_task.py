@@ -61,6 +61,9 @@ class SessionTask:
     held: HeldLease | None = None
     stop_cause: StopCause | None = None
     adapter: Adapter | None = None
+    # The adapter's link to the agent while its child is attended (it outlives the
+    # reader: an answer's key alone goes through it, ``agentsd.delivery`` Rule 3).
+    link: LineLink | None = None
     # While the agent's output is read after its handshake: its link and the scope
     # around the reader, which a handover cancels at a frame boundary (Rule 2).
     reader: tuple[LineLink, trio.CancelScope] | None = None

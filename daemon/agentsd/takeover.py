@@ -91,6 +91,7 @@ async def run_takeover(
                     )
             finally:
                 task.adapter = None
+                task.link = None
                 if failure is not None and task.stop_cause is None:
                     task.stop_cause = "daemon-restart"  # not taken over: cut off, as without
                 record_end(task, held, failure, stderr)
@@ -228,7 +229,7 @@ async def _take_over(
                     answer.decision,
                 )
                 await deliver_answer(
-                    adapter, link, answer.asked.native_id, answer.approval_id, answer.decision
+                    adapter, link, answer.asked.native_id, answer.seq, answer.decision
                 )
     except trio.TooSlowError:
         raise HandshakeTimeout(

@@ -485,9 +485,18 @@ def test_the_last_key_taken_is_reported_to_the_next_daemon(
     fourth.request({"op": "write", "id": "a", "key": "k3"}, b"three\n")
     fourth.request({"op": "write", "id": "d", "key": "d1"}, b"four\n")
     fourth.close()
-    found = {a["id"]: a for a in h.connect().hello(5, keys=True)["agents"]}
+    fifth = h.connect()
+    found = {a["id"]: a for a in fifth.hello(5, keys=True)["agents"]}
     assert [name for name in sorted(found) if "stdin_key" in found[name]] == ["e"]
     assert found["e"]["stdin_key"] is None
+    # A key past the bound, or not a string, is not kept and makes the rest unknown:
+    # a welcome stays small whatever is written.
+    _spawn(fifth, "f", ECHO, tmp_path)
+    fifth.request({"op": "write", "id": "e", "key": "k" * (holder.MAX_KEY + 1)}, b"x\n")
+    fifth.request({"op": "write", "id": "f", "key": 5}, b"y\n")
+    fifth.close()
+    found = {a["id"]: a for a in h.connect().hello(6, keys=True)["agents"]}
+    assert not [name for name in found if "stdin_key" in found[name]]
 
 
 def test_one_daemon_at_a_time_the_newest_epoch_wins(make_holder: Any, tmp_path: Path) -> None:

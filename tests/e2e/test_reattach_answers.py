@@ -1,7 +1,7 @@
 """An answer reaches a taken-over agent exactly once (issue 19, "no lost approval").
 
-A client's answer is committed, then written to the agent keyed with its approval
-id; the holder reports the last key it took (``agentsd.holder_link`` Rule 5). A
+A client's answer is committed, then written to the agent keyed with its seq; the
+holder reports the last key it took (``agentsd.holder_link`` Rule 5). A
 daemon SIGKILLed between the commit and the write leaves the answer journaled and
 the agent waiting: the daemon that takes the agent over writes it then
 (``agentsd.reattach`` Rule 2), and writes nothing that already reached the agent.
@@ -117,6 +117,8 @@ async def test_an_answer_committed_but_not_written_at_a_crash_is_written_by_the_
                 assert again["error"]["data"]["kind"] == "already_resolved"
                 journal = await _after_takeover(rpc, sid, pid)
                 await rpc.call("agentSession.close", {"sessionId": sid})
+            # It was the second daemon that wrote it, not the first before its death.
+            assert "committed by the earlier daemon and never written" in second.log()
         _once(journal)
 
 
@@ -136,4 +138,5 @@ async def test_an_answer_that_reached_the_agent_is_not_written_again_after_a_cra
             async with open_rpc(second.socket) as rpc:
                 journal = await _after_takeover(rpc, sid, pid)
                 await rpc.call("agentSession.close", {"sessionId": sid})
+            assert "never written" not in second.log()
         _once(journal)

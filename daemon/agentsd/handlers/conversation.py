@@ -19,7 +19,7 @@ under one shield (bounded by ``ANSWER_DELIVERY_S``): a client that hangs up, or 
 restart that cancels the connections before it hands the agents over, cannot leave
 an answer committed and never written to the agent, which would wait for it for
 ever. The answers of one session are committed and written one at a time
-(``Session.answering``), each write keyed with its approval id
+(``Session.answering``), each write keyed with the answer's seq
 (``agentsd.delivery`` Rule 3), so that a daemon killed between the commit and the
 write leaves the holder's last key behind the journal's last answer, and the daemon
 that takes the agent over writes the answer then (``agentsd.reattach`` Rule 2).
@@ -346,14 +346,17 @@ async def handle_respond(call: Call, params: api.RespondParams) -> api.RespondRe
             bound.deadline = trio.current_time() + ANSWER_DELIVERY_S
             async with session.answering:  # committed in the order written (Rule 2)
                 stored = await session.journal.append([resolution])
-                await _deliver_answer(session, approval.native_id, approval_id, params.decision)
+                await _deliver_answer(
+                    session, approval.native_id, approval_id, stored[0].seq, params.decision
+                )
     finally:
         # Committed (now in the conversation's resolutions) or failed (nobody won).
         session.claims.pop(approval_id, None)
     if stored is None:  # the deadline passed before the commit returned
         raise StorageUnavailable(
-            f"storage too slow: answering {approval_id} took over {ANSWER_DELIVERY_S:g} s "
-            "(ask again: a recorded answer is then reported as already resolved)"
+            f"answering {approval_id} took over {ANSWER_DELIVERY_S:g} s: storage too slow, or "
+            "an earlier answer still going to an agent that does not read its input (ask "
+            "again: a recorded answer is then reported as already resolved)"
         )
     if bound.cancelled_caught:
         log.warning(
@@ -366,16 +369,16 @@ async def handle_respond(call: Call, params: api.RespondParams) -> api.RespondRe
 
 
 async def _deliver_answer(
-    session: Session, native_id: str, approval_id: str, decision: str
+    session: Session, native_id: str, approval_id: str, seq: int, decision: str
 ) -> None:
-    """Write a committed answer to the running agent, if one runs (Rule 2)."""
+    """Write a committed answer (journaled at ``seq``) to the running agent, if one
+    runs (Rule 2)."""
     task = session.task
     adapter = None if task is None else task.adapter
     if task is None or adapter is None:
         return
-    link = None if task.reader is None else task.reader[0]
     try:
-        await deliver_answer(adapter, link, native_id, approval_id, decision)
+        await deliver_answer(adapter, task.link, native_id, seq, decision)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         # The agent ended as the answer went out (a held agent's exit is heard from
         # the holder first): the answer is committed, its end settles the rest.
