@@ -355,16 +355,19 @@ def shim_argv(spec: ChildSpec, cgroup: SessionCgroup) -> list[str]:
     return [SHELL, "-c", JOIN_SCRIPT, str(cgroup.path / "cgroup.procs"), *spec.argv]
 
 
-def launch(spec: ChildSpec, cgroup: SessionCgroup | None) -> tuple[list[str], dict[str, str]]:
+def launch(
+    spec: ChildSpec, cgroup: SessionCgroup | None, *, shim: bool = True
+) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that start ``spec`` from another process (the
-    holder, ``agentsd.held_child``), joining ``cgroup`` through the shim of Rule 8:
-    the fork servers are this daemon's children and clone only as its own. Raises
-    what Popen would for a missing or non-executable program."""
+    holder, ``agentsd.held_child``), joining ``cgroup`` through the shim of Rule 8
+    unless ``shim`` is False (the other process clones into it): the fork servers
+    are this daemon's children and clone only as its own. Raises what Popen would
+    for a missing or non-executable program."""
     env = {**spec.base_env, **spec.env, SPAWN_TOKEN_ENV: spec.token}
     if cgroup is None:
         return list(spec.argv), env
     _check_program(spec.argv[0], spec.cwd, env)
-    return shim_argv(spec, cgroup), env
+    return (shim_argv(spec, cgroup) if shim else list(spec.argv)), env
 
 
 def _check_program(program: str, cwd: str, env: Mapping[str, str]) -> None:

@@ -7,8 +7,10 @@ holder, so it survives this daemon. What changes, rule by rule of ``agentsd.chil
 
 - Rule 8 (born in its cgroup): the fork servers of ``agentsd.spawner`` are this
   daemon's children and clone agents as this daemon's, which a held agent must
-  not be; the holder starts the shim (``JOIN_SCRIPT``) instead, which joins the
-  cgroup before it execs the agent (slower: the join waits for an RCU grace period).
+  not be; the holder clones it into its cgroup itself (``agentsd.holder`` Rule
+  1), or, a holder of an earlier release, starts the shim (``JOIN_SCRIPT``), which
+  joins the cgroup before it execs the agent (slower: the join waits for an RCU
+  grace period).
 - Rule 7 (exit from the process): the holder reports the exit (`HeldChild.wait`,
   `HeldChild.watch_exit`), not ``agentsd.agent_watch``'s pidfd: the agent is not
   our child, and the holder may have reaped it (its pid free for reuse) before a
@@ -167,13 +169,19 @@ async def open_held_child(
     try:
         if cgroup is not None:
             await trio.to_thread.run_sync(_make_cgroup, spec, limiter=spawn_limiter())
-        argv, env = launch(spec, cgroup)
+        argv, env = launch(spec, cgroup, shim=not link.clones_into_cgroups)
         # Once asked, the holder spawns whatever becomes of this task: its answer
         # must be heard (each request is bounded), or the agent would run unladdered.
         with trio.CancelScope(shield=True):
             try:
                 agent = await link.spawn(
-                    spec.token, argv, spec.cwd, env, spec.stderr_fd, durable_acks=durable_acks
+                    spec.token,
+                    argv,
+                    spec.cwd,
+                    env,
+                    spec.stderr_fd,
+                    durable_acks=durable_acks,
+                    cgroup=None if cgroup is None or not link.clones_into_cgroups else cgroup.path,
                 )
             except HolderLost:
                 # It may have started the agent before it was lost: end whatever
@@ -308,8 +316,9 @@ async def adopt_held_child(
 
 def _make_cgroup(spec: ChildSpec) -> None:
     """The agent's cgroup, with its limits, before the holder starts anything in it
-    (``agentsd.child`` Rule 8). The holder spawns, not this daemon, so the agent
-    joins it through the shim (`launch`), never a fork server of this daemon's."""
+    (``agentsd.child`` Rule 8). The holder spawns, not this daemon: it clones the
+    agent into it (or the agent joins it through the shim, `launch`), never a fork
+    server of this daemon's."""
     assert spec.cgroup_root is not None
     cgroup = spec.cgroup_root.create(spec.token)
     if spec.limits.controllers():

@@ -10,7 +10,15 @@ forks once more and reports its pid: it is never the daemon's child, so no daemo
 
 Rule 1 (the agents are its children): it spawns each agent on the daemon's request
 (own session and process group, environment and argv exactly as given: the daemon
-adds the spawn token and the cgroup join) and holds the agent's three pipes. It is a
+adds the spawn token) and holds the agent's three pipes. A spawn that names a
+``cgroup`` (a directory of the cgroup v2 hierarchy, made by the daemon) is born in
+it: ``clone3`` with ``CLONE_INTO_CGROUP | CLONE_VFORK`` (`Cloner`), so nothing of the
+agent runs outside it and no process is moved (a move waits for the kernel's RCU
+grace period, milliseconds). Where the kernel or a seccomp policy refuses clone3,
+the holder says so once in its log and joins the cgroup as the daemon's shim does
+(``agentsd.child`` Rule 8) for the rest of its life. Its ``welcome`` says
+``cgroups: true``, which a holder of an earlier release does not: the daemon then
+sends the shim's argv instead. It is a
 child subreaper (PR_SET_CHILD_SUBREAPER), so whatever an agent leaves behind is
 reparented to it, not to init, and reaped by it. An agent's stdin is never closed
 while the holder lives, unless the daemon asks (``close_stdin``) or the agent exits.
@@ -90,8 +98,10 @@ payload bytes (``write`` and ``out`` only).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import errno
+import gc
 import json
 import os
 import selectors
@@ -124,6 +134,13 @@ CGROUP_PREFIX = "agent-"  # agentsd.cgroup.CGROUP_PREFIX
 PR_SET_CHILD_SUBREAPER = 36
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5; Python 3.11 has no name
 AGENT_OPS = frozenset({"write", "close_stdin", "resume", "ack", "signal", "forget"})
+# Rule 1's clone (<linux/sched.h>; clone3 has the same number on every architecture).
+SYS_CLONE3 = 435
+CLONE_VFORK = 0x4000
+CLONE_INTO_CGROUP = 0x200000000
+CLONE_ARGS = struct.Struct("=11Q")  # struct clone_args up to its cgroup field
+CLONE_REFUSED = frozenset({errno.ENOSYS, errno.EPERM, errno.EINVAL, errno.E2BIG})
+JOIN_SCRIPT = 'echo 0 >"$0" && exec "$@"'  # agentsd.child.JOIN_SCRIPT
 
 
 def encode(header: dict[str, Any], payload: bytes | bytearray = b"") -> bytes:
@@ -195,11 +212,17 @@ class Agent:
     """A spawned agent and our ends of its pipes (owned here, not by ``process``)."""
 
     def __init__(
-        self, agent_id: str, process: subprocess.Popen[bytes], stdin: int, out: int, err: int
+        self,
+        agent_id: str,
+        pid: int,
+        process: subprocess.Popen[bytes] | None,
+        stdin: int,
+        out: int,
+        err: int,
     ) -> None:
         self.id = agent_id
         self.process = process  # kept until forgotten: a dropped Popen polls its pid
-        self.pid = process.pid
+        self.pid = pid
         self.start_time: int | None = None  # /proc/PID/stat field 22, read at the spawn
         self.stdin_fd: int | None = stdin
         self.stdin = bytearray()
@@ -228,6 +251,116 @@ class Agent:
         }
 
 
+class Cloner:
+    """Rule 1's spawn into a cgroup: ``clone3`` with ``CLONE_INTO_CGROUP |
+    CLONE_VFORK`` from the holder itself, a single-threaded process (a raw clone of a
+    threaded one could leave the child a lock another thread held). The holder is
+    suspended until the child exec'd or exited (``CLONE_VFORK``), so it may lend the
+    child its own stdio and cwd meanwhile: the child's pipes are put on 0, 1 and 2
+    and its cwd entered before the clone and the holder's own put back after, and
+    every other fd of the holder is close-on-exec (`main`). Between clone and exec
+    the child makes C calls only (``setsid``, ``signal`` for SIGPIPE and SIGXFSZ as
+    ``subprocess`` resets them, ``execve`` along ``PATH``), holding the GIL
+    (``ctypes.PyDLL``), and reports a failure through a close-on-exec pipe."""
+
+    def __init__(self) -> None:
+        libc = ctypes.PyDLL(None, use_errno=True)
+        self._syscall = libc.syscall
+        self._syscall.restype = ctypes.c_long
+        self._syscall.argtypes = [ctypes.c_long, ctypes.c_char_p, ctypes.c_size_t]
+        self._setsid = libc.setsid
+        self._setsid.restype = ctypes.c_int
+        self._signal = libc.signal
+        self._signal.restype = ctypes.c_void_p
+        self._signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        self._execve = libc.execve
+        self._execve.restype = ctypes.c_int
+        strings = ctypes.POINTER(ctypes.c_char_p)
+        self._execve.argtypes = [ctypes.c_char_p, strings, strings]
+
+    def spawn(
+        self, argv: list[str], cwd: str, env: dict[str, str], cgroup: str, stdio: tuple[int, ...]
+    ) -> int:
+        """The pid of ``argv`` born in ``cgroup`` with ``stdio`` as its 0, 1 and 2.
+        Raises OSError as ``subprocess.Popen`` would (the errno of the clone, or of
+        the exec, which is then reaped here)."""
+        execs = [os.fsencode(p) for p in _exec_candidates(argv[0], cwd, env)]
+        args = _c_strings([os.fsencode(a) for a in argv])
+        envp = _c_strings([os.fsencode(f"{k}={v}") for k, v in env.items()])
+        target = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        here = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        saved: list[int] = []
+        report, report_w = os.pipe()
+        collecting = gc.isenabled()
+        pid = -1
+        try:
+            saved = [os.dup(fd) for fd in (0, 1, 2)]
+            os.chdir(cwd)
+            for fd, theirs in enumerate(stdio):
+                os.dup2(theirs, fd)  # inheritable: the child's stdio
+            flags = CLONE_INTO_CGROUP | CLONE_VFORK
+            clone_args = CLONE_ARGS.pack(flags, 0, 0, 0, signal.SIGCHLD, 0, 0, 0, 0, 0, target)
+            gc.disable()  # nothing may run between the clone and the exec but C calls
+            pid = self._syscall(SYS_CLONE3, clone_args, CLONE_ARGS.size)
+            if pid == 0:
+                self._exec(execs, args, envp, report_w)
+            err = ctypes.get_errno()
+        finally:
+            if collecting:
+                gc.enable()
+            for fd, ours in enumerate(saved):
+                os.dup2(ours, fd)
+                os.close(ours)
+            os.fchdir(here)
+            for fd in (here, target, report_w):
+                os.close(fd)
+            if pid < 0:
+                os.close(report)
+        if pid < 0:
+            raise OSError(err, os.strerror(err))
+        try:
+            failed = os.read(report, 4)  # the child exec'd (end of file) or wrote why not
+        finally:
+            os.close(report)
+        if failed:
+            os.waitpid(pid, 0)
+            (err,) = struct.unpack("=i", failed)
+            raise OSError(err, os.strerror(err), argv[0])
+        return int(pid)
+
+    def _exec(self, execs: list[bytes], args: Any, envp: Any, report: int) -> None:
+        """The child, between clone and exec; never returns."""
+        try:
+            if self._setsid() < 0:
+                os.write(report, struct.pack("=i", ctypes.get_errno()))
+                return
+            self._signal(signal.SIGPIPE, 0)  # SIG_DFL
+            self._signal(signal.SIGXFSZ, 0)
+            first, last = 0, errno.ENOENT
+            for exe in execs:
+                self._execve(exe, args, envp)
+                last = ctypes.get_errno()
+                if not first and last not in (errno.ENOENT, errno.ENOTDIR):
+                    first = last
+            os.write(report, struct.pack("=i", first or last))
+        finally:
+            os._exit(127)
+
+
+def _exec_candidates(program: str, cwd: str, env: dict[str, str]) -> list[str]:
+    """Where ``execve`` looks for ``program``, as ``subprocess.Popen`` does: itself
+    when it has a slash (relative to ``cwd``, entered first), else along the
+    environment's ``PATH``."""
+    if os.sep in program:
+        return [program]
+    return [os.path.join(d, program) for d in os.get_exec_path(env)]
+
+
+def _c_strings(items: list[bytes]) -> Any:
+    """A NULL-terminated ``char *[]``."""
+    return (ctypes.c_char_p * (len(items) + 1))(*items)
+
+
 class Connection:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -252,6 +385,7 @@ class Holder:
         self.epoch = 0
         self.ever_attached = False
         self.keyed = False  # Rule 3: the attached daemon keys what it writes
+        self.cloner: Cloner | None = Cloner()  # Rule 1; None once clone3 was refused
         self.started = time.monotonic()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -592,6 +726,7 @@ class Holder:
                 {
                     "op": "welcome",
                     "holder_pid": os.getpid(),
+                    "cgroups": True,  # Rule 1: a spawn may name its cgroup
                     "agents": [a.describe() for a in self.agents.values()],
                 }
             )
@@ -689,27 +824,37 @@ class Holder:
 
     def _spawn(self, header: dict[str, Any]) -> dict[str, Any]:
         agent_id, argv, cwd, env = (header.get(k) for k in ("id", "argv", "cwd", "env"))
+        cgroup = header.get("cgroup")
         if not isinstance(agent_id, str) or agent_id in self.agents:
             return {"op": "error", "kind": "bad_request", "message": "a new id"}
         if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
             return {"op": "error", "kind": "bad_request", "message": "argv: strings"}
         if not isinstance(cwd, str) or not isinstance(env, dict):
             return {"op": "error", "kind": "bad_request", "message": "cwd and env"}
-        # Our ends stay ours: Popen gets the agent's ends only (all close-on-exec).
+        if cgroup is not None and not (isinstance(cgroup, str) and os.path.isabs(cgroup)):
+            return {"op": "error", "kind": "bad_request", "message": "cgroup: an absolute path"}
+        environ = {str(k): str(v) for k, v in env.items()}
+        # Our ends stay ours: the agent gets its ends only (all close-on-exec).
         pipes = [os.pipe() for _ in range(3)]
         theirs = (pipes[0][0], pipes[1][1], pipes[2][1])
         ours = (pipes[0][1], pipes[1][0], pipes[2][0])
+        process: subprocess.Popen[bytes] | None = None
         try:
-            process = subprocess.Popen(
-                argv,
-                stdin=theirs[0],
-                stdout=theirs[1],
-                stderr=theirs[2],
-                cwd=cwd,
-                env={str(k): str(v) for k, v in env.items()},
-                start_new_session=True,
-                close_fds=True,
-            )
+            pid = None if cgroup is None else self._clone(argv, cwd, environ, cgroup, theirs)
+            if pid is None:
+                if cgroup is not None:  # Rule 1: clone3 refused; join as the shim does
+                    argv = ["/bin/sh", "-c", JOIN_SCRIPT, f"{cgroup}/cgroup.procs", *argv]
+                process = subprocess.Popen(
+                    argv,
+                    stdin=theirs[0],
+                    stdout=theirs[1],
+                    stderr=theirs[2],
+                    cwd=cwd,
+                    env=environ,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+                pid = process.pid
         except Exception as exc:  # OSError; ValueError for a NUL byte; any: this spawn's
             for fd in ours:
                 os.close(fd)
@@ -724,14 +869,36 @@ class Holder:
         finally:
             for fd in theirs:
                 os.close(fd)
-        agent = Agent(agent_id, process, *ours)
+        agent = Agent(agent_id, pid, process, *ours)
         agent.keys_known = self.keyed
         # Read before any reap: an unreaped child, even a zombie, keeps its pid.
         agent.start_time = start_time(agent.pid)
         self.agents[agent_id] = agent
         self.by_pid[agent.pid] = agent
         self._reap()  # a SIGCHLD may have come before the agent was known
-        return {"op": "spawned", "id": agent_id, "pid": agent.pid, "start_time": agent.start_time}
+        return {
+            "op": "spawned",
+            "id": agent_id,
+            "pid": agent.pid,
+            "start_time": agent.start_time,
+            "cloned": process is None,  # Rule 1: born in its cgroup by clone3
+        }
+
+    def _clone(
+        self, argv: list[str], cwd: str, env: dict[str, str], cgroup: str, stdio: tuple[int, ...]
+    ) -> int | None:
+        """Rule 1's spawn into ``cgroup``: its pid, or None when clone3 is refused
+        here (then never tried again)."""
+        if self.cloner is None:
+            return None
+        try:
+            return self.cloner.spawn(argv, cwd, env, cgroup, stdio)
+        except OSError as exc:
+            if exc.filename is not None or exc.errno not in CLONE_REFUSED:
+                raise  # the exec's, the cwd's or the cgroup's: this spawn's error
+            print(f"clone3 refused ({exc}): agents join their cgroups by a shell", file=sys.stderr)
+            self.cloner = None
+            return None
 
     def _forget(self, agent: Agent) -> None:
         del self.agents[agent.id]
@@ -806,7 +973,8 @@ class Holder:
             agent = self.by_pid.get(pid)
             if agent is not None:
                 agent.returncode = os.waitstatus_to_exitcode(status)
-                agent.process.returncode = agent.returncode  # Popen must not wait again
+                if agent.process is not None:
+                    agent.process.returncode = agent.returncode  # Popen must not wait again
                 # Unwritten input can no longer reach it.
                 agent.stdin.clear()
                 self._close_stdin(agent)
@@ -983,6 +1151,10 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, 1)
         os.close(devnull)
     listener = socket.socket(fileno=args.listen_fd)
+    for name in os.listdir("/proc/self/fd"):  # Rule 1: an agent inherits only its stdio
+        with contextlib.suppress(OSError):  # the listing's own
+            if int(name) > 2:
+                os.set_inheritable(int(name), False)
     _become_subreaper()
     Holder(listener, max(1, args.retain_bytes), args.idle_exit_s).run()
     return 0

@@ -418,6 +418,9 @@ class HolderLink:
 
     stream: trio.SocketStream
     holder_pid: int
+    # The holder clones an agent into the cgroup its spawn names (``agentsd.holder``
+    # Rule 1); one of an earlier release does not, and is sent the shim's argv.
+    clones_into_cgroups: bool = False
     agents: dict[str, HeldAgent] = attrs.field(factory=dict)
     # What the holder held at attach, by id: not ours until adopted (Rule 4).
     found: dict[str, dict[str, Any]] = attrs.field(factory=dict)
@@ -523,14 +526,25 @@ class HolderLink:
         stderr_fd: int | None,
         *,
         durable_acks: bool = False,
+        cgroup: Path | None = None,
     ) -> HeldAgent:
-        """Have the holder start an agent. Raises OSError as Popen would (with the
-        holder's errno; EINVAL for what exec cannot be given, a NUL byte in ``argv``,
-        ``env`` or ``cwd``), `HolderLost`. ``durable_acks``: Rule 3."""
+        """Have the holder start an agent (born in ``cgroup``: only when
+        ``clones_into_cgroups``). Raises OSError as Popen would (with the holder's
+        errno; EINVAL for what exec cannot be given, a NUL byte in ``argv``, ``env``
+        or ``cwd``), `HolderLost`. ``durable_acks``: Rule 3."""
         unfit = _unspawnable(argv, cwd, env)
         if unfit is not None:
             raise OSError(errno.EINVAL, unfit)
-        header = {"op": "spawn", "id": agent_id, "argv": argv, "cwd": cwd, "env": dict(env)}
+        header: dict[str, Any] = {
+            "op": "spawn",
+            "id": agent_id,
+            "argv": argv,
+            "cwd": cwd,
+            "env": dict(env),
+        }
+        if cgroup is not None:
+            assert self.clones_into_cgroups, "a holder of an earlier release ignores it"
+            header["cgroup"] = str(cgroup)
         # Known before the answer: the holder may report its exit right behind it.
         agent = HeldAgent(self, agent_id, 0, None, durable_acks=durable_acks)
         self.agents[agent_id] = agent
@@ -908,7 +922,11 @@ async def open_holder_link(
             # left listening for the next daemon to meet.
             _end_started(started)
         raise HolderLost(f"the holder at {path} did not attach us: {welcome}")
-    link = HolderLink(stream=stream, holder_pid=welcome["holder_pid"])
+    link = HolderLink(
+        stream=stream,
+        holder_pid=welcome["holder_pid"],
+        clones_into_cgroups=welcome.get("cgroups") is True,
+    )
     link.found = {a["id"]: a for a in welcome["agents"]}
     try:
         async with trio.open_nursery() as nursery:
