@@ -86,9 +86,10 @@ socket's path still leads to its socket (the same inode): a state directory dele
 or moved, or the path taken by another socket, means no daemon can ever reach it
 again, so it ends its agents (SIGKILL to each unreaped agent's group, then reaps
 them and what they left, as a subreaper) and exits, rather than hold them unseen
-for ever. It ignores SIGHUP, SIGINT and SIGTERM's defaults are kept: a SIGTERM or SIGKILL
-to the holder is its death, which the daemon detects (pidfd) and answers by ending
-its agents (``agentsd.holder_link``, ``agentsd.held_child``).
+for ever. It ignores SIGHUP and SIGINT (caught, so that its agents do not inherit
+them ignored); SIGTERM's default is kept: a SIGTERM or SIGKILL to the holder is its
+death, which the daemon detects (pidfd) and answers by ending its agents
+(``agentsd.holder_link``, ``agentsd.held_child``).
 
 Wire: each message is ``>II`` (header length, payload length), a JSON object header
 (``op`` names it; a request may carry ``ref``, echoed by its reply), then the
@@ -140,6 +141,7 @@ CLONE_VFORK = 0x4000
 CLONE_INTO_CGROUP = 0x200000000
 CLONE_ARGS = struct.Struct("=11Q")  # struct clone_args up to its cgroup field
 CLONE_REFUSED = frozenset({errno.ENOSYS, errno.EPERM, errno.EINVAL, errno.E2BIG})
+CLONE_MAX_RSS = 64 << 20  # past this, a clone copies more page tables than the shim costs
 JOIN_SCRIPT = 'echo 0 >"$0" && exec "$@"'  # agentsd.child.JOIN_SCRIPT
 
 
@@ -288,23 +290,58 @@ class Cloner:
         args = _c_strings([os.fsencode(a) for a in argv])
         envp = _c_strings([os.fsencode(f"{k}={v}") for k, v in env.items()])
         target = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        here = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        saved: list[int] = []
-        report, report_w = os.pipe()
-        collecting = gc.isenabled()
-        pid = -1
         try:
-            saved = [os.dup(fd) for fd in (0, 1, 2)]
+            report, report_w = os.pipe()
+            try:
+                try:
+                    pid, err = self._clone(execs, args, envp, cwd, stdio, target, report_w)
+                finally:
+                    os.close(report_w)
+                # The child exec'd (end of file) or wrote why not before its exit.
+                failed = os.read(report, 4) if pid > 0 else b""
+            finally:
+                os.close(report)
+        finally:
+            os.close(target)
+        if pid < 0:
+            raise OSError(err, os.strerror(err))
+        if failed:
+            os.waitpid(pid, 0)
+            (err,) = struct.unpack("=i", failed)
+            raise OSError(err, os.strerror(err), argv[0])
+        return pid
+
+    def _clone(
+        self,
+        execs: list[bytes],
+        args: Any,
+        envp: Any,
+        cwd: str,
+        stdio: tuple[int, ...],
+        target: int,
+        report: int,
+    ) -> tuple[int, int]:
+        """The clone (its pid, or -1, and errno), the holder's stdio and cwd lent to
+        the child for it and given back after, whatever failed."""
+        here = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        saved: list[int] = []
+        collecting = gc.isenabled()
+        try:
+            for fd in (0, 1, 2):
+                saved.append(os.dup(fd))
             os.chdir(cwd)
             for fd, theirs in enumerate(stdio):
                 os.dup2(theirs, fd)  # inheritable: the child's stdio
             flags = CLONE_INTO_CGROUP | CLONE_VFORK
             clone_args = CLONE_ARGS.pack(flags, 0, 0, 0, signal.SIGCHLD, 0, 0, 0, 0, 0, target)
             gc.disable()  # nothing may run between the clone and the exec but C calls
-            pid = self._syscall(SYS_CLONE3, clone_args, CLONE_ARGS.size)
+            pid = int(self._syscall(SYS_CLONE3, clone_args, CLONE_ARGS.size))
             if pid == 0:
-                self._exec(execs, args, envp, report_w)
-            err = ctypes.get_errno()
+                try:
+                    self._exec(execs, args, envp, report)
+                finally:
+                    os._exit(127)
+            return pid, ctypes.get_errno()
         finally:
             if collecting:
                 gc.enable()
@@ -312,24 +349,10 @@ class Cloner:
                 os.dup2(ours, fd)
                 os.close(ours)
             os.fchdir(here)
-            for fd in (here, target, report_w):
-                os.close(fd)
-            if pid < 0:
-                os.close(report)
-        if pid < 0:
-            raise OSError(err, os.strerror(err))
-        try:
-            failed = os.read(report, 4)  # the child exec'd (end of file) or wrote why not
-        finally:
-            os.close(report)
-        if failed:
-            os.waitpid(pid, 0)
-            (err,) = struct.unpack("=i", failed)
-            raise OSError(err, os.strerror(err), argv[0])
-        return int(pid)
+            os.close(here)
 
     def _exec(self, execs: list[bytes], args: Any, envp: Any, report: int) -> None:
-        """The child, between clone and exec; never returns."""
+        """The child, between clone and exec: reports why it could not exec."""
         try:
             if self._setsid() < 0:
                 os.write(report, struct.pack("=i", ctypes.get_errno()))
@@ -343,8 +366,22 @@ class Cloner:
                 if not first and last not in (errno.ENOENT, errno.ENOTDIR):
                     first = last
             os.write(report, struct.pack("=i", first or last))
-        finally:
-            os._exit(127)
+        except BaseException:
+            os.write(report, struct.pack("=i", errno.EIO))
+
+
+def _frozen(cgroup: str) -> bool:
+    """Whether ``cgroup`` (or an ancestor) is frozen now (``cgroup.events``)."""
+    try:
+        with open(os.path.join(cgroup, "cgroup.events")) as f:
+            return "frozen 1" in f.read().splitlines()
+    except OSError:
+        return False  # the spawn then says what is wrong with it
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def _exec_candidates(program: str, cwd: str, env: dict[str, str]) -> list[str]:
@@ -443,8 +480,10 @@ class Holder:
     def run(self) -> None:
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
         signal.signal(signal.SIGCHLD, lambda *_: None)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # Caught, not ignored: an agent starts with them at their defaults (an exec
+        # resets a caught signal, never an ignored one).
+        signal.signal(signal.SIGHUP, lambda *_: None)
+        signal.signal(signal.SIGINT, lambda *_: None)
         self._reap()
         while not self._done():
             try:
@@ -840,7 +879,7 @@ class Holder:
         ours = (pipes[0][1], pipes[1][0], pipes[2][0])
         process: subprocess.Popen[bytes] | None = None
         try:
-            pid = None if cgroup is None else self._clone(argv, cwd, environ, cgroup, theirs)
+            pid = None if cgroup is None else self._clone_into(argv, cwd, environ, cgroup, theirs)
             if pid is None:
                 if cgroup is not None:  # Rule 1: clone3 refused; join as the shim does
                     argv = ["/bin/sh", "-c", JOIN_SCRIPT, f"{cgroup}/cgroup.procs", *argv]
@@ -884,12 +923,14 @@ class Holder:
             "cloned": process is None,  # Rule 1: born in its cgroup by clone3
         }
 
-    def _clone(
+    def _clone_into(
         self, argv: list[str], cwd: str, env: dict[str, str], cgroup: str, stdio: tuple[int, ...]
     ) -> int | None:
-        """Rule 1's spawn into ``cgroup``: its pid, or None when clone3 is refused
-        here (then never tried again)."""
-        if self.cloner is None:
+        """Rule 1's spawn into ``cgroup``: its pid, or None for the shim: when clone3
+        is refused here (then never tried again), when the cgroup is frozen (the
+        clone would stop in it, and the holder with it, until it thaws), and while
+        the holder is past ``CLONE_MAX_RSS`` (a clone copies its page tables)."""
+        if self.cloner is None or _frozen(cgroup) or _rss_bytes() > CLONE_MAX_RSS:
             return None
         try:
             return self.cloner.spawn(argv, cwd, env, cgroup, stdio)
@@ -1150,6 +1191,15 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.close(devnull)
+    for fd in (0, 1, 2):  # Rule 1: an agent's pipe never lands on one of them
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free: this one
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    os.chdir("/")  # pinning no directory of the daemon's (an agent's cwd is its own)
     listener = socket.socket(fileno=args.listen_fd)
     for name in os.listdir("/proc/self/fd"):  # Rule 1: an agent inherits only its stdio
         with contextlib.suppress(OSError):  # the listing's own

@@ -585,15 +585,19 @@ def cgroups() -> Iterator[CgroupRoot]:
         yield CgroupRoot(path)
 
 
+@pytest.mark.parametrize("clones", [True, False], ids=["cloned", "shim"])
 async def test_a_held_agent_is_born_in_its_cgroup_and_nothing_escapes_its_ladder(
-    keeper: HolderKeeper, tokens: list[str], cgroups: CgroupRoot
+    keeper: HolderKeeper, tokens: list[str], cgroups: CgroupRoot, clones: bool
 ) -> None:
-    """The holder, not a fork server of the daemon, starts it: through the joining
-    shim, so it is in its cgroup at its first instruction and its parent is the
-    holder. A setsid() grandchild with an empty environment does not escape:
-    ``cgroup.kill`` is the last rung, the proof the holder's reap plus ``populated
-    0``, and the cgroup is removed after."""
+    """The holder, not a fork server of the daemon, starts it: cloned into its
+    cgroup, or (a holder of an earlier release, which says nothing of ``cgroups``)
+    through the joining shim, so it is in its cgroup at its first instruction and
+    its parent is the holder. A setsid() grandchild with an empty environment does
+    not escape: ``cgroup.kill`` is the last rung, the proof the holder's reap plus
+    ``populated 0``, and the cgroup is removed after."""
     link = await keeper.link()
+    assert link.clones_into_cgroups
+    link.clones_into_cgroups = clones
     token = new_spawn_token()
     tokens.append(token)
     escaping = ChildSpec(

@@ -8,6 +8,7 @@ holder joins agents by the shell shim instead, for the rest of its life."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import select
@@ -36,6 +37,7 @@ REPORTER = [
     "print([x for x in open('/proc/self/cgroup').read().split() if x[:3] == '0::'][0])\n"
     "print(sorted(int(f) for f in os.listdir('/proc/self/fd')))\n"
     "print(os.getsid(0) == os.getpid(), os.getppid())\n"
+    "print([x for x in open('/proc/self/status') if x.startswith('SigIgn')][0].split()[1])\n"
     "sys.stdout.flush()\n"
     "for line in sys.stdin:\n"
     "    sys.stdout.write('echo: ' + line); sys.stdout.flush()\n",
@@ -85,10 +87,13 @@ def test_a_held_agent_is_born_in_its_cgroup_with_its_stdio_only(
     assert reply["op"] == "spawned" and reply["cloned"] is True, reply
     assert daemon.request({"op": "resume", "id": "a", "stream": "out", "offset": 0})["op"] == "ok"
     _, first = daemon.read_stream("a", "out", b"True")
-    where, fds, session = first.decode().splitlines()[:3]
+    first += daemon.read_stream("a", "out", b"\n")[1] if first.count(b"\n") < 4 else b""
+    where, fds, session, ignored = first.decode().splitlines()[:4]
     assert where == _cgroup_line(agent_cgroup)  # at its first instruction
     assert fds in ("[0, 1, 2]", "[0, 1, 2, 3]")  # 3: the listing's own
     assert session == f"True {h.process.pid}"
+    # SIGHUP and SIGINT at their defaults, not ignored as the holder's own are.
+    assert int(ignored, 16) & (1 << (signal.SIGHUP - 1) | 1 << (signal.SIGINT - 1)) == 0
     assert (agent_cgroup / "cgroup.procs").read_text().split() == [str(reply["pid"])]
     daemon.send({"op": "write", "id": "a"}, b"hello\n")
     assert daemon.read_stream("a", "out", b"hello\n")[1].endswith(b"echo: hello\n")
@@ -101,7 +106,7 @@ def test_a_held_agent_is_born_in_its_cgroup_with_its_stdio_only(
 
 
 def test_a_spawn_that_cannot_exec_or_enter_its_cgroup_is_that_spawns_error(
-    make_holder: Any, agent_cgroup: Path
+    make_holder: Any, agent_cgroup: Path, tmp_path: Path
 ) -> None:
     h = make_holder()
     daemon = h.connect()
@@ -112,11 +117,34 @@ def test_a_spawn_that_cannot_exec_or_enter_its_cgroup_is_that_spawns_error(
     assert (gone["kind"], gone["errno"]) == ("spawn_failed", errno.ENOENT), gone
     relative = _spawn(daemon, "c", REPORTER, "agent-clone-test")
     assert relative["kind"] == "bad_request"
+    # Not a cgroup: the clone itself fails, an error of this spawn only.
+    plain = _spawn(daemon, "e", REPORTER, tmp_path)
+    assert (plain["kind"], plain["errno"]) == ("spawn_failed", errno.EBADF), plain
     # Nothing was left of them: the failed exec's child was reaped, nothing runs in
     # the cgroup, and the holder still clones.
     assert (agent_cgroup / "cgroup.procs").read_text() == ""
     assert not [p for p in holder._children(h.process.pid) if not _alive(p)]
     assert _spawn(daemon, "d", REPORTER, agent_cgroup)["cloned"] is True
+
+
+def test_a_spawn_into_a_frozen_cgroup_does_not_stop_the_holder(
+    make_holder: Any, agent_cgroup: Path, tmp_path: Path
+) -> None:
+    """A clone into a frozen cgroup would stop there, and the holder with it (it
+    waits for the child's exec): such a spawn goes through the shim, whose shell
+    freezes alone, and the holder serves on; the agent runs once thawed."""
+    h = make_holder()
+    daemon = h.connect()
+    daemon.hello(1)
+    _spawn(daemon, "other", REPORTER, tmp_path)  # EBADF: nothing runs
+    (agent_cgroup / "cgroup.freeze").write_text("1")
+    _wait(lambda: "frozen 1" in (agent_cgroup / "cgroup.events").read_text())
+    reply = _spawn(daemon, "a", REPORTER, agent_cgroup)
+    assert reply["op"] == "spawned" and reply["cloned"] is False, reply
+    assert daemon.request({"op": "resume", "id": "a", "stream": "out", "offset": 0})["op"] == "ok"
+    (agent_cgroup / "cgroup.freeze").write_text("0")
+    _, first = daemon.read_stream("a", "out", b"\n")
+    assert first.decode().splitlines()[0] == _cgroup_line(agent_cgroup)
 
 
 def _in_process_holder(tmp_path: Path) -> holder.Holder:
@@ -147,9 +175,13 @@ def test_where_clone3_is_refused_agents_join_their_cgroup_by_the_shim(
     assert h.cloner is not None
 
     def refused(*_: object) -> int:
-        raise OSError(refusal, os.strerror(refusal))
+        ctypes.set_errno(refusal)
+        return -1
 
-    monkeypatch.setattr(h.cloner, "spawn", refused)
+    monkeypatch.setattr(h.cloner, "_syscall", refused)
+    monkeypatch.setattr(holder, "CLONE_MAX_RSS", 1 << 62)  # this test's process is large
+    ours = {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in (0, 1, 2)}
+    cwd = os.getcwd()
     try:
         for name in ("a", "b"):
             request = {"id": name, "argv": REPORTER, "cwd": "/", "env": dict(os.environ)}
@@ -157,6 +189,32 @@ def test_where_clone3_is_refused_agents_join_their_cgroup_by_the_shim(
             assert reply["op"] == "spawned" and reply["cloned"] is False, reply
             assert h.cloner is None
             assert _first_line(h.agents[name]) == _cgroup_line(agent_cgroup)
+            # What it lent the refused clone is its own again.
+            assert {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in (0, 1, 2)} == ours
+            assert os.getcwd() == cwd
+    finally:
+        for agent in list(h.agents.values()):
+            assert agent.process is not None
+            agent.process.kill()
+            agent.process.wait()
+            h._forget(agent)
+        h.listener.close()
+    _wait(lambda: (agent_cgroup / "cgroup.procs").read_text() == "")
+
+
+def test_a_holder_past_its_size_bound_joins_agents_by_the_shim_for_now(
+    tmp_path: Path, agent_cgroup: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A clone copies the holder's page tables: past ``CLONE_MAX_RSS`` (a holder
+    retaining much output) the shim is cheaper, until the holder is small again."""
+    h = _in_process_holder(tmp_path)
+    monkeypatch.setattr(holder, "CLONE_MAX_RSS", 0)
+    try:
+        request = {"id": "a", "argv": REPORTER, "cwd": "/", "env": dict(os.environ)}
+        reply = h._spawn({**request, "cgroup": str(agent_cgroup)})
+        assert reply["op"] == "spawned" and reply["cloned"] is False, reply
+        assert h.cloner is not None
+        assert _first_line(h.agents["a"]) == _cgroup_line(agent_cgroup)
     finally:
         for agent in list(h.agents.values()):
             assert agent.process is not None
