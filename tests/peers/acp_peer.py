@@ -33,32 +33,41 @@ def installed(what: str, package: str, entry: str) -> Path:
     return path
 
 
-def daemon_args(base: Path, name: str, command: Sequence[str], env: Mapping[str, str]) -> list[str]:
-    """``--config`` with ``[agents.NAME]`` running ``command`` with ``env``."""
+def daemon_args(
+    base: Path, name: str, command: Sequence[str], env: Mapping[str, str], ladder: str = ""
+) -> list[str]:
+    """``--config`` with ``[agents.NAME]`` running ``command`` with ``env``, and
+    ``ladder`` (a ``[ladder]`` table, or nothing for the defaults)."""
     config = base / "config.toml"
     table = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in env.items())
     config.write_text(
-        f"[agents.{name}]\ncommand = {json.dumps(list(command))}\nenv = {{ {table} }}\n"
+        f"[agents.{name}]\ncommand = {json.dumps(list(command))}\nenv = {{ {table} }}\n{ladder}"
     )
     return ["--config", str(config)]
 
 
 @contextmanager
 def acp_daemon(
-    base: Path, name: str, command: Sequence[str], env: Mapping[str, str], state: Path | None = None
+    base: Path,
+    name: str,
+    command: Sequence[str],
+    env: Mapping[str, str],
+    state: Path | None = None,
+    ladder: str = "",
 ) -> Iterator[DaemonProcess]:
-    with running_daemon(state_dir=state, extra_args=daemon_args(base, name, command, env)) as d:
+    args = daemon_args(base, name, command, env, ladder)
+    with running_daemon(state_dir=state, extra_args=args) as d:
         yield d
 
 
 @contextmanager
 def module_daemon(
-    name: str, command: Sequence[str], env: Mapping[str, str]
+    name: str, command: Sequence[str], env: Mapping[str, str], ladder: str = ""
 ) -> Iterator[DaemonProcess]:
     """A daemon with ``[agents.NAME]``, its config in a directory of its own."""
     base = make_temp_dir()
     try:
-        with acp_daemon(base, name, command, env) as daemon:
+        with acp_daemon(base, name, command, env, ladder=ladder) as daemon:
             yield daemon
     finally:
         shutil.rmtree(base, ignore_errors=True)
