@@ -21,6 +21,12 @@ from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
 from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
 
 NODE_MODULES = Path(__file__).resolve().parents[1] / "agents" / "node_modules"
+# claude-agent-acp and codex-acp with a session open do not end on stdin EOF (the
+# agent process they run keeps them alive): each close, and each module daemon's stop,
+# waited out the default 2 s EOF grace before the SIGTERM that ends them. Their tests
+# check the protocol, not the ladder, so the SIGTERM comes after 0.2 s; the later
+# rungs keep their defaults.
+EOF_IGNORED_LADDER = "[ladder]\neof_grace_s = 0.2\nterm_grace_s = 3.0\nkill_wait_s = 2.0\n"
 
 
 def installed(what: str, package: str, entry: str) -> Path:

@@ -36,17 +36,14 @@ COMMAND = ["node", str(BINARY)]
 # claude-agent-acp starts Claude Code with --allow-dangerously-skip-permissions, which
 # Claude Code refuses as root unless it is told it runs in a sandbox (CI runs as root).
 AGENT_ENV = {"IS_SANDBOX": "1"}
-# claude-agent-acp with a session open does not end on stdin EOF (its Claude Code
-# child keeps it alive): every close, and the module daemon's stop, waited out the
-# default 2 s EOF grace before its SIGTERM. These tests check the protocol, not the
-# ladder, so the SIGTERM comes after 0.2 s; the other graces stay long enough.
-LADDER = "[ladder]\neof_grace_s = 0.2\nterm_grace_s = 3.0\nkill_wait_s = 2.0\n"
 __all__ = ["fake", "home"]  # test_claude's fake Messages API and private HOME, fixtures
 
 
 @pytest.fixture(scope="module")
 def peer_daemon() -> Iterator[DaemonProcess]:
-    with acp_peer.module_daemon("claude-agent-acp", COMMAND, AGENT_ENV, LADDER) as daemon:
+    with acp_peer.module_daemon(
+        "claude-agent-acp", COMMAND, AGENT_ENV, acp_peer.EOF_IGNORED_LADDER
+    ) as daemon:
         yield daemon
 
 
@@ -159,7 +156,7 @@ def test_a_daemon_killed_mid_turn_leaves_no_agent_and_the_next_send_resumes(
         acp_peer.daemon_killed_mid_turn_then_send(
             base,
             lambda base, state: acp_daemon(
-                base, "claude-agent-acp", COMMAND, AGENT_ENV, state, LADDER
+                base, "claude-agent-acp", COMMAND, AGENT_ENV, state, acp_peer.EOF_IGNORED_LADDER
             ),
             lambda client: create(client, home, fake),
             lambda: agent_processes(home),
