@@ -203,6 +203,15 @@ class Cli:
                 stream.close()
 
 
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[DaemonProcess]:
+    """One real agentsd for this module's tests: each makes its own sessions and none
+    stops or reconfigures it (the restart test runs daemons of its own), so a start
+    per test (23 of them) bought nothing."""
+    with running_daemon() as process:
+        yield process
+
+
 @pytest.fixture
 def clis() -> Iterator[list[Cli]]:
     """CLI subprocesses a test starts; every one is killed if still running after."""

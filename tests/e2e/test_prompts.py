@@ -260,18 +260,29 @@ async def test_a_kept_image_that_was_damaged_is_never_replaced_by_other_bytes(
     daemon: DaemonProcess, tmp_path: Path
 ) -> None:
     """A queued image whose kept copy no longer matches its digest is not sent: its
-    delivery is rejected, saying why, and the agent gets nothing else in its place."""
+    delivery is rejected, saying why, and the agent gets nothing else in its place.
+    The running turn waits on an approval, so the copy is damaged before the turn can
+    end (a timed stream would have to outlast a loaded machine)."""
     (tmp_path / "shot.png").write_bytes(PNG)
     with trio.fail_after(TEST_TIMEOUT_S):
         async with open_rpc(daemon.socket) as rpc:
-            info = await create(rpc, tmp_path, options=SLOW_TURN)
+            info = await create(rpc, tmp_path)
             sid = info["sessionId"]
-            await rpc.call("agentSession.send", {"sessionId": sid, "text": "go"})
+            await rpc.call("agentSession.send", {"sessionId": sid, "text": "approve go"})
+            (requested,) = [
+                e["body"]
+                for e in await wait_journal(rpc, sid, "approval.requested")
+                if e["kind"] == "approval.requested"
+            ]
             queued = await send(
                 rpc, sid, "echo later", {"type": "image", "path": "shot.png"}, delivery="queue"
             )
             kept = daemon.state_dir / "blobs" / sid / hashlib.sha256(PNG).hexdigest()
             kept.write_bytes(GIF)
+            await rpc.call(
+                "agentSession.respond",
+                {"sessionId": sid, "approvalId": requested["approvalId"], "decision": "accept"},
+            )
             events = await wait_journal(rpc, sid, "submission.dispatched", 2)
             (dispatched,) = [
                 e["body"]
@@ -282,7 +293,7 @@ async def test_a_kept_image_that_was_damaged_is_never_replaced_by_other_bytes(
             assert dispatched["outcome"] == "rejected"
             assert "attachment_refused" in dispatched["reason"]
             await rpc.call("agentSession.close", {"sessionId": sid})
-    assert user_texts(conversation_file(daemon.state_dir, info["providerHandle"])) == ["go"]
+    assert user_texts(conversation_file(daemon.state_dir, info["providerHandle"])) == ["approve go"]
 
 
 def test_image_types_are_read_from_their_bytes() -> None:

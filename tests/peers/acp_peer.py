@@ -21,6 +21,12 @@ from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
 from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
 
 NODE_MODULES = Path(__file__).resolve().parents[1] / "agents" / "node_modules"
+# claude-agent-acp and codex-acp with a session open do not end on stdin EOF (the
+# agent process they run keeps them alive): each close, and each module daemon's stop,
+# waited out the default 2 s EOF grace before the SIGTERM that ends them. Their tests
+# check the protocol, not the ladder, so the SIGTERM comes after 0.2 s; the later
+# rungs keep their defaults.
+EOF_IGNORED_LADDER = "[ladder]\neof_grace_s = 0.2\nterm_grace_s = 3.0\nkill_wait_s = 2.0\n"
 
 
 def installed(what: str, package: str, entry: str) -> Path:
@@ -33,32 +39,41 @@ def installed(what: str, package: str, entry: str) -> Path:
     return path
 
 
-def daemon_args(base: Path, name: str, command: Sequence[str], env: Mapping[str, str]) -> list[str]:
-    """``--config`` with ``[agents.NAME]`` running ``command`` with ``env``."""
+def daemon_args(
+    base: Path, name: str, command: Sequence[str], env: Mapping[str, str], ladder: str = ""
+) -> list[str]:
+    """``--config`` with ``[agents.NAME]`` running ``command`` with ``env``, and
+    ``ladder`` (a ``[ladder]`` table, or nothing for the defaults)."""
     config = base / "config.toml"
     table = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in env.items())
     config.write_text(
-        f"[agents.{name}]\ncommand = {json.dumps(list(command))}\nenv = {{ {table} }}\n"
+        f"[agents.{name}]\ncommand = {json.dumps(list(command))}\nenv = {{ {table} }}\n{ladder}"
     )
     return ["--config", str(config)]
 
 
 @contextmanager
 def acp_daemon(
-    base: Path, name: str, command: Sequence[str], env: Mapping[str, str], state: Path | None = None
+    base: Path,
+    name: str,
+    command: Sequence[str],
+    env: Mapping[str, str],
+    state: Path | None = None,
+    ladder: str = "",
 ) -> Iterator[DaemonProcess]:
-    with running_daemon(state_dir=state, extra_args=daemon_args(base, name, command, env)) as d:
+    args = daemon_args(base, name, command, env, ladder)
+    with running_daemon(state_dir=state, extra_args=args) as d:
         yield d
 
 
 @contextmanager
 def module_daemon(
-    name: str, command: Sequence[str], env: Mapping[str, str]
+    name: str, command: Sequence[str], env: Mapping[str, str], ladder: str = ""
 ) -> Iterator[DaemonProcess]:
     """A daemon with ``[agents.NAME]``, its config in a directory of its own."""
     base = make_temp_dir()
     try:
-        with acp_daemon(base, name, command, env) as daemon:
+        with acp_daemon(base, name, command, env, ladder=ladder) as daemon:
             yield daemon
     finally:
         shutil.rmtree(base, ignore_errors=True)

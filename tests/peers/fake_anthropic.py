@@ -42,7 +42,10 @@ import attrs
 from tests.peers.fake_http import HOLD_POLL_S
 
 MODEL = "claude-sonnet-4-5"  # what the fake says it is; Claude Code only echoes it
-CLOSE_TIMEOUT_S = 5.0  # serve_forever's poll interval is 0.5 s; this is generous
+CLOSE_TIMEOUT_S = 5.0  # for the serving thread to end after shutdown(); generous
+# How often serve_forever checks for shutdown(): its default, 0.5 s, was waited out at
+# the close of every test with this fake (fake_http's servers poll as often).
+SERVE_POLL_S = 0.05
 WAIT_TIMEOUT_S = 30.0  # a request a test waits for arrives within a turn's time
 MAX_BODY_BYTES = 64 * 1024 * 1024
 DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens, connecting fails at once  # Claude Code's first request carries a big system prompt
@@ -205,7 +208,10 @@ class FakeAnthropic:
         server.fake = self  # type: ignore[attr-defined]
         self._server = server
         self._thread = threading.Thread(
-            target=server.serve_forever, name="fake-anthropic", daemon=True
+            target=server.serve_forever,
+            kwargs={"poll_interval": SERVE_POLL_S},
+            name="fake-anthropic",
+            daemon=True,
         )
         self._thread.start()
 

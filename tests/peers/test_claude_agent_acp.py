@@ -41,7 +41,9 @@ __all__ = ["fake", "home"]  # test_claude's fake Messages API and private HOME, 
 
 @pytest.fixture(scope="module")
 def peer_daemon() -> Iterator[DaemonProcess]:
-    with acp_peer.module_daemon("claude-agent-acp", COMMAND, AGENT_ENV) as daemon:
+    with acp_peer.module_daemon(
+        "claude-agent-acp", COMMAND, AGENT_ENV, acp_peer.EOF_IGNORED_LADDER
+    ) as daemon:
         yield daemon
 
 
@@ -153,7 +155,9 @@ def test_a_daemon_killed_mid_turn_leaves_no_agent_and_the_next_send_resumes(
     try:
         acp_peer.daemon_killed_mid_turn_then_send(
             base,
-            lambda base, state: acp_daemon(base, "claude-agent-acp", COMMAND, AGENT_ENV, state),
+            lambda base, state: acp_daemon(
+                base, "claude-agent-acp", COMMAND, AGENT_ENV, state, acp_peer.EOF_IGNORED_LADDER
+            ),
             lambda client: create(client, home, fake),
             lambda: agent_processes(home),
         )

@@ -36,7 +36,7 @@ COMMAND = [
 
 @pytest.fixture(scope="module")
 def peer_daemon() -> Iterator[DaemonProcess]:
-    with acp_peer.module_daemon("codex-acp", COMMAND, {}) as daemon:
+    with acp_peer.module_daemon("codex-acp", COMMAND, {}, acp_peer.EOF_IGNORED_LADDER) as daemon:
         yield daemon
 
 
@@ -159,7 +159,9 @@ def test_a_daemon_killed_mid_turn_leaves_no_agent_and_the_next_send_resumes(
     try:
         acp_peer.daemon_killed_mid_turn_then_send(
             base,
-            lambda base, state: acp_daemon(base, "codex-acp", COMMAND, {}, state),
+            lambda base, state: acp_daemon(
+                base, "codex-acp", COMMAND, {}, state, acp_peer.EOF_IGNORED_LADDER
+            ),
             lambda client: create(client, workdir, codex_env),
             lambda: agent_processes(codex_home),
         )
