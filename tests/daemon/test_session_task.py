@@ -22,6 +22,7 @@ from agentsd import held_lease
 from agentsd.cgroup import SessionCgroup
 from agentsd.child import ChildSpec as ProcessSpec
 from agentsd.config import Config, Ladder, ProviderConfig
+from agentsd.holder_link import HolderLink
 from agentsd.procfs import (
     ProcessTable,
     ProcScanFailed,
@@ -110,23 +111,32 @@ class StepCounter(trio.abc.Instrument):
             self.reached.set()
 
 
+@pytest.mark.parametrize("holder", [False, True], ids=["own-child", "held"])
 async def test_reap_before_release_under_cancellation_at_every_await_point(
-    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, holder: bool
 ) -> None:
     """Stop the session task after 1, 2, 3, ... of its steps (lease, spawn, identity,
     handshake, serving, closing). Whenever ``open_lease``'s exit releases a lease,
     its child is already reaped, its process group is empty and nothing carries its
     token; and a lease under which a process was spawned, even one cancelled before
-    its identity was recorded, is released with how that process was reaped."""
+    its identity was recorded, is released with how that process was reaped. The
+    same for an agent the holder spawned (``holder = true``), whose reap is the
+    holder's."""
     checked: list[tuple[bool, list[int], list[int]]] = []
     spawned: set[str] = set()  # tokens of every process spawned
     original_spawn = child_module._spawn
+    original_held_spawn = HolderLink.spawn
     original = lease_rows.lease_released
 
     async def recording_spawn(spec: ProcessSpec, cgroup: SessionCgroup | None) -> trio.Process:
         process = await original_spawn(spec, cgroup)
         spawned.add(spec.token)
         return process
+
+    async def recording_held_spawn(link: HolderLink, agent_id: str, *args: Any, **kw: Any) -> Any:
+        agent = await original_held_spawn(link, agent_id, *args, **kw)
+        spawned.add(agent_id)
+        return agent
 
     def checking_release(conn: Any, lease: Any, evidence: Any, *args: Any, **kwargs: Any) -> Any:
         ident = lease.identity
@@ -140,9 +150,10 @@ async def test_reap_before_release_under_cancellation_at_every_await_point(
         return original(conn, lease, evidence, *args, **kwargs)
 
     monkeypatch.setattr(child_module, "_spawn", recording_spawn)
+    monkeypatch.setattr(HolderLink, "spawn", recording_held_spawn)
     monkeypatch.setattr(lease_rows, "lease_released", checking_release)
     with trio.fail_after(240):
-        async with await _supervisor(store, tmp_path, make_config()) as sup:
+        async with await _supervisor(store, tmp_path, make_config(holder=holder)) as sup:
             session = await create(sup, tmp_path)
             target = 1
             reached_ready = 0
