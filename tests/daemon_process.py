@@ -41,6 +41,20 @@ def make_temp_dir() -> Path:
     return Path(tempfile.mkdtemp(dir="/tmp", prefix="ad-"))
 
 
+@contextlib.contextmanager
+def no_holder_config(extra: str = "") -> Iterator[list[str]]:
+    """``--config`` arguments for a daemon that starts its agents itself (``holder =
+    false``): what a crash does to agents without the holder, which ends them.
+    ``extra``: more of the config file (TOML), after that line."""
+    base = make_temp_dir()
+    try:
+        path = base / "config.toml"
+        path.write_text(f"holder = false\n{extra}")
+        yield ["--config", str(path)]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def daemon_command(socket_path: Path, state_dir: Path, extra_args: Sequence[str] = ()) -> list[str]:
     return [
         sys.executable,

@@ -227,8 +227,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     # Per agent, with everything it starts (needs a cgroup with the controllers on).
     limits: Limits = Limits()
     # Start agents through the holder (agentsd.holder), a process that outlives the
-    # daemon and holds their pipes.
-    holder: bool = False
+    # daemon and holds their pipes, so that a daemon's crash does not end them. False:
+    # the daemon starts them itself, and they end with it.
+    holder: bool = True
     # What the next daemon does with the agents the holder kept through a daemon's
     # death (a crash, SIGKILL): "reattach" them (their turns go on, nothing streamed
     # meanwhile is lost) or "end" them (each turn cut off, `child.exited {cause:
