@@ -40,14 +40,23 @@ def installed(what: str, package: str, entry: str) -> Path:
 
 
 def daemon_args(
-    base: Path, name: str, command: Sequence[str], env: Mapping[str, str], ladder: str = ""
+    base: Path,
+    name: str,
+    command: Sequence[str],
+    env: Mapping[str, str],
+    ladder: str = "",
+    *,
+    no_holder: bool = False,
 ) -> list[str]:
     """``--config`` with ``[agents.NAME]`` running ``command`` with ``env``, and
-    ``ladder`` (a ``[ladder]`` table, or nothing for the defaults)."""
+    ``ladder`` (a ``[ladder]`` table, or nothing for the defaults); ``no_holder``:
+    ``holder = false``, the daemon starts its agents itself (a crash ends them)."""
     config = base / "config.toml"
     table = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in env.items())
+    top = "holder = false\n" if no_holder else ""
     config.write_text(
-        f"[agents.{name}]\ncommand = {json.dumps(list(command))}\nenv = {{ {table} }}\n{ladder}"
+        f"{top}[agents.{name}]\ncommand = {json.dumps(list(command))}\n"
+        f"env = {{ {table} }}\n{ladder}"
     )
     return ["--config", str(config)]
 
@@ -60,8 +69,10 @@ def acp_daemon(
     env: Mapping[str, str],
     state: Path | None = None,
     ladder: str = "",
+    *,
+    no_holder: bool = False,
 ) -> Iterator[DaemonProcess]:
-    args = daemon_args(base, name, command, env, ladder)
+    args = daemon_args(base, name, command, env, ladder, no_holder=no_holder)
     with running_daemon(state_dir=state, extra_args=args) as d:
         yield d
 
@@ -152,8 +163,9 @@ def daemon_killed_mid_turn_then_send(
     """A daemon SIGKILLed while the agent (at least ``processes`` of them) streams a
     long turn: the next daemon's recovery leaves no agent running and ends the turn
     ``daemon-restart``, and (``then_send``) the next send resumes the same session.
-    ``daemon(base, state)`` runs a daemon on ``state``; ``agents()`` lists the
-    agent's processes."""
+    ``daemon(base, state)`` runs a daemon on ``state`` without the holder
+    (``holder = false``: with it the agent outlives the crash and is taken over);
+    ``agents()`` lists the agent's processes."""
     deadline = Deadline()
     state = base / "state"
     with daemon(base, state) as first:

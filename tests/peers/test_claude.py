@@ -40,7 +40,7 @@ from agentsd.providers.claude_permissions import Permissions
 from agentsd.providers.programs import CLAUDE, find_program
 from agentsd_protocol.api.events import ErrorInfo
 from agentsd_protocol.errors import RpcError
-from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
+from tests.daemon_process import DaemonProcess, make_temp_dir, no_holder_config, running_daemon
 from tests.peers.fake_anthropic import (
     AUTH_REFUSED,
     DEAD_PROXY,
@@ -713,11 +713,16 @@ def test_a_lost_transcript_of_a_session_with_turns_is_resume_failed(
 
 @needs_claude
 def test_daemon_killed_mid_turn(fake: FakeAnthropic, home: Path) -> None:
+    """Without the holder (``holder = false``), a daemon SIGKILL ends the agent: the
+    next daemon reaps the orphan, interrupts the turn and the next send resumes."""
     state = make_temp_dir()
     try:
         fake.script(TextReply("A story that is cut short. " * 100, chunk_chars=5, delay_s=0.05))
         env = fake.claude_env(home)
-        with running_daemon(state_dir=state) as first:
+        with (
+            no_holder_config() as config,
+            running_daemon(state_dir=state, extra_args=config) as first,
+        ):
             with Client(first.socket, timeout_s=CALL_TIMEOUT_S) as client:
                 created = client.call(
                     "agentSession.create",
@@ -735,7 +740,10 @@ def test_daemon_killed_mid_turn(fake: FakeAnthropic, home: Path) -> None:
             first.process.kill()
             first.process.wait(timeout=10)
 
-        with running_daemon(state_dir=state) as second:
+        with (
+            no_holder_config() as config,
+            running_daemon(state_dir=state, extra_args=config) as second,
+        ):
             # Recovery ran before the daemon served: the orphan is gone.
             now = read_proc_info(pid)
             assert now is None or now.is_zombie or now.start_time != child.start_time

@@ -150,13 +150,20 @@ def test_close_then_send_resumes_the_session_with_its_history(
 def test_a_daemon_killed_mid_turn_leaves_no_agent_and_the_next_send_resumes(
     fake: FakeAnthropic, home: Path
 ) -> None:
+    """Without the holder (``holder = false``): the crash ends the agent."""
     base = make_temp_dir()
     fake.script(TextReply("word " * 400, chunk_chars=5, delay_s=0.05), TextReply("Back again."))
     try:
         acp_peer.daemon_killed_mid_turn_then_send(
             base,
             lambda base, state: acp_daemon(
-                base, "claude-agent-acp", COMMAND, AGENT_ENV, state, acp_peer.EOF_IGNORED_LADDER
+                base,
+                "claude-agent-acp",
+                COMMAND,
+                AGENT_ENV,
+                state,
+                acp_peer.EOF_IGNORED_LADDER,
+                no_holder=True,
             ),
             lambda client: create(client, home, fake),
             lambda: agent_processes(home),

@@ -21,7 +21,7 @@ import pytest
 
 from agentsctl.client import Client
 from agentsd_protocol.errors import RpcError
-from tests.daemon_process import DaemonProcess, running_daemon
+from tests.daemon_process import DaemonProcess, no_holder_config, running_daemon
 from tests.e2e.test_sessions import DATABASE_NAME, db_rows, kill_carriers
 from tests.peers.agents import CLAUDE_RELEASES, Release
 from tests.peers.fake_anthropic import (
@@ -282,13 +282,15 @@ def test_adopting_a_session_of_another_directory_or_account_fails_resume_failed(
 def test_queued_prompts_survive_a_daemon_sigkill_paused_and_reach_claude_once_resumed(
     fake: FakeAnthropic, home: Path
 ) -> None:
+    """Without the holder (``holder = false``): the crash ends Claude, the queue stays."""
     story = "Once upon a time, " * 400  # 5 chars per 50 ms: the turn outlives the daemon
     fake.script(TextReply(story, chunk_chars=5, delay_s=0.05), TextReply("Queued answer."))
     state = home / "state"
     tokens: list[str] = []
     try:
         with (
-            running_daemon(state_dir=state) as first,
+            no_holder_config() as config,
+            running_daemon(state_dir=state, extra_args=config) as first,
             Client(first.socket, timeout_s=CALL_TIMEOUT_S) as client,
         ):
             params = {"provider": "claude", "cwd": str(home / "work"), "env": fake.claude_env(home)}
@@ -303,7 +305,8 @@ def test_queued_prompts_survive_a_daemon_sigkill_paused_and_reach_claude_once_re
             first.process.send_signal(signal.SIGKILL)
             assert first.wait() == -signal.SIGKILL
         with (
-            running_daemon(state_dir=state) as second,
+            no_holder_config() as config,
+            running_daemon(state_dir=state, extra_args=config) as second,
             Client(second.socket, timeout_s=CALL_TIMEOUT_S) as client,
         ):
             convo = Conversation(client, sid)

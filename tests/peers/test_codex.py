@@ -39,7 +39,7 @@ from agentsd_protocol.errors import (
     InvalidParams,
     ResumeFailed,
 )
-from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
+from tests.daemon_process import DaemonProcess, make_temp_dir, no_holder_config, running_daemon
 from tests.peers.codex_peer import (
     NEWEST,
     codex_processes,
@@ -318,12 +318,16 @@ def test_close_then_send_resumes_the_same_thread(
 def test_a_daemon_killed_mid_turn_leaves_no_codex_and_the_next_send_resumes(
     fake: FakeOpenAI, codex_env: dict[str, str], codex_home: Path, workdir: Path
 ) -> None:
+    """Without the holder (``holder = false``): the crash ends Codex."""
     deadline = Deadline()
     base = make_temp_dir()
     state = base / "state"
     fake.script(TextReply("word " * 400, chunks=400, chunk_delay_s=0.05), TextReply("Back again."))
     try:
-        with running_daemon(state_dir=state) as daemon:
+        with (
+            no_holder_config() as config,
+            running_daemon(state_dir=state, extra_args=config) as daemon,
+        ):
             with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:
                 session = create_codex(client, workdir, codex_env)
                 sid, thread_id = session["sessionId"], session["providerHandle"]
@@ -333,7 +337,10 @@ def test_a_daemon_killed_mid_turn_leaves_no_codex_and_the_next_send_resumes(
                     assert codex_processes(codex_home)
             daemon.stop(signal.SIGKILL)
 
-        with running_daemon(state_dir=state) as daemon:
+        with (
+            no_holder_config() as config,
+            running_daemon(state_dir=state, extra_args=config) as daemon,
+        ):
             # Recovery ran before the daemon answered its first ping.
             assert codex_processes(codex_home) == []
             with Client(daemon.socket, timeout_s=CALL_TIMEOUT_S) as client:

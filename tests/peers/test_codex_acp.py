@@ -154,13 +154,20 @@ def test_close_then_send_resumes_the_session_with_its_history(
 def test_a_daemon_killed_mid_turn_leaves_no_agent_and_the_next_send_resumes(
     fake: FakeOpenAI, codex_env: dict[str, str], codex_home: Path, workdir: Path
 ) -> None:
+    """Without the holder (``holder = false``): the crash ends the agent."""
     base = make_temp_dir()
     fake.script(TextReply("word " * 400, chunks=400, chunk_delay_s=0.05), TextReply("Back again."))
     try:
         acp_peer.daemon_killed_mid_turn_then_send(
             base,
             lambda base, state: acp_daemon(
-                base, "codex-acp", COMMAND, {}, state, acp_peer.EOF_IGNORED_LADDER
+                base,
+                "codex-acp",
+                COMMAND,
+                {},
+                state,
+                acp_peer.EOF_IGNORED_LADDER,
+                no_holder=True,
             ),
             lambda client: create(client, workdir, codex_env),
             lambda: agent_processes(codex_home),

@@ -20,7 +20,7 @@ import pytest
 from agentsctl.client import Client
 from agentsd.providers.programs import CODEX, find_program
 from agentsd_protocol.errors import RpcError
-from tests.daemon_process import DaemonProcess, running_daemon
+from tests.daemon_process import DaemonProcess, no_holder_config, running_daemon
 from tests.e2e.test_sessions import DATABASE_NAME, db_rows, kill_carriers
 from tests.peers.agents import CODEX_RELEASES, Release
 from tests.peers.codex_peer import create_codex, send
@@ -239,12 +239,16 @@ def test_adopting_a_thread_of_another_directory_or_none_fails_resume_failed(
 def test_queued_prompts_survive_a_daemon_sigkill_paused_and_reach_codex_once_resumed(
     fake: FakeOpenAI, codex_env: dict[str, str], workdir: Path, deadline: Deadline
 ) -> None:
+    """Without the holder (``holder = false``): the crash ends Codex, the queue stays."""
     talk = "word " * 400  # 400 chunks 50 ms apart: the turn outlives the daemon
     fake.script(TextReply(talk, chunks=400, chunk_delay_s=0.05), TextReply("Queued answer."))
     state = workdir.parent / "state"
     tokens: list[str] = []
     try:
-        with running_daemon(state_dir=state) as first:
+        with (
+            no_holder_config() as config,
+            running_daemon(state_dir=state, extra_args=config) as first,
+        ):
             with Client(first.socket, timeout_s=CALL_TIMEOUT_S) as client:
                 sid = create_codex(client, workdir, codex_env)["sessionId"]
                 with Follower(first, sid, deadline) as follower:
@@ -260,7 +264,8 @@ def test_queued_prompts_survive_a_daemon_sigkill_paused_and_reach_codex_once_res
             assert first.wait() == -signal.SIGKILL
 
         with (
-            running_daemon(state_dir=state) as second,
+            no_holder_config() as config,
+            running_daemon(state_dir=state, extra_args=config) as second,
             Client(second.socket, timeout_s=CALL_TIMEOUT_S) as client,
         ):
             listed = client.call("agentSession.queue", {"sessionId": sid})

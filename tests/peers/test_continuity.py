@@ -1,10 +1,10 @@
-"""Continuity with the real agents: a daemon SIGKILLed during three running turns
-(the real ``codex app-server`` and Claude Code streaming slowly from their fake
-model servers, and the mock agent waiting for an approval). The next daemon reports
-three cut-off turns and none lost; ``agentsctl continue --all`` resumes each
-conversation natively, and each fake model server sees the continuation request in
-the same conversation, after the prompt the turn was cut off in: the user's prompt
-is never sent again.
+"""Continuity with the real agents: a daemon without the holder (``holder = false``,
+so a crash ends its agents) SIGKILLed during three running turns (the real ``codex
+app-server`` and Claude Code streaming slowly from their fake model servers, and the
+mock agent waiting for an approval). The next daemon reports three cut-off turns and
+none lost; ``agentsctl continue --all`` resumes each conversation natively, and each
+fake model server sees the continuation request in the same conversation, after the
+prompt the turn was cut off in: the user's prompt is never sent again.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 from agentsctl.client import Client
 from agentsd.providers.base import CONTINUATION_PROMPT
 from agentsd.providers.programs import CLAUDE, CODEX, find_program
-from tests.daemon_process import make_temp_dir, running_daemon
+from tests.daemon_process import make_temp_dir, no_holder_config, running_daemon
 from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
 from tests.peers.fake_anthropic import FakeAnthropic, running_fake_anthropic
 from tests.peers.fake_anthropic import TextReply as ClaudeReply
@@ -90,7 +90,10 @@ def test_a_sigkill_during_three_turns_then_continue_resumes_each_conversation(
     anthropic.script(LONG_CLAUDE, ClaudeReply("Carrying on with the story."))
     prompts = {"codex": "Talk for a long while", "claude": "Tell me a story"}
 
-    with running_daemon(state_dir=state, socket_path=sock) as first:
+    with (
+        no_holder_config() as config,
+        running_daemon(state_dir=state, socket_path=sock, extra_args=config) as first,
+    ):
         with Client(sock, timeout_s=CALL_TIMEOUT_S) as client:
             sessions: dict[str, str] = {}
             for provider, env in (
@@ -116,7 +119,8 @@ def test_a_sigkill_during_three_turns_then_continue_resumes_each_conversation(
         first.process.wait(timeout=CALL_TIMEOUT_S)
 
     with (
-        running_daemon(state_dir=state, socket_path=sock) as second,
+        no_holder_config() as config,
+        running_daemon(state_dir=state, socket_path=sock, extra_args=config) as second,
         Client(sock, timeout_s=CALL_TIMEOUT_S) as client,
     ):
         report = client.call("daemon.status")["recovery"]

@@ -241,14 +241,15 @@ def test_a_cancel_mid_turn_ends_it_interrupted_and_nothing_late_is_journaled(
 def test_a_daemon_killed_mid_turn_leaves_no_agent_and_ends_the_turn(
     fake: FakeGemini, gemini_env: dict[str, str], gemini_home: Path, workdir: Path
 ) -> None:
-    """Recovery's side; loading the session again is the close test's (the same
-    ``session/load``, which here would land in the minute of Gemini's bug)."""
+    """Recovery's side without the holder (``holder = false``); loading the session
+    again is the close test's (the same ``session/load``, which here would land in
+    the minute of Gemini's bug)."""
     base = make_temp_dir()
     fake.script(TextReply("word " * 400, chunks=400, chunk_delay_s=0.05))
     try:
         acp_peer.daemon_killed_mid_turn_then_send(
             base,
-            lambda base, state: acp_daemon(base, "gemini", COMMAND, {}, state),
+            lambda base, state: acp_daemon(base, "gemini", COMMAND, {}, state, no_holder=True),
             lambda client: create(client, workdir, gemini_env),
             lambda: agent_processes(gemini_home),
             # The launcher and the CLI it relaunched as its child (and whatever

@@ -29,7 +29,7 @@ import pytest
 from agentsctl.cli import main
 from agentsctl.client import Client
 from agentsd.procfs import read_proc_info
-from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
+from tests.daemon_process import DaemonProcess, make_temp_dir, no_holder_config, running_daemon
 from tests.peers import fake_anthropic, fake_openai
 from tests.peers.agents import CLAUDE_RELEASES, RELEASES, Release
 from tests.peers.conftest import CALL_TIMEOUT_S, Deadline, Follower
@@ -321,11 +321,15 @@ def test_a_model_switch_compaction_and_clear_on_every_release(
 
 
 def test_a_daemon_killed_mid_turn_resumes_on_every_release(agent: Agent, release: Release) -> None:
+    """Without the holder (``holder = false``): the crash ends the agent."""
     deadline = Deadline(TEST_TIMEOUT_S)
     base = make_temp_dir()
     try:
         agent.script(agent.say("Noted: PAPAYA."), agent.say("A story cut short.", seconds=30))
-        with running_daemon(state_dir=base / "state") as first:
+        with (
+            no_holder_config() as config,
+            running_daemon(state_dir=base / "state", extra_args=config) as first,
+        ):
             with Client(first.socket, timeout_s=CALL_TIMEOUT_S) as client:
                 session = create(client, agent)
                 sid, handle = session["sessionId"], session["providerHandle"]
@@ -340,7 +344,10 @@ def test_a_daemon_killed_mid_turn_resumes_on_every_release(agent: Agent, release
             first.process.kill()
             first.process.wait(timeout=10)
 
-        with running_daemon(state_dir=base / "state") as second:
+        with (
+            no_holder_config() as config,
+            running_daemon(state_dir=base / "state", extra_args=config) as second,
+        ):
             now = read_proc_info(pid)  # recovery ended the orphan before serving
             assert now is None or now.is_zombie or now.start_time != child.start_time
             with Client(second.socket, timeout_s=CALL_TIMEOUT_S) as client:
