@@ -28,7 +28,7 @@ from tests.clients.test_cli_conversation import (
     pending_approval,
     wait_for_event,
 )
-from tests.daemon_process import DaemonProcess, make_temp_dir, running_daemon
+from tests.daemon_process import DaemonProcess, make_temp_dir, no_holder_config, running_daemon
 
 FAKE_NOTIFY_SEND = """#!{python}
 import json, os, sys
@@ -131,11 +131,16 @@ def summary(argv: list[str]) -> str:
 def test_exactly_one_notification_per_completion_and_approval_across_restarts(
     private_dir: Path,
 ) -> None:
+    """Without the holder (``holder = false``), so that the SIGKILL cuts beta's turn
+    off and the next daemon notifies that completion."""
     state, sock = private_dir / "state", private_dir / "run" / "agentsd.sock"
     sessions: list[str] = []
     notifier = Notifier(private_dir, sock, state)
     try:
-        with running_daemon(state_dir=state, socket_path=sock) as daemon:
+        with (
+            no_holder_config() as config,
+            running_daemon(state_dir=state, socket_path=sock, extra_args=config) as daemon,
+        ):
             sessions.append(new_session(daemon, "--title", "alpha", "-m", "echo one"))
             shown = notifier.wait_count(1)
             assert summary(shown[0]) == "alpha: finished" and shown[0][-1] == "one"
@@ -147,7 +152,10 @@ def test_exactly_one_notification_per_completion_and_approval_across_restarts(
             # The daemon dies with beta's turn running and its approval pending.
             daemon.process.kill()
             daemon.process.wait(timeout=STREAM_TIMEOUT_S)
-        with running_daemon(state_dir=state, socket_path=sock) as daemon:
+        with (
+            no_holder_config() as config,
+            running_daemon(state_dir=state, socket_path=sock, extra_args=config) as daemon,
+        ):
             # Recovery cut beta's turn off: one notification for that completion;
             # alpha's, unseen still, and beta's approval are not shown again.
             shown = notifier.wait_count(3)

@@ -145,7 +145,7 @@ async def test_a_handover_leaves_a_streaming_agent_running_with_its_lease_held(
 
 async def test_without_the_holder_nothing_is_handed_over(store: Store, tmp_path: Path) -> None:
     with trio.fail_after(TEST_TIMEOUT_S):
-        async with await _supervisor(store, tmp_path, make_config()) as sup:
+        async with await _supervisor(store, tmp_path, make_config(holder=False)) as sup:
             session = await create(sup, tmp_path)
             await sup.start(session)
             assert await sup.hand_over_all() == 0

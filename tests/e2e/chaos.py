@@ -357,7 +357,7 @@ def start_daemon(
     state = base / "state"
     sock = base / "run" / "agentsd.sock"
     config = base / "chaos.toml"
-    held = ""
+    held = "holder = false\n"  # by default: the daemon starts its agents itself
     if holder or reattach:
         held = f'holder = true\ncrash_policy = "{"reattach" if reattach else "end"}"\n'
     config.write_text(held + LADDER_CONFIG)
@@ -649,7 +649,8 @@ def run(
     """``rounds`` rounds, then more (up to ``max_rounds``) until a kill has cut off
     the reply of every method named in ``reach``: the moment of a kill is random, so
     a window is reached by repetition, and a run stops short of it only at the cap.
-    With ``holder``, every agent runs in the holder (config ``holder = true``),
+    Without ``holder`` the daemon starts its agents itself (``holder = false``), so
+    each kill ends them. With ``holder``, every agent runs in the holder (config ``holder = true``),
     which outlives each kill, and at the end it must have left; under ``crash_policy
     = "end"``, or with ``reattach`` under ``"reattach"``, its agents streaming
     slowly so that kills land mid-turn. With ``restart`` (``reattach`` too) each

@@ -37,8 +37,8 @@ MEMBERS = 2  # the mock agent and its escapee (the intermediate has exited)
 
 
 @contextlib.contextmanager
-def root_and_config() -> Iterator[tuple[Path, list[str]]]:
-    with cgroup_root() as root, ladder_config(*SHORT_LADDER) as config:
+def root_and_config(*, holder: bool = True) -> Iterator[tuple[Path, list[str]]]:
+    with cgroup_root() as root, ladder_config(*SHORT_LADDER, holder=holder) as config:
         yield root, ["--config", str(config), "--cgroup-root", str(root)]
 
 
@@ -104,7 +104,9 @@ async def test_nothing_escapes_the_session_cgroup_on(verb: str) -> None:
 
 
 async def test_nothing_escapes_the_session_cgroup_after_a_sigkilled_daemon() -> None:
-    with trio.fail_after(90), temp_dir() as base, root_and_config() as (root, args):
+    """Without the holder (``holder = false``): the SIGKILL leaves the agents as
+    orphans, which the next daemon's recovery ends."""
+    with trio.fail_after(90), temp_dir() as base, root_and_config(holder=False) as (root, args):
         state = base / "state"
         with running_daemon(state_dir=state, extra_args=args) as first:
             async with open_rpc(first.socket) as rpc:

@@ -31,6 +31,8 @@ REACH = frozenset({"create", "send", "close", "delete"})  # cut off by a kill at
 
 
 def test_crash_chaos_short_form_has_no_violations() -> None:
+    """Without the holder (``holder = false``): each kill ends the agents, and the
+    next daemon's recovery settles them."""
     summary = run(rounds=ROUNDS, seed=20261129, clients=3, reach=REACH, max_rounds=MAX_ROUNDS)
     assert summary.violations == [], summary.violations
     assert summary.kills >= ROUNDS

@@ -25,7 +25,7 @@ from agentsctl.cli import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_USAGE
 from agentsctl.daemon import DaemonUnreachable, quick_call
 from agentsd.providers.base import CONTINUATION_PROMPT
 from agentsd_protocol.errors import Draining
-from tests.daemon_process import IO_TIMEOUT_S, make_temp_dir, running_daemon
+from tests.daemon_process import IO_TIMEOUT_S, make_temp_dir, no_holder_config, running_daemon
 from tests.e2e.notify_listener import NotifyListener
 
 TURN_TIMEOUT_S = 30.0  # a mock turn, a restart, on a loaded machine
@@ -94,15 +94,23 @@ def status(sock: Path) -> dict[str, Any]:
 def test_a_sigkill_during_three_turns_reports_three_cut_off_none_lost_and_continue_carries_each_on(
     base: Path,
 ) -> None:
+    """Without the holder (``holder = false``): the SIGKILL ends the agents, so their
+    turns are cut off."""
     state, sock = base / "state", base / "run" / "agentsd.sock"
-    with running_daemon(state_dir=state, socket_path=sock) as first:
+    with (
+        no_holder_config() as config,
+        running_daemon(state_dir=state, socket_path=sock, extra_args=config) as first,
+    ):
         sessions = [running_turn(sock, base, f"task {n}")[0] for n in range(3)]
         first.process.kill()
         first.process.wait(timeout=IO_TIMEOUT_S)
 
     with (
+        no_holder_config() as config,
         NotifyListener.bound(base) as notify,
-        running_daemon(state_dir=state, socket_path=sock, env=notify.env) as daemon,
+        running_daemon(
+            state_dir=state, socket_path=sock, env=notify.env, extra_args=config
+        ) as daemon,
     ):
         notify.wait_for(
             "STATUS",
@@ -181,8 +189,13 @@ def test_continue_refuses_a_turn_that_was_not_cut_off(base: Path) -> None:
 
 
 def test_a_drained_restart_waits_for_the_running_turn_then_restarts(base: Path) -> None:
+    """Without the holder (``holder = false``): the restart closes the agents once
+    the running turn has finished."""
     state, sock = base / "state", base / "run" / "agentsd.sock"
-    with running_daemon(state_dir=state, socket_path=sock) as daemon:
+    with (
+        no_holder_config() as config,
+        running_daemon(state_dir=state, socket_path=sock, extra_args=config) as daemon,
+    ):
         busy, approval = running_turn(sock, base, "busy")
         idle = quick_call(sock, "agentSession.create", {"provider": "mock", "cwd": str(base)})[
             "sessionId"
@@ -240,8 +253,13 @@ def test_a_drained_restart_waits_for_the_running_turn_then_restarts(base: Path) 
 
 
 def test_a_drain_that_times_out_cuts_the_turn_off_for_continue(base: Path) -> None:
+    """Without the holder (``holder = false``): the restart closes the agent, so the
+    turn still running at the timeout is cut off."""
     state, sock = base / "state", base / "run" / "agentsd.sock"
-    with running_daemon(state_dir=state, socket_path=sock):
+    with (
+        no_holder_config() as config,
+        running_daemon(state_dir=state, socket_path=sock, extra_args=config),
+    ):
         busy, _ = running_turn(sock, base, "slow")
         assert cli(sock, "daemon", "restart", "--timeout", "1").returncode == EXIT_USAGE
         done = cli(sock, "daemon", "restart", "--drain=turn", "--timeout", "0.2")
@@ -271,10 +289,12 @@ def test_a_drain_that_times_out_cuts_the_turn_off_for_continue(base: Path) -> No
 def test_under_systemd_a_restart_is_in_place_reloading_then_ready(base: Path) -> None:
     """With ``NOTIFY_SOCKET`` (a service manager) the daemon restarts in place as
     everywhere: the same pid executes itself again, saying ``RELOADING=1`` and then,
-    from the new image, ``READY=1`` (``agentsd.reexec``), never ``STOPPING=1``."""
+    from the new image, ``READY=1`` (``agentsd.reexec``), never ``STOPPING=1``.
+    Without the holder (``holder = false``), so the restart keeps no agents."""
     with (
+        no_holder_config() as config,
         NotifyListener.bound(base) as notify,
-        running_daemon(state_dir=base / "state", env=notify.env) as daemon,
+        running_daemon(state_dir=base / "state", env=notify.env, extra_args=config) as daemon,
     ):
         notify.wait_for("READY", "1", process=daemon.process, timeout_s=IO_TIMEOUT_S)
         result = quick_call(daemon.socket, "daemon.restart", {"drain": "turn", "timeoutS": 5})

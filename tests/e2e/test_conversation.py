@@ -175,14 +175,15 @@ async def test_acknowledged_means_durable_a_send_cut_by_a_crash_is_unknown_never
     """SIGKILL the daemon after a send's ``submission`` committed and before the agent
     took it (the mock waits ``ackDelayS`` before taking a prompt). After the restart
     the submission is ``unknown`` and was not re-sent; ``retryUnknown`` with the same
-    ``clientOperationId`` delivers it exactly once."""
+    ``clientOperationId`` delivers it exactly once. Without the holder (``holder =
+    false``): the SIGKILL ends the agent before it took the prompt."""
     tokens: list[str] = []
     op = "send-cut-by-a-crash"
     text = "echo delivered after the crash"
     with (
         trio.fail_after(120),
         temp_dir() as base,
-        ladder_config(*SHORT_LADDER) as config,
+        ladder_config(*SHORT_LADDER, holder=False) as config,
     ):
         state = base / "state"
         args = ["--config", str(config)]

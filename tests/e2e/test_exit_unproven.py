@@ -97,8 +97,10 @@ async def phase(rpc: Rpc, session_id: str) -> Any:
 async def test_reap_before_release_an_agent_held_by_ptrace_keeps_its_lease_until_a_later_close(
     tmp_path: Path,
 ) -> None:
+    """Without the holder (``holder = false``): the daemon starts the agent itself
+    and is the one that must reap it before releasing its lease."""
     with (
-        ladder_config(eof_grace_s=0.2, term_grace_s=0.2, kill_wait_s=0.5) as config,
+        ladder_config(eof_grace_s=0.2, term_grace_s=0.2, kill_wait_s=0.5, holder=False) as config,
         running_daemon(extra_args=["--config", str(config)]) as daemon,
     ):
         db = daemon.state_dir / DATABASE_NAME

@@ -17,7 +17,7 @@ import trio
 from agentsd.holder_link import socket_path
 from agentsd.procfs import read_proc_info
 from tests.cgroup_root import cgroup_root, daemons_in_cgroup_mode, unavailable
-from tests.daemon_process import running_daemon
+from tests.daemon_process import no_holder_config, running_daemon
 from tests.e2e.test_recovery import KINDS
 from tests.e2e.test_sessions import (
     DATABASE_NAME,
@@ -162,7 +162,10 @@ async def test_a_holder_left_by_an_earlier_config_is_dismissed_once_its_agents_a
                 first.process.send_signal(signal.SIGKILL)
                 first.wait()
             assert not _ended(pid) and not _ended(holder_pid)
-            with running_daemon(state_dir=state) as second:  # holder = false
+            with (
+                no_holder_config() as no_holder,
+                running_daemon(state_dir=state, extra_args=no_holder) as second,
+            ):
                 async with open_rpc(second.socket) as rpc:
                     recovery = (await rpc.call("daemon.status"))["recovery"]
                     assert recovery["sessionsRecovered"] == 1, recovery

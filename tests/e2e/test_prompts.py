@@ -208,10 +208,13 @@ async def test_what_the_daemon_will_not_read_for_a_prompt_is_refused_with_its_re
 async def test_a_queued_image_survives_a_daemon_sigkill_and_reaches_the_agent_from_its_copy(
     tmp_path: Path,
 ) -> None:
+    """Without the holder (``holder = false``): the SIGKILL ends the agent, so the
+    next daemon keeps the queue paused until the user resumes it."""
     tokens: list[str] = []
     shot = tmp_path / "shot.png"
     shot.write_bytes(PNG)
-    with trio.fail_after(120), temp_dir() as base, ladder_config(*SHORT_LADDER) as config:
+    no_holder = ladder_config(*SHORT_LADDER, holder=False)
+    with trio.fail_after(120), temp_dir() as base, no_holder as config:
         state = base / "state"
         args = ["--config", str(config)]
         try:

@@ -92,8 +92,11 @@ async def test_a_queued_prompt_is_sent_only_after_the_running_turn_ended(
 
 
 async def test_queued_prompts_survive_a_daemon_sigkill_and_stay_paused(tmp_path: Path) -> None:
+    """Without the holder (``holder = false``): the SIGKILL ends the agent, so the
+    next daemon keeps the queue paused until the user resumes it."""
     tokens: list[str] = []
-    with trio.fail_after(120), temp_dir() as base, ladder_config(*SHORT_LADDER) as config:
+    no_holder = ladder_config(*SHORT_LADDER, holder=False)
+    with trio.fail_after(120), temp_dir() as base, no_holder as config:
         state = base / "state"
         args = ["--config", str(config)]
         try:

@@ -48,9 +48,11 @@ async def test_no_orphan_survives_a_sigkilled_daemon() -> None:
     pending, some with a grandchild that left the group); start it again on the same
     state directory: nothing carrying our spawn tokens survives, every session is
     settled with ``child.exited {cause: daemon-restart}`` and contiguous seqs, and
-    ``daemon.status`` reports what recovery did."""
+    ``daemon.status`` reports what recovery did. Without the holder (``holder =
+    false``), whose agents the next daemon would take over instead."""
     tokens: list[str] = []
-    with trio.fail_after(120), temp_dir() as base, ladder_config(*SHORT_LADDER) as config:
+    no_holder = ladder_config(*SHORT_LADDER, holder=False)
+    with trio.fail_after(120), temp_dir() as base, no_holder as config:
         state = base / "state"
         args = ["--config", str(config)]
         db = state / DATABASE_NAME

@@ -41,6 +41,7 @@ from tests.daemon_process import (
     WireClient,
     daemon_command,
     daemon_env,
+    no_holder_config,
     running_daemon,
 )
 from tests.e2e.notify_listener import Notification, NotifyListener
@@ -188,12 +189,17 @@ def restart_cli(sock: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_restart_in_place_keeps_the_pid_and_the_socket_and_nothing_else() -> None:
-    with scratch() as base, NotifyListener.bound(base) as notify:
+    """Without the holder (``holder = false``), so the restart closes the agent."""
+    with (
+        scratch() as base,
+        NotifyListener.bound(base) as notify,
+        no_holder_config() as config,
+    ):
         state, sock = base / "state", base / "run" / "agentsd.sock"
         listener = listen(sock)
         inode = os.fstat(listener.fileno()).st_ino
         env = {**notify.env, "WATCHDOG_USEC": str(WATCHDOG_USEC)}
-        daemon = start_activated(base, state, listener, env=env)
+        daemon = start_activated(base, state, listener, env=env, extra_args=config)
         with reaped(daemon), listener:
             pid = daemon.process.pid
             first_ready = notify.wait_for(
@@ -257,11 +263,16 @@ def test_a_restart_in_place_keeps_the_pid_and_the_socket_and_nothing_else() -> N
 def test_a_stop_during_a_restart_stops_instead() -> None:
     """``systemctl stop`` while a reload runs: SIGTERM to the main pid while the old
     image closes its agents (one that ignores stdin EOF keeps the ladder going for
-    seconds) ends the daemon, with no new image started."""
-    with scratch() as base, NotifyListener.bound(base) as notify:
+    seconds) ends the daemon, with no new image started. Without the holder (``holder
+    = false``), whose restart closes the agents."""
+    with (
+        scratch() as base,
+        NotifyListener.bound(base) as notify,
+        no_holder_config() as config,
+    ):
         state, sock = base / "state", base / "run" / "agentsd.sock"
         listener = listen(sock)
-        daemon = start_activated(base, state, listener, env=notify.env)
+        daemon = start_activated(base, state, listener, env=notify.env, extra_args=config)
         with reaped(daemon), listener:
             notify.wait_for("READY", "1", process=daemon.process, timeout_s=START_TIMEOUT_S)
             with WireClient(sock) as client:
@@ -284,10 +295,11 @@ def test_run_by_hand_a_restart_in_place_keeps_the_socket_it_bound() -> None:
     the listener to the new image (``agentsd.socket_keeper`` Rule 5), never unlinked
     or bound again, so a client that connects while the old image closes its agents
     (one ignoring stdin EOF keeps that going for seconds) is answered by the new one;
-    and the variable that hands it over never reaches an agent."""
-    with scratch() as base:
+    and the variable that hands it over never reaches an agent. Without the holder
+    (``holder = false``), whose restart closes the agents."""
+    with scratch() as base, no_holder_config() as config:
         state = base / "state"
-        with running_daemon(state_dir=state) as daemon:
+        with running_daemon(state_dir=state, extra_args=config) as daemon:
             sock = daemon.socket
             [inode] = listening_in(sock.parent)
             bound = file_identity(sock)

@@ -46,6 +46,7 @@ from tests.daemon_process import (
     daemon_command,
     daemon_env,
     make_temp_dir,
+    no_holder_config,
     running_daemon,
     wait_until_serving,
 )
@@ -229,12 +230,17 @@ def service_timeout_stop_s() -> float:
 
 @pytest.mark.slow
 def test_ready_only_after_recovery_and_serving_then_status_and_stopping() -> None:
-    with scratch() as base:
+    """Without the holder (``holder = false``): the orphan left by a SIGKILL is ended
+    by the next daemon's recovery, before READY=1."""
+    with scratch() as base, no_holder_config() as config:
         state, sock = base / "state", base / "run" / "agentsd.sock"
 
         # A previous daemon dies by SIGKILL and leaves a held lease whose child lives
         # on (ignoreEof: it does not notice its stdin closing).
-        with running_daemon(state_dir=state, socket_path=sock) as previous, previous.connect() as c:
+        with (
+            running_daemon(state_dir=state, socket_path=sock, extra_args=config) as previous,
+            previous.connect() as c,
+        ):
             [orphaned] = create_sessions(c, [{"ignoreEof": True}])
             previous.process.kill()
             previous.wait()
@@ -245,7 +251,8 @@ def test_ready_only_after_recovery_and_serving_then_status_and_stopping() -> Non
         assert is_same_process(pid, start_time), "the orphan must outlive its daemon"
 
         with NotifyListener.bound(base) as notify:
-            daemon = start_daemon(base, state, sock, env=notify.env)
+            argv = daemon_command(sock, state, config)
+            daemon = start_daemon(base, state, sock, env=notify.env, argv=argv)
             with reaped(daemon):
                 ready = notify.wait_for(
                     "READY", "1", process=daemon.process, timeout_s=START_TIMEOUT_S

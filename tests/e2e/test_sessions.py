@@ -171,12 +171,15 @@ def temp_dir() -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def ladder_config(eof_grace_s: float, term_grace_s: float, kill_wait_s: float) -> Iterator[Path]:
-    """A config file (for ``--config``) with a short close ladder."""
+def ladder_config(
+    eof_grace_s: float, term_grace_s: float, kill_wait_s: float, *, holder: bool = True
+) -> Iterator[Path]:
+    """A config file (for ``--config``) with a short close ladder; ``holder=False``
+    for a daemon that starts its agents itself (``holder = false``)."""
     with temp_dir() as base:
         path = base / "config.toml"
         path.write_text(
-            "[ladder]\n"
+            ("" if holder else "holder = false\n") + "[ladder]\n"
             f"eof_grace_s = {eof_grace_s}\nterm_grace_s = {term_grace_s}\n"
             f"kill_wait_s = {kill_wait_s}\n"
         )
