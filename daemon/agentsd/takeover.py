@@ -228,9 +228,15 @@ async def _take_over(
                     answer.approval_id,
                     answer.decision,
                 )
-                await deliver_answer(
-                    adapter, link, answer.asked.native_id, answer.seq, answer.decision
-                )
+                try:
+                    await deliver_answer(
+                        adapter, link, answer.asked.native_id, answer.seq, answer.decision
+                    )
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    # It ended while no daemon watched, or as the answer went out: it is
+                    # taken over all the same, and its exit settles the rest.
+                    log.info("session %s: its agent ended before hearing the answers", session.id)
+                    break
     except trio.TooSlowError:
         raise HandshakeTimeout(
             f"the agent could not be taken over within {timeout_s:g} s"
