@@ -881,7 +881,7 @@ class Holder:
         try:
             pid = None if cgroup is None else self._clone_into(argv, cwd, environ, cgroup, theirs)
             if pid is None:
-                if cgroup is not None:  # Rule 1: clone3 refused; join as the shim does
+                if cgroup is not None:  # Rule 1: not cloned here; join as the shim does
                     argv = ["/bin/sh", "-c", JOIN_SCRIPT, f"{cgroup}/cgroup.procs", *argv]
                 process = subprocess.Popen(
                     argv,

@@ -8,6 +8,7 @@ holder joins agents by the shell shim instead, for the rest of its life."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -147,11 +148,23 @@ def test_a_spawn_into_a_frozen_cgroup_does_not_stop_the_holder(
     assert first.decode().splitlines()[0] == _cgroup_line(agent_cgroup)
 
 
-def _in_process_holder(tmp_path: Path) -> holder.Holder:
+@contextlib.contextmanager
+def _in_process_holder(tmp_path: Path) -> Iterator[holder.Holder]:
+    """A holder run in this process (its spawns, not its loop); its agents killed,
+    reaped and forgotten after."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(tmp_path / "holder.sock"))
     listener.listen(1)
-    return holder.Holder(listener, 1 << 20, TIMEOUT_S)
+    h = holder.Holder(listener, 1 << 20, TIMEOUT_S)
+    try:
+        yield h
+    finally:
+        for agent in list(h.agents.values()):
+            assert agent.process is not None
+            agent.process.kill()
+            agent.process.wait()
+            h._forget(agent)
+        listener.close()
 
 
 def _first_line(agent: holder.Agent) -> str:
@@ -171,18 +184,17 @@ def test_where_clone3_is_refused_agents_join_their_cgroup_by_the_shim(
 ) -> None:
     """A kernel without clone3 or CLONE_INTO_CGROUP, or a seccomp policy refusing it:
     this spawn and every later one go through the shim, still in their cgroup."""
-    h = _in_process_holder(tmp_path)
-    assert h.cloner is not None
 
     def refused(*_: object) -> int:
         ctypes.set_errno(refusal)
         return -1
 
-    monkeypatch.setattr(h.cloner, "_syscall", refused)
-    monkeypatch.setattr(holder, "CLONE_MAX_RSS", 1 << 62)  # this test's process is large
     ours = {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in (0, 1, 2)}
     cwd = os.getcwd()
-    try:
+    with _in_process_holder(tmp_path) as h:
+        assert h.cloner is not None
+        monkeypatch.setattr(h.cloner, "_syscall", refused)
+        monkeypatch.setattr(holder, "CLONE_MAX_RSS", 1 << 62)  # this test's process is large
         for name in ("a", "b"):
             request = {"id": name, "argv": REPORTER, "cwd": "/", "env": dict(os.environ)}
             reply = h._spawn({**request, "cgroup": str(agent_cgroup)})
@@ -192,13 +204,6 @@ def test_where_clone3_is_refused_agents_join_their_cgroup_by_the_shim(
             # What it lent the refused clone is its own again.
             assert {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in (0, 1, 2)} == ours
             assert os.getcwd() == cwd
-    finally:
-        for agent in list(h.agents.values()):
-            assert agent.process is not None
-            agent.process.kill()
-            agent.process.wait()
-            h._forget(agent)
-        h.listener.close()
     _wait(lambda: (agent_cgroup / "cgroup.procs").read_text() == "")
 
 
@@ -207,19 +212,11 @@ def test_a_holder_past_its_size_bound_joins_agents_by_the_shim_for_now(
 ) -> None:
     """A clone copies the holder's page tables: past ``CLONE_MAX_RSS`` (a holder
     retaining much output) the shim is cheaper, until the holder is small again."""
-    h = _in_process_holder(tmp_path)
     monkeypatch.setattr(holder, "CLONE_MAX_RSS", 0)
-    try:
+    with _in_process_holder(tmp_path) as h:
         request = {"id": "a", "argv": REPORTER, "cwd": "/", "env": dict(os.environ)}
         reply = h._spawn({**request, "cgroup": str(agent_cgroup)})
         assert reply["op"] == "spawned" and reply["cloned"] is False, reply
         assert h.cloner is not None
         assert _first_line(h.agents["a"]) == _cgroup_line(agent_cgroup)
-    finally:
-        for agent in list(h.agents.values()):
-            assert agent.process is not None
-            agent.process.kill()
-            agent.process.wait()
-            h._forget(agent)
-        h.listener.close()
     _wait(lambda: (agent_cgroup / "cgroup.procs").read_text() == "")

@@ -215,23 +215,26 @@ async def test_a_turn_streaming_through_a_daemon_sigkill_is_reattached_exactly(m
         assert follower.completed == REPLY
 
 
+async def ask_approval(rpc: Rpc, base: Path) -> tuple[str, int, str]:
+    """A session whose agent asks an approval: (session id, agent pid, approval id)."""
+    sid = (await create(rpc, base))["sessionId"]
+    await rpc.call("agentSession.send", {"sessionId": sid, "text": "approve it"})
+
+    async def asked() -> bool:
+        info = (await rpc.call("agentSession.get", {"sessionId": sid}))["session"]
+        return bool(info["status"] == "attention")
+
+    await eventually(asked)
+    info = (await rpc.call("agentSession.get", {"sessionId": sid}))["session"]
+    [question] = [e for e in await history(rpc, sid) if e["kind"] == "approval.requested"]
+    return sid, int(info["child"]["pid"]), str(question["body"]["approvalId"])
+
+
 async def test_a_pending_approval_answered_after_the_takeover_reaches_the_agent_once() -> None:
     with trio.fail_after(TIMEOUT_S), held_state() as (base, state, args):
         with running_daemon(state_dir=state, extra_args=args) as first:
             async with open_rpc(first.socket) as rpc:
-                sid = (await create(rpc, base))["sessionId"]
-                await rpc.call("agentSession.send", {"sessionId": sid, "text": "approve it"})
-
-                async def asked() -> bool:
-                    info = (await rpc.call("agentSession.get", {"sessionId": sid}))["session"]
-                    return bool(info["status"] == "attention")
-
-                await eventually(asked)
-                info = (await rpc.call("agentSession.get", {"sessionId": sid}))["session"]
-                pid = info["child"]["pid"]
-                journal = await history(rpc, sid)
-                [asked_event] = [e for e in journal if e["kind"] == "approval.requested"]
-                approval_id = asked_event["body"]["approvalId"]
+                sid, pid, approval_id = await ask_approval(rpc, base)
             first.process.send_signal(signal.SIGKILL)
             assert first.wait() == -signal.SIGKILL
 

@@ -15,35 +15,19 @@ its fsync is still held, so the answer is durable and its write never happened.
 from __future__ import annotations
 
 import signal
-from pathlib import Path
 from typing import Any
 
 import trio
 
 from tests.daemon_process import running_daemon
-from tests.e2e.test_reattach import TIMEOUT_S, held_state
-from tests.e2e.test_sessions import DATABASE_NAME, Rpc, assert_contiguous, create, history, open_rpc
+from tests.e2e.test_reattach import TIMEOUT_S, ask_approval, held_state
+from tests.e2e.test_sessions import DATABASE_NAME, Rpc, assert_contiguous, history, open_rpc
 from tests.e2e.test_slow_storage import slow_fsync
 from tests.polling import eventually
 
 FSYNC_DELAY_S = 30  # far longer than the test takes to kill the daemon in the middle
 # The answer's event as the journal stores it (``ApprovalResolved``, camel-cased).
 ANSWER_BYTES = b'"decision":"accept","by":"client"'
-
-
-async def _ask(rpc: Rpc, base: Path) -> tuple[str, int, str]:
-    """A session whose agent asks an approval: (session id, agent pid, approval id)."""
-    sid = (await create(rpc, base))["sessionId"]
-    await rpc.call("agentSession.send", {"sessionId": sid, "text": "approve it"})
-
-    async def asked() -> bool:
-        info = (await rpc.call("agentSession.get", {"sessionId": sid}))["session"]
-        return bool(info["status"] == "attention")
-
-    await eventually(asked)
-    info = (await rpc.call("agentSession.get", {"sessionId": sid}))["session"]
-    [question] = [e for e in await history(rpc, sid) if e["kind"] == "approval.requested"]
-    return sid, int(info["child"]["pid"]), str(question["body"]["approvalId"])
 
 
 def _once(journal: list[dict[str, Any]]) -> None:
@@ -86,7 +70,7 @@ async def test_an_answer_committed_but_not_written_at_a_crash_is_written_by_the_
         wal = state / f"{DATABASE_NAME}-wal"
         with running_daemon(state_dir=state, extra_args=args) as first:
             async with open_rpc(first.socket) as rpc, open_rpc(first.socket) as answerer:
-                sid, pid, approval_id = await _ask(rpc, base)
+                sid, pid, approval_id = await ask_approval(rpc, base)
                 assert ANSWER_BYTES not in wal.read_bytes()
                 with slow_fsync(first.process.pid, FSYNC_DELAY_S) as tracer:
                     async with trio.open_nursery() as nursery:
@@ -126,7 +110,7 @@ async def test_an_answer_that_reached_the_agent_is_not_written_again_after_a_cra
     with trio.fail_after(TIMEOUT_S), held_state() as (base, state, args):
         with running_daemon(state_dir=state, extra_args=args) as first:
             async with open_rpc(first.socket) as rpc:
-                sid, pid, approval_id = await _ask(rpc, base)
+                sid, pid, approval_id = await ask_approval(rpc, base)
                 await rpc.call(
                     "agentSession.respond",
                     {"sessionId": sid, "approvalId": approval_id, "decision": "accept"},
