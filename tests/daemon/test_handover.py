@@ -16,6 +16,8 @@ import trio.testing
 
 from agentsd.procfs import is_same_process, read_proc_info
 from agentsd.providers.base import LineLink, Submission
+from agentsd.providers.mock import MockAdapter
+from agentsd.sink import Sink
 from agentsd.store import leases as lease_rows
 from agentsd.store.writer import Store
 from agentsd_protocol.errors import AgentExited
@@ -113,11 +115,13 @@ async def test_a_handover_leaves_a_streaming_agent_running_with_its_lease_held(
             assert task is not None and task.adapter is not None
             await task.adapter.send(Submission(client_message_id="m1", text="stream on"))
 
-            async def streaming() -> bool:
-                return any(k == "turn.started" for _, k, _ in await journal(store, session.id))
-
-            await eventually(streaming)
+            assert isinstance(task.adapter, MockAdapter)
+            sink = task.adapter._sink
+            assert isinstance(sink, Sink)
             before = len(await journal(store, session.id))
+            # Streamed text the sink holds unjournaled, so only the handover's own
+            # flush (or a snapshot taken after ``before``) can journal it.
+            await eventually(lambda: bool(sink._dirty))
             assert await sup.hand_over_all() == 1
             assert task.done.is_set() and task.handed_over and session.task is None
             events = await journal(store, session.id)
@@ -126,6 +130,7 @@ async def test_a_handover_leaves_a_streaming_agent_running_with_its_lease_held(
             # Nothing ended: no exit, no settled turn; the streamed text was journaled.
             assert not {"child.exited", "exit.unproven", "turn.completed"} & set(kinds), kinds
             assert "item.updated" in kinds[before:], kinds[before:]
+            assert not sink._dirty  # nothing the reader took is left unjournaled
             held = await store.read(lambda conn: lease_rows.latest_lease(conn, session.id))
             assert held is not None and held.held and held.fence == lease.fence
             assert is_same_process(pid, start_time)
