@@ -18,8 +18,10 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import attrs
 import pytest
@@ -282,3 +284,43 @@ def test_only_a_mark_as_the_daemon_makes_them_is_taken(value: object) -> None:
     assert holder_link.is_mark(holder_link.new_mark())
     assert holder_link.new_mark() != holder_link.new_mark()
     assert not holder_link.is_mark(value)
+
+
+async def test_a_process_that_copied_the_mark_bounds_the_wait_and_is_ended(
+    keeper: HolderKeeper, tokens: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Invariant 9: an agent can read the holder's mark and run a process of its own
+    with it. Once the holder is lost with a spawn unconfirmed, that process is
+    waited for no longer than the ladder's bound, then killed like a fork that never
+    exec'd; the outcome is reported and nothing of the spawn runs."""
+    link = await keeper.link()
+    assert link.mark is not None
+    copier = await trio.lowlevel.open_process(
+        [sys.executable, "-c", "import time; time.sleep(3600)"],
+        env={HOLDER_MARK_ENV: link.mark},
+        start_new_session=True,
+    )
+    original = HolderLink.send
+
+    async def send(self: HolderLink, header: dict[str, Any], payload: bytes = b"") -> None:
+        await original(self, header, payload)
+        if header["op"] == "spawn":
+            os.kill(self.holder_pid, signal.SIGKILL)
+
+    monkeypatch.setattr(HolderLink, "send", send)
+    agent = held_tests.spec(tokens)
+    exits: list[HeldExit] = []
+    try:
+        with trio.fail_after(60), pytest.raises(HolderLost):
+            async with open_held_child(
+                agent, SHORT, held_tests.ignore_identity, exits.append, link
+            ):
+                raise AssertionError("the body never runs: the holder is gone")
+        assert exits == [EndOutcome.ENDED]
+        with trio.fail_after(WAIT_S):
+            assert await copier.wait() == -signal.SIGKILL
+        assert scan_processes([agent.token]).carrying(agent.token) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            copier.kill()
+        await copier.wait()
