@@ -16,8 +16,9 @@ Rules:
 
 1. The daemon's own variables stay the daemon's (DESIGN.md invariant 9: agents are
    not users). ``DAEMON_ONLY`` (systemd's notify socket, socket-activation and
-   watchdog variables, a spawn token) never reach an agent, whichever the source:
-   they speak for the daemon to its service manager. ``FROM_DAEMON`` (the user's
+   watchdog variables, a spawn token, a holder's mark) never reach an agent,
+   whichever the source: they speak for the daemon to its service manager, or
+   mark processes it ends. ``FROM_DAEMON`` (the user's
    runtime directory and session bus) keep the daemon's values over a shell's. The
    daemon's socket path is in no variable it sets; it lies under the runtime
    directory, which agent tools need, and which is no secret: who may control the
@@ -48,7 +49,7 @@ import trio
 
 from agentsd.config import Config
 from agentsd.login_shell import CAPTURE_VARS, CaptureFailed, capture, login_shell
-from agentsd.procfs import SPAWN_TOKEN_ENV
+from agentsd.procfs import HOLDER_MARK_ENV, SPAWN_TOKEN_ENV
 from agentsd.providers.acp_agents import acp_agents
 from agentsd.providers.programs import CLAUDE, CODEX, Program, find_program
 from agentsd.providers.versions import ProgramVersions
@@ -64,6 +65,7 @@ DAEMON_ONLY = frozenset(
         "WATCHDOG_USEC",
         "WATCHDOG_PID",
         SPAWN_TOKEN_ENV,  # each agent gets its own (agentsd.child)
+        HOLDER_MARK_ENV,  # a holder's, which no agent may carry (agentsd.holder Rule 1)
     }
 )
 FROM_DAEMON = ("XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS")

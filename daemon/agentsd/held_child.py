@@ -34,6 +34,21 @@ holder, so it survives this daemon. What changes, rule by rule of ``agentsd.chil
   as recovery ends a previous daemon's child (``agentsd.leftovers.end_contained``)
   and reports that outcome; the lease is released on it, or kept held when the
   agent could not be proven gone.
+- A spawn the lost holder never confirmed: what it may have started is ended by
+  its token (and cgroup), but only once no fork of that holder can still exec the
+  agent. A fork has the holder's environment until its exec, so no token (a scan
+  for it would miss a fork about to exec the agent, which would then run on with
+  no one to end it) but the holder's mark (``agentsd.holder`` Rule 1). Every
+  process carrying the mark, the holder itself aside, is waited for until it
+  exec'd (it carries the token then) or exited, at most ``term_grace_s``; what
+  outlasts that never became an agent and is SIGKILLed through a verified pidfd,
+  for at most ``proof_rounds`` more rounds (`_end_forks`). Only then is the token
+  scanned for. A fork that could not be proven gone keeps the spawn's outcome
+  unproven (its lease held). The wait is bounded whatever runs: an agent can copy
+  the mark into processes of its own (it can read the holder's environment); that
+  costs it those processes (SIGKILLed like a fork) and delays this end by the
+  bound, no more. A holder of an earlier release has no mark: the token is
+  scanned for at once, as before.
 """
 
 from __future__ import annotations
@@ -76,11 +91,13 @@ from agentsd.leftovers import (
     signal_and_wait,
     unproven_reason,
 )
-from agentsd.procfs import ProcInfo, ProcScanner, current_scanner
+from agentsd.procfs import ProcInfo, ProcScanFailed, ProcScanner, current_scanner
 
 __all__ = ["HeldChild", "adopt_held_child", "open_held_child"]
 
 log = logging.getLogger(__name__)
+
+FORK_POLL_S = 0.02  # between scans for a lost holder's forks (`_end_forks`)
 
 HeldExit = ChildExit | EndOutcome
 """How the ladder left a held agent: proven as our own child would be, or, after the
@@ -186,7 +203,7 @@ async def open_held_child(
             except HolderLost:
                 # It may have started the agent before it was lost: end whatever
                 # carries the token, and say how that went.
-                on_exit(await _end_unconfirmed(spec, cgroup, ladder, scanner))
+                on_exit(await _end_unconfirmed(spec, cgroup, ladder, scanner, link))
                 cgroup = None  # ended and removed there
                 raise
         del env
@@ -365,20 +382,71 @@ async def _close(
 
 
 async def _end_unconfirmed(
-    spec: ChildSpec, cgroup: SessionCgroup | None, ladder: Ladder, scanner: ProcScanner
+    spec: ChildSpec,
+    cgroup: SessionCgroup | None,
+    ladder: Ladder,
+    scanner: ProcScanner,
+    link: HolderLink,
 ) -> EndOutcome:
     """End what a spawn whose answer never came may have started, by its token (and
-    cgroup): as recovery ends a spawn that was never confirmed."""
+    cgroup): as recovery ends a spawn that was never confirmed, once no fork of the
+    lost holder can exec it any more (the module's docstring)."""
+    forks_gone, forks_killed = await _end_forks(link, ladder, scanner)
     identity = ChildIdentity(pid=0, pgid=0, start_time=-1, token=spec.token)
     root = spec.cgroup_root if cgroup is not None else None
     report = await end_contained([identity], ladder, scanner, root, sweep=False)
     outcome = report.outcomes.get(identity, EndOutcome.UNPROVEN)
+    if not forks_gone:
+        outcome = EndOutcome.UNPROVEN
+    elif forks_killed and outcome is EndOutcome.ALREADY_GONE:
+        outcome = EndOutcome.ENDED  # the fork was its start
     if cgroup is not None and outcome is not EndOutcome.UNPROVEN:
         try:
             cgroup.remove()
         except OSError as exc:
             log.warning("could not remove the empty cgroup %s: %s", cgroup.path, exc)
     return outcome
+
+
+async def _end_forks(link: HolderLink, ladder: Ladder, scanner: ProcScanner) -> tuple[bool, bool]:
+    """Until no process carries the mark of the lost holder of ``link`` (the holder
+    itself aside): a fork of it that has not exec'd. Waits up to ``term_grace_s``
+    for each to exec or exit, then SIGKILLs what remains (through verified pidfds),
+    up to ``1 + proof_rounds`` times. Returns whether none remains (False: a scan
+    did not finish in time, or one outlived every SIGKILL) and whether any was
+    killed. A holder without a mark (an earlier release's): (True, False) at once.
+    Bounded; never raises."""
+    mark = link.mark
+    if mark is None:
+        return True, False
+    deadline = trio.current_time() + ladder.term_grace_s
+    killed = False
+    kills = 0
+    while True:
+        forks: list[ProcInfo] | None = None
+        with trio.move_on_after(ladder.scan_timeout_s):
+            try:
+                table = await scanner.scan(marks=[mark])
+            except ProcScanFailed:
+                return False, killed
+            forks = [p for p in table.marked(mark) if p.pid != link.holder_pid]
+        if forks is None:
+            return False, killed
+        if not forks:
+            return True, killed
+        if trio.current_time() < deadline:
+            await trio.sleep(FORK_POLL_S)  # an exec takes milliseconds
+            continue
+        if kills > ladder.proof_rounds:
+            return False, killed
+        kills += 1
+        log.warning(
+            "processes %s forked by lost holder %d did not exec within %gs: killing them",
+            sorted(p.pid for p in forks),
+            link.holder_pid,
+            ladder.term_grace_s,
+        )
+        killed |= bool(await signal_and_wait(forks, signal.SIGKILL, ladder.kill_wait_s))
 
 
 async def _end_lost(

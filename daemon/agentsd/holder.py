@@ -22,6 +22,14 @@ sends the shim's argv instead. It is a
 child subreaper (PR_SET_CHILD_SUBREAPER), so whatever an agent leaves behind is
 reparented to it, not to init, and reaped by it. An agent's stdin is never closed
 while the holder lives, unless the daemon asks (``close_stdin``) or the agent exits.
+Its mark: the daemon starts it with ``AGENTSD_HOLDER_MARK`` in its environment (a
+value of its own per holder), which its ``welcome`` reports (``mark``; none when it
+was started without one, as by an earlier release). Each fork it makes for an agent
+(the clone, or ``subprocess``'s) carries the holder's environment, so the mark, until
+it execs the agent, whose environment is the spawn's and never has it (the holder
+drops the variable from a spawn's environment): so a daemon that lost the holder
+knows, from /proc alone, which processes may still exec an agent, and ends what
+carries the spawn token only once none does (``agentsd.held_child``).
 
 Rule 2 (exact output): stdout and stderr bytes are numbered from 0 per agent and
 stream. They are relayed to the attached daemon as ``out`` messages with their
@@ -131,6 +139,7 @@ ORPHAN_CHECK_S = 5.0  # Rule 6: how often a holder no daemon is attached to chec
 ORPHAN_END_S = 5.0  # Rule 6: how long ending its agents may take before it exits
 MAX_ANCESTORS = 64
 SPAWN_TOKEN_ENV = "AGENTSD_SPAWN_TOKEN"  # agentsd.procfs.SPAWN_TOKEN_ENV
+HOLDER_MARK_ENV = "AGENTSD_HOLDER_MARK"  # agentsd.procfs.HOLDER_MARK_ENV (Rule 1)
 CGROUP_PREFIX = "agent-"  # agentsd.cgroup.CGROUP_PREFIX
 PR_SET_CHILD_SUBREAPER = 36
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5; Python 3.11 has no name
@@ -423,6 +432,9 @@ class Holder:
         self.ever_attached = False
         self.keyed = False  # Rule 3: the attached daemon keys what it writes
         self.cloner: Cloner | None = Cloner()  # Rule 1; None once clone3 was refused
+        # Rule 1: the mark this holder was started with, which its forks carry until
+        # they exec (None: started without one).
+        self.mark = os.environ.get(HOLDER_MARK_ENV)
         self.started = time.monotonic()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -766,6 +778,7 @@ class Holder:
                     "op": "welcome",
                     "holder_pid": os.getpid(),
                     "cgroups": True,  # Rule 1: a spawn may name its cgroup
+                    **({"mark": self.mark} if self.mark is not None else {}),  # Rule 1
                     "agents": [a.describe() for a in self.agents.values()],
                 }
             )
@@ -873,6 +886,7 @@ class Holder:
         if cgroup is not None and not (isinstance(cgroup, str) and os.path.isabs(cgroup)):
             return {"op": "error", "kind": "bad_request", "message": "cgroup: an absolute path"}
         environ = {str(k): str(v) for k, v in env.items()}
+        environ.pop(HOLDER_MARK_ENV, None)  # Rule 1: the mark of a fork that did not exec
         # Our ends stay ours: the agent gets its ends only (all close-on-exec).
         pipes = [os.pipe() for _ in range(3)]
         theirs = (pipes[0][0], pipes[1][1], pipes[2][1])

@@ -17,7 +17,12 @@ ended: it died), every agent on it is lost, and the next spawn starts a new hold
 Rule 2 (what a lost holder means): the agents it held lost their pipes. Their
 output ends (`HeldAgent.stdout` reads end of file) and their exit can no longer be
 reported (`HeldAgent.wait` never returns); whoever owns an agent ends it by its
-recorded identity and proves it gone (``agentsd.held_child``).
+recorded identity and proves it gone (``agentsd.held_child``). A holder is started
+with a mark of its own in its environment (``AGENTSD_HOLDER_MARK``, `new_mark`),
+which its forks carry until they exec an agent (``agentsd.holder`` Rule 1); the
+link knows it from the ``welcome`` (`HolderLink.mark`, None for a holder of an
+earlier release), so that a spawn the lost holder never confirmed is ended only
+once no fork of it can still exec the agent.
 
 Rule 3 (output): an agent's stdout is read in order, offsets checked against the
 holder's numbering. Each byte handed to the reader is acknowledged at once, so the
@@ -56,6 +61,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import secrets
 import select
 import signal
 import socket
@@ -69,13 +75,14 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import attrs
 import trio
 
 from agentsd import holder as wire
 from agentsd.holder_scope import START_RETRY_S, HolderScope
+from agentsd.procfs import HOLDER_MARK_ENV
 
 log = logging.getLogger(__name__)
 
@@ -421,6 +428,9 @@ class HolderLink:
     # The holder clones an agent into the cgroup its spawn names (``agentsd.holder``
     # Rule 1); one of an earlier release does not, and is sent the shim's argv.
     clones_into_cgroups: bool = False
+    # The mark its forks carry until they exec (``agentsd.holder`` Rule 1, Rule 2
+    # here); None for a holder of an earlier release, which has none.
+    mark: str | None = None
     agents: dict[str, HeldAgent] = attrs.field(factory=dict)
     # What the holder held at attach, by id: not ours until adopted (Rule 4).
     found: dict[str, dict[str, Any]] = attrs.field(factory=dict)
@@ -826,6 +836,7 @@ def _start_holder_once(state_dir: Path, scope: HolderScope | None) -> int:
             try:
                 process = subprocess.Popen(
                     [*argv, "--listen-fd", str(fd)],
+                    env={**os.environ, HOLDER_MARK_ENV: new_mark()},
                     pass_fds=[fd],
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
@@ -857,6 +868,18 @@ def _start_holder_once(state_dir: Path, scope: HolderScope | None) -> int:
             _end_started(pid)
             raise HolderLost(f"the holder could not be placed in {scope.path}: {exc}") from None
     return pid
+
+
+def new_mark() -> str:
+    """A holder's mark (Rule 2): 32 hex digits, its own."""
+    return secrets.token_hex(16)
+
+
+def is_mark(value: object) -> TypeGuard[str]:
+    """Whether a holder's ``welcome`` reports a mark as `new_mark` makes them."""
+    return (
+        isinstance(value, str) and len(value) == 32 and all(c in "0123456789abcdef" for c in value)
+    )
 
 
 def _read_line(fd: int, timeout_s: float) -> bytes:
@@ -926,6 +949,7 @@ async def open_holder_link(
         stream=stream,
         holder_pid=welcome["holder_pid"],
         clones_into_cgroups=welcome.get("cgroups") is True,
+        mark=welcome.get("mark") if is_mark(welcome.get("mark")) else None,
     )
     link.found = {a["id"]: a for a in welcome["agents"]}
     try:

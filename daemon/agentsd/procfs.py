@@ -23,9 +23,14 @@ import attrs
 import trio
 
 SPAWN_TOKEN_ENV = "AGENTSD_SPAWN_TOKEN"
+# The holder's own environment carries it (``agentsd.holder_link`` starts the holder
+# with it, ``agentsd.holder`` Rule 1): so does a fork of the holder until it execs the
+# agent, whose environment never does.
+HOLDER_MARK_ENV = "AGENTSD_HOLDER_MARK"
 
 _PROC = "/proc"
 _TOKEN_PREFIX = SPAWN_TOKEN_ENV.encode() + b"="
+_MARK_PREFIX = HOLDER_MARK_ENV.encode() + b"="
 _STAT_BYTES = 1024  # a stat line is a few hundred bytes
 _READ_BYTES = 16 * 1024  # most environments fit
 # Fields after the ")" that closes comm, counted from field 3 (state) of proc(5).
@@ -113,15 +118,20 @@ def is_same_process(pid: int, start_time: int) -> bool:
     return info is not None and not info.is_zombie and info.start_time == start_time
 
 
-def _read_token(pid: int, wanted: Collection[bytes]) -> str | None:
-    """The spawn token in the environment of ``pid`` if it is one of ``wanted``."""
+def _read_environ(pid: int) -> bytes | None:
+    """The environment of ``pid`` as it was exec'd, None if it cannot be read."""
     try:
-        environ = _read_whole(f"{_PROC}/{pid}/environ", _READ_BYTES)
+        return _read_whole(f"{_PROC}/{pid}/environ", _READ_BYTES)
     except OSError:  # gone, another user's, or a kernel thread: not ours either way
         return None
+
+
+def _find_value(environ: bytes, prefix: bytes, wanted: Collection[bytes]) -> str | None:
+    """The value of the variable ``prefix`` names in ``environ`` if it is one of
+    ``wanted``."""
     start = 0
-    while (at := environ.find(_TOKEN_PREFIX, start)) != -1:
-        start = at + len(_TOKEN_PREFIX)
+    while (at := environ.find(prefix, start)) != -1:
+        start = at + len(prefix)
         if at > 0 and environ[at - 1] != 0:
             continue  # the prefix is the tail of another variable, e.g. X_AGENTSD_...
         end = environ.find(b"\0", start)
@@ -145,6 +155,7 @@ class ProcessTable:
 
     processes: Mapping[int, ProcInfo]
     tokens: Mapping[int, str]  # pid -> spawn token, only for tokens asked about
+    marks: Mapping[int, str] = attrs.field(factory=dict)  # pid -> holder mark, as tokens
     _by_group: Mapping[int, list[ProcInfo]] = attrs.field(init=False, repr=False)
     _by_token: Mapping[str, list[ProcInfo]] = attrs.field(init=False, repr=False)
 
@@ -178,16 +189,28 @@ class ProcessTable:
         """
         return list(self._by_token.get(token, ()))
 
+    def marked(self, mark: str) -> list[ProcInfo]:
+        """Live processes whose environment carries ``AGENTSD_HOLDER_MARK=mark``: the
+        holder of that mark and its forks that have not exec'd (or a process that
+        copied the mark: agents can read it). Only marks passed to the scan are known."""
+        return [
+            self.processes[pid]
+            for pid, value in self.marks.items()
+            if value == mark and not self.processes[pid].is_zombie
+        ]
 
-def scan_processes(tokens: Collection[str] = ()) -> ProcessTable:
+
+def scan_processes(tokens: Collection[str] = (), marks: Collection[str] = ()) -> ProcessTable:
     """Read the stat line of every process, and the environment of each live one
-    when ``tokens`` are given (a process listing its token is recorded).
+    when ``tokens`` or ``marks`` are given (a process listing one is recorded).
 
     Raises OSError only if ``/proc`` itself cannot be listed.
     """
     wanted = frozenset(t.encode() for t in tokens)
+    wanted_marks = frozenset(m.encode() for m in marks)
     processes: dict[int, ProcInfo] = {}
     carriers: dict[int, str] = {}
+    marked: dict[int, str] = {}
     for name in os.listdir(_PROC):
         if not name.isdigit():
             continue
@@ -196,14 +219,22 @@ def scan_processes(tokens: Collection[str] = ()) -> ProcessTable:
         if info is None:
             continue
         processes[pid] = info
-        if wanted and not info.is_zombie and (token := _read_token(pid, wanted)) is not None:
+        if not (wanted or wanted_marks) or info.is_zombie:
+            continue
+        environ = _read_environ(pid)
+        if environ is None:
+            continue
+        if wanted and (token := _find_value(environ, _TOKEN_PREFIX, wanted)) is not None:
             carriers[pid] = token
-    return ProcessTable(processes=processes, tokens=carriers)
+        if wanted_marks and (mark := _find_value(environ, _MARK_PREFIX, wanted_marks)):
+            marked[pid] = mark
+    return ProcessTable(processes=processes, tokens=carriers, marks=marked)
 
 
 @attrs.define(eq=False)
 class _Batch:
     tokens: set[str] = attrs.Factory(set)
+    marks: set[str] = attrs.Factory(set)
     done: trio.Event = attrs.Factory(trio.Event)
     table: ProcessTable | None = None
     error: BaseException | None = None
@@ -228,7 +259,9 @@ class ProcScanner:
     then sees its own cancellation at its next checkpoint.
     """
 
-    def __init__(self, scan: Callable[[frozenset[str]], ProcessTable] = scan_processes) -> None:
+    def __init__(
+        self, scan: Callable[[frozenset[str], frozenset[str]], ProcessTable] = scan_processes
+    ) -> None:
         self._scan = scan  # replaceable so tests can control when a scan ends
         self._running: _Batch | None = None
         self._pending: _Batch | None = None
@@ -236,8 +269,8 @@ class ProcScanner:
         self._limiter = trio.CapacityLimiter(1)
         self.scans_completed = 0
 
-    async def scan(self, tokens: Iterable[str] = ()) -> ProcessTable:
-        """A fresh `ProcessTable` that knows at least ``tokens``.
+    async def scan(self, tokens: Iterable[str] = (), marks: Iterable[str] = ()) -> ProcessTable:
+        """A fresh `ProcessTable` that knows at least ``tokens`` and ``marks``.
 
         Raises `ProcScanFailed` if ``/proc`` cannot be read.
         """
@@ -245,6 +278,7 @@ class ProcScanner:
             self._pending = _Batch()
         batch = self._pending
         batch.tokens.update(tokens)
+        batch.marks.update(marks)
         while not batch.done.is_set():
             running = self._running
             if running is None:
@@ -264,7 +298,8 @@ class ProcScanner:
             # limiter never waits behind another thread.
             with trio.CancelScope(shield=True):
                 batch.table = await trio.to_thread.run_sync(
-                    partial(self._scan, frozenset(batch.tokens)), limiter=self._limiter
+                    partial(self._scan, frozenset(batch.tokens), frozenset(batch.marks)),
+                    limiter=self._limiter,
                 )
         except OSError as exc:
             batch.error = exc

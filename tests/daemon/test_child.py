@@ -518,7 +518,7 @@ async def test_closing_fifty_children_takes_about_one_ladder(make_token: MakeTok
 
 
 class _BrokenScanner(ProcScanner):
-    async def scan(self, tokens: Iterable[str] = ()) -> ProcessTable:
+    async def scan(self, tokens: Iterable[str] = (), marks: Iterable[str] = ()) -> ProcessTable:
         await trio.lowlevel.checkpoint()
         raise ProcScanFailed("no /proc here")
 
@@ -528,11 +528,13 @@ class _PhantomScanner(ProcScanner):
 
     pgid = -1
 
-    async def scan(self, tokens: Iterable[str] = ()) -> ProcessTable:
-        table = await super().scan(tokens)
+    async def scan(self, tokens: Iterable[str] = (), marks: Iterable[str] = ()) -> ProcessTable:
+        table = await super().scan(tokens, marks)
         phantom = ProcInfo(pid=99_999_999, ppid=1, pgid=self.pgid, state="S", start_time=1)
         return ProcessTable(
-            processes={**table.processes, phantom.pid: phantom}, tokens=table.tokens
+            processes={**table.processes, phantom.pid: phantom},
+            tokens=table.tokens,
+            marks=table.marks,
         )
 
 

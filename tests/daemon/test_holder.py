@@ -208,6 +208,7 @@ def _wait(check: Any) -> None:
 
 def test_the_constants_it_copies_match_the_daemons() -> None:
     assert holder.SPAWN_TOKEN_ENV == procfs.SPAWN_TOKEN_ENV
+    assert holder.HOLDER_MARK_ENV == procfs.HOLDER_MARK_ENV
     assert holder.CGROUP_PREFIX == cgroup.CGROUP_PREFIX
 
 

@@ -20,7 +20,7 @@ from agentsd.login_shell import (
     login_shell,
     parse_output,
 )
-from agentsd.procfs import SPAWN_TOKEN_ENV
+from agentsd.procfs import HOLDER_MARK_ENV, SPAWN_TOKEN_ENV
 from tests.fake_shell import (
     BANNER,
     MULTI_LINE,
@@ -201,13 +201,14 @@ def test_auto_means_the_login_shell_only_under_the_service_manager(
 def test_agents_are_not_users_the_daemons_own_variables_never_reach_an_agent() -> None:
     """Invariant 9: whatever the shell or the daemon's parent exported, an agent gets
     neither the daemon's notify socket, its socket-activation or watchdog variables,
-    nor a spawn token but its own; the runtime dir and bus are the daemon's."""
+    nor a spawn token but its own, nor a holder's mark; the runtime dir and bus are the daemon's."""
     daemon = {
         "PATH": "/usr/bin",
         "XDG_RUNTIME_DIR": "/run/user/1000",
         "WATCHDOG_USEC": "30000000",
         "WATCHDOG_PID": "1",
         SPAWN_TOKEN_ENV: "0" * 32,
+        HOLDER_MARK_ENV: "1" * 32,
         "DISABLE_AUTO_UPDATE": "false",
     }
     captured = {
@@ -218,9 +219,11 @@ def test_agents_are_not_users_the_daemons_own_variables_never_reach_an_agent() -
         "LISTEN_PID": "1",
         "LISTEN_FDNAMES": "agentsd.socket",
         "EDITOR": "vim",
+        HOLDER_MARK_ENV: "2" * 32,
     }
     for env in (compose(captured, daemon), compose(None, daemon)):
         assert not set(env) & DAEMON_ONLY
+        assert HOLDER_MARK_ENV not in env
         assert env["XDG_RUNTIME_DIR"] == "/run/user/1000"
         assert env["DISABLE_AUTO_UPDATE"] == "false"  # the daemon's own, not the capture's
     assert compose(captured, daemon)["PATH"] == "/home/u/.local/bin:/usr/bin"

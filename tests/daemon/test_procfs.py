@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentsd.procfs import (
+    HOLDER_MARK_ENV,
     SPAWN_TOKEN_ENV,
     ProcessTable,
     ProcScanFailed,
@@ -142,6 +143,52 @@ async def test_concurrent_scans_are_coalesced(
     assert [p.pid for p in results[199].carrying(token)] == [proc.pid]
 
 
+def test_scan_finds_what_carries_a_holder_mark_apart_from_tokens() -> None:
+    """A holder's mark is its own variable: a token of the same value is no mark, a
+    mark no token, and only a whole variable counts."""
+    mark = os.urandom(16).hex()
+    marked = subprocess.Popen(SLEEPER, env={HOLDER_MARK_ENV: mark})
+    others = [
+        subprocess.Popen(SLEEPER, env=env)
+        for env in (
+            {SPAWN_TOKEN_ENV: mark},
+            {"X_" + HOLDER_MARK_ENV: mark},
+            {HOLDER_MARK_ENV: mark + "0"},
+        )
+    ]
+    try:
+        table = scan_processes([mark], [mark])
+        assert [p.pid for p in table.marked(mark)] == [marked.pid]
+        assert [p.pid for p in table.carrying(mark)] == [others[0].pid]
+        assert scan_processes([mark]).marked(mark) == []  # not asked about
+    finally:
+        for proc in (marked, *others):
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def marked() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A process carrying a fresh holder mark; killed and reaped after."""
+    mark = os.urandom(16).hex()
+    proc = subprocess.Popen(SLEEPER, env={HOLDER_MARK_ENV: mark})
+    try:
+        yield proc, mark
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def test_a_scanner_looks_for_marks_and_tokens_asked_for_together(
+    sleeper: tuple[subprocess.Popen[bytes], str], marked: tuple[subprocess.Popen[bytes], str]
+) -> None:
+    (proc, token), (marked_proc, mark) = sleeper, marked
+    with trio.fail_after(10):
+        table = await ProcScanner().scan([token], [mark])
+    assert [p.pid for p in table.marked(mark)] == [marked_proc.pid]
+    assert [p.pid for p in table.carrying(token)] == [proc.pid]
+
+
 class _GatedScan:
     """A scan function that blocks in its worker thread until released."""
 
@@ -150,7 +197,7 @@ class _GatedScan:
         self.release = threading.Semaphore(0)
         self.calls: list[frozenset[str]] = []
 
-    def __call__(self, tokens: frozenset[str]) -> ProcessTable:
+    def __call__(self, tokens: frozenset[str], marks: frozenset[str]) -> ProcessTable:
         self.calls.append(tokens)
         self.started.release()
         self.release.acquire()
@@ -198,7 +245,7 @@ async def test_a_cancelled_waiter_leaves_and_the_next_caller_runs_the_batch() ->
 
 
 async def test_a_failed_scan_raises_for_every_caller() -> None:
-    def broken(tokens: frozenset[str]) -> ProcessTable:
+    def broken(tokens: frozenset[str], marks: frozenset[str]) -> ProcessTable:
         raise OSError("no /proc here")
 
     scanner = ProcScanner(broken)
