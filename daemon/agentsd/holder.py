@@ -44,7 +44,10 @@ unless the stream was relayed less than ``RELAY_QUIET_S`` ago; then its pipe is 
 alone until that quiet period ends, and what the agent wrote meanwhile goes out in
 one message (a flooding agent costs the holder and the daemon a wakeup and a message
 per period, not per line it writes; a reply that comes after a pause is not
-delayed). While a daemon reads a stream, its pipe is read again only once what was
+delayed). Only a message smaller than ``BULK_BYTES`` (a default pipe's capacity)
+starts a quiet period: after a full pipe's worth the agent writes in bulk, each
+wakeup already carries that much, and waiting would cap its output at a pipe per
+period (about 25 MB/s) where the daemon takes ten times that. While a daemon reads a stream, its pipe is read again only once what was
 read of it went out, so a daemon that falls behind leaves the output in the pipe, as
 a pipe straight to the daemon would. Output is framed only once the daemon's socket
 took everything before it, at most ``FRAME_BYTES`` a message. A daemon may also
@@ -132,6 +135,7 @@ READ_BYTES = 64 << 10  # one read from an agent's pipe
 SEND_HIGH_WATER = 256 << 10  # frame no more output at once than this (Rule 2's relay)
 FRAME_BYTES = 256 << 10  # the most output one ``out`` message carries
 RELAY_QUIET_S = 0.002  # Rule 2's relay: one ``out`` message per stream per this, at most
+BULK_BYTES = 64 << 10  # Rule 2's relay: a message this big starts no quiet period
 MAX_STDIN_QUEUE = 64 << 20  # unwritten stdin per agent before the daemon is refused
 MAX_KEY = 64  # Rule 3: a key's characters (the daemon's are a journal seq)
 DEFAULT_IDLE_EXIT_S = 30.0
@@ -727,7 +731,8 @@ class Holder:
                         chunk,
                     )
                     stream.sent += len(chunk)
-                    stream.quiet_until = now + RELAY_QUIET_S
+                    if len(chunk) < BULK_BYTES:
+                        stream.quiet_until = now + RELAY_QUIET_S
         for agent in self.agents.values():
             for name, stream in agent.streams.items():
                 if stream.sent is None:

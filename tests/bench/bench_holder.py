@@ -13,6 +13,10 @@ Figures (``python -m tests.bench holder``), each next to a baseline from the sam
   averages before and after (on a shared machine the spread is the figure's
   honesty); a round whose subscriber lagged (it missed deltas: the machine stalled
   it) is printed but not counted;
+- bulk output: an agent writing ``BULK_BYTES`` to stdout in 1 MiB writes, read
+  through the holder against the same agent's pipe read by this process
+  (``BULK_ROUNDS`` alternating rounds, medians; the relay's quiet period, which
+  batches a flood of lines, must not throttle a flood of bulk writes);
 - the holder's RSS per held agent with ``SESSIONS`` live sessions (tiny shell agents,
   separate processes, not counted), against the holder holding one (goal: a few
   KiB);
@@ -30,17 +34,32 @@ import math
 import os
 import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import trio
+
+from agentsd.holder_link import open_holder_keeper
 from tests.bench.bench_sessions import STUBBORN_TINY, vm_rss_kib
 from tests.bench.bench_stream import FLOOD_DELTAS, call, cpu_s, flood
 from tests.daemon_process import running_daemon, wait_until_serving
 
 ROUNDS = 5
+BULK_BYTES = 256 << 20
+BULK_ROUNDS = 3
+BULK_AGENT = [
+    sys.executable,
+    "-c",
+    "import os\n"
+    "block = b'x' * (1 << 20)\n"
+    f"for _ in range({BULK_BYTES} >> 20):\n"
+    "    os.write(1, block)\n",
+]
 SESSIONS = 100
 THROUGHPUT_GOAL = 0.9
 
@@ -87,6 +106,36 @@ def holder_pid(daemon_socket: Path, session_id: str) -> int:
     child = call(daemon_socket, "agentSession.get", {"sessionId": session_id})["session"]["child"]
     stat = Path(f"/proc/{child['pid']}/stat").read_text()
     return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+async def _drain(stream: trio.abc.ReceiveStream) -> int:
+    total = 0
+    while chunk := await stream.receive_some(1 << 20):
+        total += len(chunk)
+    return total
+
+
+async def bulk_rates() -> tuple[list[float], list[float]]:
+    """MB/s of ``BULK_AGENT``'s stdout read directly and through a holder, in
+    ``BULK_ROUNDS`` alternating rounds."""
+    direct: list[float] = []
+    held: list[float] = []
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
+        async with open_holder_keeper(Path(tmp)) as keeper:
+            link = await keeper.link()
+            for n in range(BULK_ROUNDS):
+                began = time.monotonic()
+                process = await trio.lowlevel.open_process(BULK_AGENT, stdout=subprocess.PIPE)
+                assert process.stdout is not None
+                assert await _drain(process.stdout) == BULK_BYTES
+                assert await process.wait() == 0
+                direct.append(BULK_BYTES / 1e6 / (time.monotonic() - began))
+                began = time.monotonic()
+                agent = await link.spawn(f"bulk-{n}", BULK_AGENT, "/", dict(os.environ), None)
+                assert await _drain(agent.stdout) == BULK_BYTES
+                assert await agent.wait() == 0
+                held.append(BULK_BYTES / 1e6 / (time.monotonic() - began))
+    return direct, held
 
 
 def held_memory() -> tuple[int, int]:
@@ -176,6 +225,15 @@ def main() -> None:
     print(
         f"   reattach's bookkeeping (reattach / end)   best {h_best / e_best:.2f}x  "
         f"median {h_median / e_median:.2f}x"
+    )
+    bulk_direct, bulk_held = trio.run(bulk_rates)
+    print(
+        f"   bulk stdout ({BULK_BYTES >> 20} MiB)  direct median "
+        f"{statistics.median(bulk_direct):.0f} MB/s, through the holder "
+        f"{statistics.median(bulk_held):.0f} MB/s: "
+        f"{statistics.median(bulk_held) / statistics.median(bulk_direct):.2f}x  "
+        f"(direct {', '.join(f'{r:.0f}' for r in bulk_direct)}; "
+        f"held {', '.join(f'{r:.0f}' for r in bulk_held)})"
     )
     one, many = held_memory()
     print(
