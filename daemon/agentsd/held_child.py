@@ -43,17 +43,21 @@ holder, so it survives this daemon. What changes, rule by rule of ``agentsd.chil
   exec'd (it carries the token then) or exited, at most ``term_grace_s``; what
   outlasts that never became an agent and is SIGKILLed through a verified pidfd,
   for at most ``proof_rounds`` more rounds (`_end_forks`). Only then is the token
-  scanned for. A fork that could not be proven gone keeps the spawn's outcome
-  unproven (its lease held). The wait is bounded whatever runs: an agent can copy
-  the mark into processes of its own (it can read the holder's environment); that
-  costs it those processes (SIGKILLed like a fork) and delays this end by the
-  bound, no more. A holder of an earlier release has no mark: the token is
-  scanned for at once, as before.
+  scanned for, and every fork seen on the way ended by its identity (pid and
+  start time, which an exec keeps): a fork in the middle of its exec shows no
+  environment, neither mark nor token yet. A fork that could not be proven gone
+  keeps the spawn's outcome unproven (its lease held). The wait is bounded
+  whatever runs: an agent can copy the mark into processes of its own (it can read
+  the holder's environment); that costs it those processes (SIGKILLed like a
+  fork, counted as the spawn's start) and delays this end by the bound, or leaves
+  it unproven (its lease held) if one of them cannot be killed, no more. A holder
+  of an earlier release has no mark: the token is scanned for at once, as before.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
@@ -390,16 +394,24 @@ async def _end_unconfirmed(
 ) -> EndOutcome:
     """End what a spawn whose answer never came may have started, by its token (and
     cgroup): as recovery ends a spawn that was never confirmed, once no fork of the
-    lost holder can exec it any more (the module's docstring)."""
-    forks_gone, forks_killed = await _end_forks(link, ladder, scanner)
+    lost holder can exec it any more; and every fork of it seen on the way by its
+    identity, which an exec keeps (the module's docstring)."""
+    forks_gone, forks_killed, seen = await _end_forks(link, ladder, scanner)
     identity = ChildIdentity(pid=0, pgid=0, start_time=-1, token=spec.token)
+    # A fork that exec'd has set up its own group (setsid) before it: its pid.
+    forks = [
+        ChildIdentity(pid=p.pid, pgid=p.pid, start_time=p.start_time, token=spec.token)
+        for p in seen
+    ]
     root = spec.cgroup_root if cgroup is not None else None
-    report = await end_contained([identity], ladder, scanner, root, sweep=False)
-    outcome = report.outcomes.get(identity, EndOutcome.UNPROVEN)
-    if not forks_gone:
+    report = await end_contained([identity, *forks], ladder, scanner, root, sweep=False)
+    outcomes = {report.outcomes.get(i, EndOutcome.UNPROVEN) for i in (identity, *forks)}
+    if not forks_gone or EndOutcome.UNPROVEN in outcomes:
         outcome = EndOutcome.UNPROVEN
-    elif forks_killed and outcome is EndOutcome.ALREADY_GONE:
-        outcome = EndOutcome.ENDED  # the fork was its start
+    elif forks_killed or EndOutcome.ENDED in outcomes:
+        outcome = EndOutcome.ENDED  # a fork was its start
+    else:
+        outcome = EndOutcome.ALREADY_GONE
     if cgroup is not None and outcome is not EndOutcome.UNPROVEN:
         try:
             cgroup.remove()
@@ -408,37 +420,44 @@ async def _end_unconfirmed(
     return outcome
 
 
-async def _end_forks(link: HolderLink, ladder: Ladder, scanner: ProcScanner) -> tuple[bool, bool]:
+async def _end_forks(
+    link: HolderLink, ladder: Ladder, scanner: ProcScanner
+) -> tuple[bool, bool, list[ProcInfo]]:
     """Until no process carries the mark of the lost holder of ``link`` (the holder
-    itself aside): a fork of it that has not exec'd. Waits up to ``term_grace_s``
-    for each to exec or exit, then SIGKILLs what remains (through verified pidfds),
-    up to ``1 + proof_rounds`` times. Returns whether none remains (False: a scan
-    did not finish in time, or one outlived every SIGKILL) and whether any was
-    killed. A holder without a mark (an earlier release's): (True, False) at once.
-    Bounded; never raises."""
+    and this daemon aside): a fork of it that has not exec'd. Waits up to
+    ``term_grace_s`` for each to exec or exit, then SIGKILLs what remains (through
+    verified pidfds), up to ``1 + proof_rounds`` times. Returns whether none remains
+    (False: a scan did not finish in time, or one outlived every SIGKILL), whether
+    any was killed, and every fork seen: one in the middle of its exec shows no
+    environment at all, neither the mark nor yet the token, and is ended by its
+    identity. A holder without a mark (an earlier release's): (True, False, [])
+    at once. Bounded; never raises."""
     mark = link.mark
+    seen: dict[tuple[int, int], ProcInfo] = {}
     if mark is None:
-        return True, False
+        return True, False, []
     deadline = trio.current_time() + ladder.term_grace_s
     killed = False
     kills = 0
+    ours = (link.holder_pid, os.getpid())
     while True:
         forks: list[ProcInfo] | None = None
         with trio.move_on_after(ladder.scan_timeout_s):
             try:
                 table = await scanner.scan(marks=[mark])
             except ProcScanFailed:
-                return False, killed
-            forks = [p for p in table.marked(mark) if p.pid != link.holder_pid]
+                return False, killed, list(seen.values())
+            forks = [p for p in table.marked(mark) if p.pid not in ours]
         if forks is None:
-            return False, killed
+            return False, killed, list(seen.values())
+        seen.update(((p.pid, p.start_time), p) for p in forks)
         if not forks:
-            return True, killed
+            return True, killed, list(seen.values())
         if trio.current_time() < deadline:
             await trio.sleep(FORK_POLL_S)  # an exec takes milliseconds
             continue
         if kills > ladder.proof_rounds:
-            return False, killed
+            return False, killed, list(seen.values())
         kills += 1
         log.warning(
             "processes %s forked by lost holder %d did not exec within %gs: killing them",

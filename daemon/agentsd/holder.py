@@ -47,13 +47,17 @@ per period, not per line it writes; a reply that comes after a pause is not
 delayed). Only a message smaller than ``BULK_BYTES`` (a default pipe's capacity)
 starts a quiet period: after a full pipe's worth the agent writes in bulk, each
 wakeup already carries that much, and waiting would cap its output at a pipe per
-period (about 25 MB/s) where the daemon takes ten times that. While a daemon reads a stream, its pipe is read again only once what was
-read of it went out, so a daemon that falls behind leaves the output in the pipe, as
-a pipe straight to the daemon would. Output is framed only once the daemon's socket
-took everything before it, at most ``FRAME_BYTES`` a message. A daemon may also
-bound what it is sent ahead of what it consumed: a ``resume`` with ``upto`` relays
-nothing at or past that offset until an ``ack`` carries a higher ``upto`` (an
-``ack`` may carry ``upto`` alone, its ``offset`` unchanged). Both fields are
+period (about 25 MB/s) where the daemon takes ten times that. The quiet period
+bounds messages, not bytes: an agent writing in bulk is relayed as fast as the
+daemon reads, as a pipe straight to the daemon would be. While a daemon reads a
+stream, its pipe is read again only once what was read of it went out, so a daemon
+that falls behind leaves the output in the pipe. Output is framed only once the
+daemon's socket took everything before it, at most ``FRAME_BYTES`` a message, each
+time starting with another of the streams due (no stream's bulk keeps the others
+waiting). A daemon may also bound what it is sent ahead of what it consumed: a
+``resume`` with ``upto`` relays nothing at or past that offset until an ``ack``
+carries a higher ``upto`` (an ``ack`` may carry ``upto`` alone, its ``offset``
+unchanged). Both fields are
 optional: a daemon that sends no ``upto`` is relayed everything as it comes, and an
 older holder ignores them, so daemons and holders of either kind attach each other
 (the protocol is unchanged).
@@ -134,7 +138,7 @@ DEFAULT_RETAIN_BYTES = 1 << 20  # per agent and stream (Rule 2)
 READ_BYTES = 64 << 10  # one read from an agent's pipe
 SEND_HIGH_WATER = 256 << 10  # frame no more output at once than this (Rule 2's relay)
 FRAME_BYTES = 256 << 10  # the most output one ``out`` message carries
-RELAY_QUIET_S = 0.002  # Rule 2's relay: one ``out`` message per stream per this, at most
+RELAY_QUIET_S = 0.002  # Rule 2's relay: after a message under BULK_BYTES, none sooner
 BULK_BYTES = 64 << 10  # Rule 2's relay: a message this big starts no quiet period
 MAX_STDIN_QUEUE = 64 << 20  # unwritten stdin per agent before the daemon is refused
 MAX_KEY = 64  # Rule 3: a key's characters (the daemon's are a journal seq)
@@ -435,6 +439,7 @@ class Holder:
         self.epoch = 0
         self.ever_attached = False
         self.keyed = False  # Rule 3: the attached daemon keys what it writes
+        self.relay_turn = 0  # Rule 2's relay: which due stream a pump frames first
         self.cloner: Cloner | None = Cloner()  # Rule 1; None once clone3 was refused
         # Rule 1: the mark this holder was started with, which its forks carry until
         # they exec (None: started without one).
@@ -712,27 +717,34 @@ class Holder:
         everything before it: what arrives meanwhile goes out in one bigger frame, so
         a daemon that falls behind gets fewer, larger messages, not more of them."""
         if not conn.outbuf:
-            for agent in self.agents.values():
-                for name, stream in agent.streams.items():
-                    if not stream.waiting() or len(conn.outbuf) >= SEND_HIGH_WATER:
+            due = [
+                (agent, name, stream)
+                for agent in self.agents.values()
+                for name, stream in agent.streams.items()
+                if stream.waiting() and now >= stream.quiet_until
+            ]
+            # Each pump starts at another stream: one whose frames fill the socket's
+            # high water every time cannot keep the others waiting.
+            first = self.relay_turn % len(due) if due else 0
+            self.relay_turn += 1
+            for agent, name, stream in due[first:] + due[:first]:
+                if len(conn.outbuf) >= SEND_HIGH_WATER:
+                    break
+                assert stream.sent is not None
+                size = FRAME_BYTES
+                if stream.upto is not None:
+                    size = min(size, stream.upto - stream.sent)
+                    if size <= 0:
                         continue
-                    if now < stream.quiet_until:
-                        continue
-                    assert stream.sent is not None
-                    size = FRAME_BYTES
-                    if stream.upto is not None:
-                        size = min(size, stream.upto - stream.sent)
-                        if size <= 0:
-                            continue
-                    start = stream.sent - stream.base
-                    chunk = stream.buf[start : start + size]
-                    conn.outbuf += encode(
-                        {"op": "out", "id": agent.id, "stream": name, "offset": stream.sent},
-                        chunk,
-                    )
-                    stream.sent += len(chunk)
-                    if len(chunk) < BULK_BYTES:
-                        stream.quiet_until = now + RELAY_QUIET_S
+                start = stream.sent - stream.base
+                chunk = stream.buf[start : start + size]
+                conn.outbuf += encode(
+                    {"op": "out", "id": agent.id, "stream": name, "offset": stream.sent},
+                    chunk,
+                )
+                stream.sent += len(chunk)
+                if len(chunk) < BULK_BYTES:
+                    stream.quiet_until = now + RELAY_QUIET_S
         for agent in self.agents.values():
             for name, stream in agent.streams.items():
                 if stream.sent is None:

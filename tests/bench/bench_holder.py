@@ -13,7 +13,7 @@ Figures (``python -m tests.bench holder``), each next to a baseline from the sam
   averages before and after (on a shared machine the spread is the figure's
   honesty); a round whose subscriber lagged (it missed deltas: the machine stalled
   it) is printed but not counted;
-- bulk output: an agent writing ``BULK_BYTES`` to stdout in 1 MiB writes, read
+- bulk output: an agent writing ``BULK_OUTPUT_BYTES`` to stdout in 1 MiB writes, read
   through the holder against the same agent's pipe read by this process
   (``BULK_ROUNDS`` alternating rounds, medians; the relay's quiet period, which
   batches a flood of lines, must not throttle a flood of bulk writes);
@@ -50,14 +50,14 @@ from tests.bench.bench_stream import FLOOD_DELTAS, call, cpu_s, flood
 from tests.daemon_process import running_daemon, wait_until_serving
 
 ROUNDS = 5
-BULK_BYTES = 256 << 20
+BULK_OUTPUT_BYTES = 256 << 20
 BULK_ROUNDS = 3
 BULK_AGENT = [
     sys.executable,
     "-c",
     "import os\n"
     "block = b'x' * (1 << 20)\n"
-    f"for _ in range({BULK_BYTES} >> 20):\n"
+    f"for _ in range({BULK_OUTPUT_BYTES} >> 20):\n"
     "    os.write(1, block)\n",
 ]
 SESSIONS = 100
@@ -127,14 +127,15 @@ async def bulk_rates() -> tuple[list[float], list[float]]:
                 began = time.monotonic()
                 process = await trio.lowlevel.open_process(BULK_AGENT, stdout=subprocess.PIPE)
                 assert process.stdout is not None
-                assert await _drain(process.stdout) == BULK_BYTES
+                assert await _drain(process.stdout) == BULK_OUTPUT_BYTES
                 assert await process.wait() == 0
-                direct.append(BULK_BYTES / 1e6 / (time.monotonic() - began))
+                direct.append(BULK_OUTPUT_BYTES / 1e6 / (time.monotonic() - began))
                 began = time.monotonic()
                 agent = await link.spawn(f"bulk-{n}", BULK_AGENT, "/", dict(os.environ), None)
-                assert await _drain(agent.stdout) == BULK_BYTES
+                assert await _drain(agent.stdout) == BULK_OUTPUT_BYTES
                 assert await agent.wait() == 0
-                held.append(BULK_BYTES / 1e6 / (time.monotonic() - began))
+                await link.release(agent)
+                held.append(BULK_OUTPUT_BYTES / 1e6 / (time.monotonic() - began))
     return direct, held
 
 
@@ -228,7 +229,7 @@ def main() -> None:
     )
     bulk_direct, bulk_held = trio.run(bulk_rates)
     print(
-        f"   bulk stdout ({BULK_BYTES >> 20} MiB)  direct median "
+        f"   bulk stdout ({BULK_OUTPUT_BYTES >> 20} MiB)  direct median "
         f"{statistics.median(bulk_direct):.0f} MB/s, through the holder "
         f"{statistics.median(bulk_held):.0f} MB/s: "
         f"{statistics.median(bulk_held) / statistics.median(bulk_direct):.2f}x  "

@@ -331,6 +331,36 @@ async def test_a_spawn_whose_holder_is_lost_ends_what_carries_its_token(
     assert len(exits) == 1 and exits[0] in (EndOutcome.ENDED, EndOutcome.ALREADY_GONE)
 
 
+@pytest.mark.parametrize("marked", [True, False], ids=["marked", "earlier-release"])
+async def test_a_holder_lost_before_the_spawn_reached_it_started_nothing(
+    keeper: HolderKeeper, tokens: list[str], monkeypatch: pytest.MonkeyPatch, marked: bool
+) -> None:
+    """Nothing of the spawn ran: the outcome says so at once, whether the holder had
+    a mark to wait for its forks by or, as one of an earlier release, none."""
+    link = await keeper.link()
+    assert link.mark is not None
+    if not marked:
+        link.mark = None
+    exits: list[HeldExit] = []
+    original = HolderLink.send
+
+    async def send(self: HolderLink, header: dict[str, Any], payload: bytes = b"") -> None:
+        if header["op"] == "spawn":  # the holder is dead before it could read it
+            pidfd = os.pidfd_open(self.holder_pid)
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                await trio.lowlevel.wait_readable(pidfd)  # readable once it exited
+            finally:
+                os.close(pidfd)
+        await original(self, header, payload)
+
+    monkeypatch.setattr(HolderLink, "send", send)
+    with trio.fail_after(20), pytest.raises(HolderLost):
+        async with open_held_child(spec(tokens), QUICK, ignore_identity, exits.append, link):
+            raise AssertionError("the body never runs: the holder is gone")
+    assert exits == [EndOutcome.ALREADY_GONE]
+
+
 async def test_an_agent_that_exits_at_once_reports_its_status(
     keeper: HolderKeeper, tokens: list[str]
 ) -> None:

@@ -49,7 +49,7 @@ keeper = held_tests.keeper
 tokens = held_tests.tokens
 cgroups = held_tests.cgroups
 
-ATTACH_TIMEOUT_S = 10.0
+ATTACH_TIMEOUT_S = 30.0  # a hang guard: strace attaches in milliseconds
 HOLD_S = 600  # how long strace holds a fork at its exec: for ever, as far as a test goes
 # The fork never execs within this ladder's bound: it is killed after 0.2 s.
 SHORT = Ladder(eof_grace_s=0.2, term_grace_s=0.2, kill_wait_s=5.0)
@@ -94,9 +94,10 @@ def held_at_exec(pid: int) -> Iterator[subprocess.Popen[str]]:
     try:
         deadline = time.monotonic() + ATTACH_TIMEOUT_S
         while not _traced_by(pid, tracer.pid):
-            if tracer.poll() is not None or time.monotonic() > deadline:
+            if tracer.poll() is not None:
                 reason = tracer.stderr.read() if tracer.stderr else ""
                 pytest.skip(f"strace could not attach to the holder: {reason.strip()}")
+            assert time.monotonic() < deadline, "strace runs but did not attach to the holder"
             time.sleep(0.01)
         yield tracer
     finally:

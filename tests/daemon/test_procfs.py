@@ -6,7 +6,9 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import trio
@@ -31,12 +33,23 @@ from agentsd.procfs import (
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(3600)"]
 
 
+def _started(proc: subprocess.Popen[bytes], entry: bytes) -> None:
+    """Wait until ``proc``'s exec has set up its environment, which holds ``entry``:
+    Popen returns once the exec closed its pipe, before the kernel wrote the new
+    environment (/proc then shows none)."""
+    deadline = time.monotonic() + 10
+    while entry not in Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0"):
+        assert time.monotonic() < deadline, "the sleeper never finished its exec"
+        time.sleep(0.001)
+
+
 @pytest.fixture
 def sleeper() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """A process in its own group carrying a fresh spawn token; killed and reaped after."""
     token = os.urandom(8).hex()
     proc = subprocess.Popen(SLEEPER, env={SPAWN_TOKEN_ENV: token}, start_new_session=True)
     try:
+        _started(proc, f"{SPAWN_TOKEN_ENV}={token}".encode())
         yield proc, token
     finally:
         proc.kill()
@@ -173,6 +186,7 @@ def marked() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     mark = os.urandom(16).hex()
     proc = subprocess.Popen(SLEEPER, env={HOLDER_MARK_ENV: mark})
     try:
+        _started(proc, f"{HOLDER_MARK_ENV}={mark}".encode())
         yield proc, mark
     finally:
         proc.kill()
