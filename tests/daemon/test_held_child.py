@@ -310,13 +310,9 @@ async def test_a_spawn_cancelled_while_the_holder_starts_it_is_still_laddered(
     assert exits == [ExitProof(returncode=0, signal=None, stragglers_killed=0)]
 
 
-async def test_a_spawn_whose_holder_is_lost_ends_what_carries_its_token(
-    keeper: HolderKeeper, tokens: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The holder dies right after it was asked to spawn: whatever it may have
-    started is found by the token and ended, and the outcome is reported."""
-    link = await keeper.link()
-    exits: list[HeldExit] = []
+def kill_holder_after_spawn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The holder is SIGKILLed as soon as a ``spawn`` was sent to it: it may or may
+    not have started the agent."""
     original = HolderLink.send
 
     async def send(self: HolderLink, header: dict[str, Any], payload: bytes = b"") -> None:
@@ -325,6 +321,16 @@ async def test_a_spawn_whose_holder_is_lost_ends_what_carries_its_token(
             os.kill(self.holder_pid, signal.SIGKILL)
 
     monkeypatch.setattr(HolderLink, "send", send)
+
+
+async def test_a_spawn_whose_holder_is_lost_ends_what_carries_its_token(
+    keeper: HolderKeeper, tokens: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holder dies right after it was asked to spawn: whatever it may have
+    started is found by the token and ended, and the outcome is reported."""
+    link = await keeper.link()
+    exits: list[HeldExit] = []
+    kill_holder_after_spawn(monkeypatch)
     with trio.fail_after(20), pytest.raises(HolderLost):
         async with open_held_child(spec(tokens), QUICK, ignore_identity, exits.append, link):
             raise AssertionError("the body never runs: the holder is gone")

@@ -15,13 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
-from typing import Any
 
 import attrs
 import pytest
@@ -44,73 +40,22 @@ from agentsd.procfs import (
 from tests.daemon import test_held_child as held_tests
 from tests.daemon.test_child import MOCK_AGENT, QUICK
 from tests.polling import eventually
+from tests.strace import delayed, release
 
 keeper = held_tests.keeper
 tokens = held_tests.tokens
 cgroups = held_tests.cgroups
 
-ATTACH_TIMEOUT_S = 30.0  # a hang guard: strace attaches in milliseconds
 HOLD_S = 600  # how long strace holds a fork at its exec: for ever, as far as a test goes
 # The fork never execs within this ladder's bound: it is killed after 0.2 s.
 SHORT = Ladder(eof_grace_s=0.2, term_grace_s=0.2, kill_wait_s=5.0)
 WAIT_S = 30.0  # for what another process does, on a loaded machine
 
 
-def _traced_by(pid: int, tracer: int) -> bool:
-    """Whether every thread of ``pid`` is traced by ``tracer``."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/status") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        if int(fields["TracerPid"].strip()) != tracer:
-            return False
-    return True
-
-
-@contextlib.contextmanager
-def held_at_exec(pid: int) -> Iterator[subprocess.Popen[str]]:
+def held_at_exec(pid: int) -> contextlib.AbstractContextManager[subprocess.Popen[str]]:
     """Every process ``pid`` forks from now on stops at its execve, for ``HOLD_S``;
-    yields the tracer: ending it lets the execve run at once."""
-    strace = shutil.which("strace")
-    if strace is None:
-        pytest.skip("strace is not installed: it is what holds the holder's fork at its exec")
-    tracer = subprocess.Popen(
-        [
-            strace,
-            "-f",
-            "-qq",
-            "-o",
-            "/dev/null",
-            "-e",
-            "trace=execve",
-            "-e",
-            f"inject=execve:delay_enter={HOLD_S}s",
-            "-p",
-            str(pid),
-        ],
-        stdin=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + ATTACH_TIMEOUT_S
-        while not _traced_by(pid, tracer.pid):
-            if tracer.poll() is not None:
-                reason = tracer.stderr.read() if tracer.stderr else ""
-                pytest.skip(f"strace could not attach to the holder: {reason.strip()}")
-            assert time.monotonic() < deadline, "strace runs but did not attach to the holder"
-            time.sleep(0.01)
-        yield tracer
-    finally:
-        release(tracer)
-        if tracer.stderr is not None:
-            tracer.stderr.close()
-
-
-def release(tracer: subprocess.Popen[str]) -> None:
-    """End the tracer: it detaches, and a held execve runs."""
-    if tracer.poll() is None:
-        tracer.terminate()
-    tracer.wait(timeout=WAIT_S)
+    yields the tracer: ending it (`release`) lets the execve run at once."""
+    return delayed(pid, "execve", HOLD_S, "it is what holds the holder's fork at its exec")
 
 
 def _fork_of(holder_pid: int) -> ProcInfo | None:
@@ -301,14 +246,7 @@ async def test_a_process_that_copied_the_mark_bounds_the_wait_and_is_ended(
         env={HOLDER_MARK_ENV: link.mark},
         start_new_session=True,
     )
-    original = HolderLink.send
-
-    async def send(self: HolderLink, header: dict[str, Any], payload: bytes = b"") -> None:
-        await original(self, header, payload)
-        if header["op"] == "spawn":
-            os.kill(self.holder_pid, signal.SIGKILL)
-
-    monkeypatch.setattr(HolderLink, "send", send)
+    held_tests.kill_holder_after_spawn(monkeypatch)
     agent = held_tests.spec(tokens)
     exits: list[HeldExit] = []
     try:

@@ -873,8 +873,8 @@ def test_an_agent_writing_in_bulk_keeps_no_other_agents_output_waiting(
     make_holder: Any, tmp_path: Path
 ) -> None:
     """Rule 2's relay: "a" writes without end into a 1 MiB pipe, so every read of
-    it fills a whole frame and the daemon's socket with it; "b"'s one line still
-    goes out among "a"'s frames, not after them."""
+    it fills a whole frame and the daemon's socket with it; each line "b" echoes
+    still goes out among "a"'s frames, not after them."""
     h = make_holder()
     daemon = h.connect()
     daemon.hello(1)

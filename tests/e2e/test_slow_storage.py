@@ -17,76 +17,27 @@ fast again the next send works.
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import sqlite3
 import subprocess
 import time
 import urllib.parse
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from tests.daemon_process import IO_TIMEOUT_S, WireClient, running_daemon
+from tests.daemon_process import WireClient, running_daemon
 from tests.e2e.reliability import wait_until
+from tests.strace import delayed
 
 # Reported as 12 s; any delay over the start's bound takes the same path (the
 # reservation's commit outlasts START_BOUND_S, load only lengthens it), and the
 # send's reply waits out three of them in a row (submission, reservation, refusal).
 FSYNC_DELAY_S = 11
 START_BOUND_S = 10.0  # agentsd.held_lease.SETTLE_TIMEOUT_S
-ATTACH_TIMEOUT_S = 10.0
 
 
-def _traced_by(pid: int, tracer: int) -> bool:
-    """Whether every thread of ``pid`` is traced by ``tracer``."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/status") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        if int(fields["TracerPid"].strip()) != tracer:
-            return False
-    return True
-
-
-@contextlib.contextmanager
-def slow_fsync(pid: int, delay_s: int) -> Iterator[subprocess.Popen[str]]:
+def slow_fsync(pid: int, delay_s: int) -> contextlib.AbstractContextManager[subprocess.Popen[str]]:
     """Every fsync/fdatasync of process ``pid`` (all its threads) takes ``delay_s``;
-    yields the tracer (killing it ends the delays at once)."""
-    strace = shutil.which("strace")
-    if strace is None:
-        pytest.skip("strace is not installed: it is what makes fsync slow here")
-    tracer = subprocess.Popen(
-        [
-            strace,
-            "-f",
-            "-qq",
-            "-o",
-            "/dev/null",
-            "-e",
-            "trace=fsync,fdatasync",
-            "-e",
-            f"inject=fsync,fdatasync:delay_enter={delay_s}s",
-            "-p",
-            str(pid),
-        ],
-        stdin=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + ATTACH_TIMEOUT_S
-        while not _traced_by(pid, tracer.pid):
-            if tracer.poll() is not None or time.monotonic() > deadline:
-                reason = tracer.stderr.read() if tracer.stderr else ""
-                pytest.skip(f"strace could not attach to the daemon: {reason.strip()}")
-            time.sleep(0.01)
-        yield tracer
-    finally:
-        tracer.terminate()  # detaches: the daemon's syscalls run at full speed again
-        tracer.wait(timeout=IO_TIMEOUT_S)
-        if tracer.stderr is not None:
-            tracer.stderr.close()
+    yields the tracer (ending it ends the delays at once)."""
+    return delayed(pid, "fsync,fdatasync", delay_s, "it is what makes fsync slow here")
 
 
 def _held_leases(db: Path) -> list[tuple[str, str]]:
