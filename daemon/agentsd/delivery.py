@@ -1,5 +1,5 @@
-"""Handing journaled prompts and answers to the agent: a send's, a queued prompt's,
-a client's answer to an approval.
+"""Handing journaled prompts, answers and interrupts to the agent: a send's, a
+queued prompt's, a client's answer to an approval, a client's interrupt.
 
 Rule 1 (write-ahead, ``handlers.conversation`` Rule 1): every prompt is journaled as
 ``submission`` before ``deliver`` hands it to the agent, and ``deliver`` journals
@@ -10,14 +10,14 @@ its prompt id, committed under its claim (``agentsd.prompt_queue`` Rule 2), so i
 sent once whoever sends it: the session task when the running turn ended
 (``drain_queue``), or a client (send-now, resume).
 
-Rule 3 (answers, ``handlers.conversation`` Rule 2): a committed answer is written
-keyed with its seq in the journal (``agentsd.holder_link`` Rule 5: a key of the
-daemon's making, a few bytes, whatever the agent named its question), and when the
-adapter
-writes nothing for it (the agent withdrew the question, or it asks the next one of
-a form) an empty write carries the key alone: either way the holder's last key
-says the answer was handled, and a daemon taking over writes it only when it was
-not (``agentsd.reattach`` Rule 2).
+Rule 3 (keyed writes, ``handlers.conversation`` Rules 2 and 3): a committed answer,
+or a committed ``interrupt.requested``, is written keyed with its seq in the journal
+(``agentsd.holder_link`` Rule 5: a key of the daemon's making, a few bytes, whatever
+the agent named its question or turn), and when the adapter writes nothing for it
+(the agent withdrew the question, or it asks the next one of a form; the adapter
+saw no turn to interrupt) an empty write carries the key alone: either way the
+holder's last key says it was handled, and a daemon taking over writes it only
+when it was not (``agentsd.reattach`` Rule 2).
 """
 
 from __future__ import annotations
@@ -101,6 +101,21 @@ async def deliver_answer(
         await adapter.answer_approval(native_id, decision)
         if not key.written and link is not None:
             await link.send_raw(b"")
+
+
+async def deliver_interrupt(
+    adapter: Adapter, link: LineLink | None, turn_id: str | None, seq: int, *, confirm: bool = True
+) -> bool:
+    """Interrupt ``turn_id`` through ``adapter``, keyed with the seq of its
+    ``interrupt.requested`` (Rule 3; ``link``: the adapter's, for the key alone);
+    ``confirm`` as ``Adapter.interrupt``. Whether the agent took it. Raises
+    ``trio.BrokenResourceError`` or ``trio.ClosedResourceError`` when the agent is
+    gone."""
+    with keyed(str(seq)) as key:
+        interrupted = await adapter.interrupt(turn_id, confirm=confirm)
+        if not key.written and link is not None:
+            await link.send_raw(b"")
+    return interrupted
 
 
 def send_result(cmid: str, seq: int, dispatch: Dispatch) -> api.SendResult:

@@ -50,9 +50,9 @@ Rule 5 (keyed writes): what is written to an agent's stdin inside `keyed` carrie
 that key (``agentsd.holder`` Rule 3), and the holder reports the last key it took
 for each agent it held at attach (`HeldAgent.stdin_key`; `HeldAgent.keys_known`
 False when the holder cannot say, an earlier release's or one a daemon that does
-not key wrote to). An answer's delivery is keyed with its seq in the journal
-(``agentsd.delivery`` Rule 3), so a daemon taking over knows which answers reached
-the agent (``agentsd.reattach`` Rule 2). A key is taken with the frame that carries
+not key wrote to). An answer's delivery, and an interrupt's, is keyed with its seq
+in the journal (``agentsd.delivery`` Rule 3), so a daemon taking over knows which
+answers and interrupts reached the agent (``agentsd.reattach`` Rule 2). A key is taken with the frame that carries
 it, atomically (Rule 3 of the holder); `StdinKey.written` says whether one was.
 """
 
@@ -123,6 +123,17 @@ def keyed(value: str) -> Iterator[StdinKey]:
     token = _STDIN_KEY.set(key)
     try:
         yield key
+    finally:
+        _STDIN_KEY.reset(token)
+
+
+@contextmanager
+def unkeyed() -> Iterator[None]:
+    """Write unkeyed inside a `keyed` block: frames that must not carry its key
+    (Rule 5: the key says its frame was taken)."""
+    token = _STDIN_KEY.set(None)
+    try:
+        yield
     finally:
         _STDIN_KEY.reset(token)
 

@@ -13,20 +13,25 @@ items that were streaming (their text as last journaled: the sink goes on from i
 ``agentsd.sink`` Rule 4) and the agent's version, all since the child's
 ``child.ready`` (nothing before it belongs to this child).
 
-Rule 2 (answers that did not reach the agent): a client's answer is committed, then
-written to the agent keyed with its seq, one answer at a time per session
-(``handlers.conversation``, ``agentsd.delivery`` Rule 3), so the journal's order of
-answers is the order the holder took them. The holder reports the last key it took
-for the agent (``agentsd.holder_link`` Rule 5): the answers journaled after that one
-were committed and never written (the daemon died between the two), and are written
-now (`Answer`), after the adapter restored their questions. None is written again
-when the holder cannot say (``keys_known`` False), nor when its key is not one of
-this child's answers: at most once before exactly once.
+Rule 2 (answers and interrupts that did not reach the agent): a client's answer,
+and a client's interrupt (``interrupt.requested``), is committed, then written to
+the agent keyed with its seq, one keyed write at a time per session
+(``handlers.conversation`` Rules 2 and 3, ``agentsd.delivery`` Rule 3), so the
+journal's order of answers and interrupts is the order the holder took them. The
+holder reports the last key it took for the agent (``agentsd.holder_link`` Rule 5):
+the answers and interrupts journaled after that one were committed and never
+written (the daemon died between the two), and are written now, in journal order:
+an answer (`Answer`) after the adapter restored its question, an interrupt
+(`Interrupt`) only when the turn it named is still the open one (one that ended
+needs none), once. None is written again when the holder cannot say
+(``keys_known`` False), nor when its key is not one of this child's answers or
+interrupts: at most once before exactly once.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 
 import attrs
 
@@ -39,6 +44,7 @@ from agentsd_protocol.api.events import (
     ApprovalRequested,
     ApprovalResolved,
     ChildReady,
+    InterruptRequested,
     ItemCompleted,
     ItemStarted,
     ItemUpdated,
@@ -46,7 +52,16 @@ from agentsd_protocol.api.events import (
     kind_of,
 )
 
-__all__ = ["Answer", "JournaledChild", "journaled_child", "takeover_state", "undelivered"]
+__all__ = [
+    "Answer",
+    "Interrupt",
+    "JournaledChild",
+    "KeyedWrite",
+    "journaled_child",
+    "owed",
+    "takeover_state",
+    "undelivered",
+]
 
 PAGE_EVENTS = 1000
 PAGE_BYTES = 4 << 20
@@ -76,19 +91,31 @@ class Answer:
         )
 
 
+@attrs.frozen
+class Interrupt:
+    """A client's interrupt of the child's turn ``turn_id``, as journaled (Rule 2)."""
+
+    turn_id: str | None
+    seq: int  # of its ``interrupt.requested``: its key (``agentsd.delivery`` Rule 3)
+
+
+KeyedWrite = Answer | Interrupt
+
+
 @attrs.define
 class JournaledChild:
     """What the journal holds of the current child since its ``child.ready``."""
 
     version: str | None = None
     items: dict[str, OpenItem] = attrs.field(factory=dict)
-    answers: list[Answer] = attrs.field(factory=list)  # clients', in journal order
+    # The clients' answers and interrupts, in journal order: the keyed writes.
+    writes: list[KeyedWrite] = attrs.field(factory=list)
 
 
 def journaled_child(conn: sqlite3.Connection, session_id: str) -> JournaledChild:
     """The agent version of the session's last ``child.ready``, the items opened
     since then and not completed, with their text as last journaled, and the
-    clients' answers since then (Rules 1 and 2)."""
+    clients' answers and interrupts since then (Rules 1 and 2)."""
     after = last_seq_of_kind(conn, session_id, kind_of(ChildReady))
     child = JournaledChild()
     items = child.items
@@ -121,7 +148,9 @@ def journaled_child(conn: sqlite3.Connection, session_id: str) -> JournaledChild
                 case ApprovalResolved(approval_id=approval_id, by="client", decision=decision):
                     question = asked.pop(approval_id, None)
                     if question is not None:
-                        child.answers.append(Answer(question, decision, stored.seq))
+                        child.writes.append(Answer(question, decision, stored.seq))
+                case InterruptRequested(turn_id=turn_id):
+                    child.writes.append(Interrupt(turn_id, stored.seq))
                 case _:
                     pass
             after = stored.seq
@@ -129,14 +158,32 @@ def journaled_child(conn: sqlite3.Connection, session_id: str) -> JournaledChild
             return child
 
 
-def undelivered(answers: list[Answer], stdin_key: str | None, keys_known: bool) -> list[Answer]:
-    """The answers committed after the last one the holder took (Rule 2)."""
+def undelivered(
+    writes: Sequence[KeyedWrite], stdin_key: str | None, keys_known: bool
+) -> list[KeyedWrite]:
+    """The answers and interrupts committed after the last one the holder took (Rule
+    2), in journal order."""
     if not keys_known:
         return []
     if stdin_key is None:
-        return answers
-    taken = [i for i, answer in enumerate(answers) if str(answer.seq) == stdin_key]
-    return answers[taken[0] + 1 :] if taken else []
+        return list(writes)
+    taken = [i for i, write in enumerate(writes) if str(write.seq) == stdin_key]
+    return list(writes[taken[0] + 1 :]) if taken else []
+
+
+def owed(writes: Sequence[KeyedWrite], turn_open: bool, turn_id: str | None) -> list[KeyedWrite]:
+    """Of the ``undelivered`` writes, those to write now, in journal order (Rule 2):
+    every answer, and an interrupt only when it names the open turn ``turn_id``, the
+    first such one only (the agent stops a turn once)."""
+    out: list[KeyedWrite] = []
+    interrupting = False
+    for write in writes:
+        if isinstance(write, Interrupt):
+            if interrupting or not turn_open or write.turn_id is None or write.turn_id != turn_id:
+                continue
+            interrupting = True
+        out.append(write)
+    return out
 
 
 async def takeover_state(
@@ -146,15 +193,17 @@ async def takeover_state(
     undispatched: tuple[str, ...],
     stdin_key: str | None,
     keys_known: bool,
-) -> tuple[Takeover, dict[str, OpenItem], list[Answer]]:
+) -> tuple[Takeover, dict[str, OpenItem], list[KeyedWrite]]:
     """The adapter's `Takeover` for the session's agent under the lease ``fence``
     (just taken over; ``undispatched``: the submissions that takeover settled
-    ``unknown``), the sink's open items, and the answers to write once the adapter
-    took over (Rule 2: the holder's ``stdin_key`` and ``keys_known``)."""
+    ``unknown``), the sink's open items, and the answers and interrupts to write
+    once the adapter took over, in journal order (Rule 2: the holder's
+    ``stdin_key`` and ``keys_known``; the interrupts are not yet matched with the
+    open turn)."""
     session_id = session.id
     child = await store.read(lambda conn: journaled_child(conn, session_id))
     version, items = child.version, child.items
-    answers = undelivered(child.answers, stdin_key, keys_known)
+    writes = undelivered(child.writes, stdin_key, keys_known)
     convo = session.conversation
     handle = session.row.provider_handle
     assert handle is not None, "a ready child recorded its handle"
@@ -173,10 +222,10 @@ async def takeover_state(
             )
             for a in convo.approvals.values()
         )
-        + tuple(answer.pending() for answer in answers),
+        + tuple(write.pending() for write in writes if isinstance(write, Answer)),
         undispatched=undispatched,
         options=dict(session.row.options),
         agent_version=version,
         open_items={item_id: item.text for item_id, item in items.items()},
     )
-    return state, items, answers
+    return state, items, writes

@@ -173,9 +173,10 @@ class Session:
     lock: trio.Lock = attrs.field(factory=trio.Lock)
     # setOptions and commands run one at a time under it (``handlers.controls``).
     controls_lock: trio.Lock = attrs.field(factory=trio.Lock)
-    # Answers to approvals are committed and written one at a time under it
-    # (``handlers.conversation`` Rule 2).
-    answering: trio.Lock = attrs.field(factory=trio.Lock)
+    # The keyed writes to the agent (answers to approvals, interrupts) are committed
+    # and written one at a time under it, so the journal's order of them is the order
+    # the holder took their keys (``handlers.conversation`` Rules 2 and 3).
+    keyed_writes: trio.Lock = attrs.field(factory=trio.Lock)
     # Set when the running turn is over, for whoever waits for that (``wait_turn_over``).
     _turn_over: trio.Event | None = None
     # Bound by the supervisor when it registers the session (Rule 3). Recovery

@@ -11,8 +11,9 @@ Rule 1 (what is taken over): the lease is taken over (``open_lease`` with
 is claimed from the holder (``adopt_held_child``) and read from the output offset
 the journal holds, and its adapter restores its state from the journal
 (``Adapter.take_over`` with ``agentsd.reattach.takeover_state``) instead of a
-handshake: no frame is sent, but the answers the earlier daemon committed and never
-wrote (``agentsd.reattach`` Rule 2). Then the same serving (``agentsd.attendance``), the
+handshake: no frame is sent, but the answers and the interrupt of the open turn the
+earlier daemon committed and never wrote (``agentsd.reattach`` Rule 2). Then the
+same serving (``agentsd.attendance``), the
 same ladder and the same settle as a started agent (``agentsd.runner`` Rules 1-3).
 
 Rule 2 (or it is ended, as without the holder): if the lease cannot be taken over,
@@ -33,7 +34,7 @@ import msgspec
 import trio
 
 from agentsd.attendance import attend
-from agentsd.delivery import deliver_answer
+from agentsd.delivery import deliver_answer, deliver_interrupt
 from agentsd.held_child import adopt_held_child
 from agentsd.held_lease import (
     SETTLE_TIMEOUT_S,
@@ -47,7 +48,7 @@ from agentsd.leases import LeaseError
 from agentsd.leftovers import ChildIdentity, EndOutcome, end_contained
 from agentsd.procfs import current_scanner
 from agentsd.providers.base import Adapter, LineLink, Provider, Takeover
-from agentsd.reattach import Answer, takeover_state
+from agentsd.reattach import Answer, Interrupt, KeyedWrite, owed, takeover_state
 from agentsd.session import Session
 from agentsd.session_task import SessionTask, record_end
 from agentsd.sink import HeldOutput, Sink
@@ -164,7 +165,7 @@ async def _take_over_child(
                 generation=held.lease.generation,
                 started_at=time.time(),
             )
-            state, items, answers = await takeover_state(
+            state, items, writes = await takeover_state(
                 supervisor.store,
                 session,
                 held.lease.fence,
@@ -190,7 +191,7 @@ async def _take_over_child(
                 adapter,
                 sink,
                 functools.partial(
-                    _take_over, supervisor, session, task, adapter, state, answers, line_link
+                    _take_over, supervisor, session, task, adapter, state, writes, line_link
                 ),
                 link=line_link,
             )
@@ -209,34 +210,19 @@ async def _take_over(
     task: SessionTask,
     adapter: Adapter,
     takeover: Takeover,
-    answers: list[Answer],
+    writes: list[KeyedWrite],
     link: LineLink,
 ) -> None:
     """Rule 1's handshake: the adapter restores its state from the journal's; no
-    frame is sent but the answers the earlier daemon committed and never wrote
-    (``agentsd.reattach`` Rule 2). Raises what ``take_over`` raises
+    frame is sent but the answers and the interrupt the earlier daemon committed and
+    never wrote (``agentsd.reattach`` Rule 2). Raises what ``take_over`` raises
     (``ResumeFailed``)."""
     timeout_s = supervisor.config.handshake_timeout_s
     try:
         with trio.fail_after(timeout_s):
             await adapter.take_over(takeover)
-            for answer in answers:
-                log.warning(
-                    "session %s: writing %s's answer %r, committed by the earlier daemon "
-                    "and never written to the agent",
-                    session.id,
-                    answer.approval_id,
-                    answer.decision,
-                )
-                try:
-                    await deliver_answer(
-                        adapter, link, answer.asked.native_id, answer.seq, answer.decision
-                    )
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    # It ended while no daemon watched, or as the answer went out: it is
-                    # taken over all the same, and its exit settles the rest.
-                    log.info("session %s: its agent ended before hearing the answers", session.id)
-                    break
+            async with session.keyed_writes:  # in journal order, before any client's
+                await _write_undelivered(session, adapter, link, writes)
     except trio.TooSlowError:
         raise HandshakeTimeout(
             f"the agent could not be taken over within {timeout_s:g} s"
@@ -247,3 +233,51 @@ async def _take_over(
     task.adapter = adapter
     task.touch()
     task.ready.set()
+
+
+async def _write_undelivered(
+    session: Session, adapter: Adapter, link: LineLink, writes: list[KeyedWrite]
+) -> None:
+    """Write the answers and the interrupt the earlier daemon committed and never
+    wrote, each keyed with its seq, in journal order (``agentsd.reattach`` Rule 2):
+    an interrupt only if the turn it named is still the open one, and once. An
+    agent gone meanwhile ends the writing, not the takeover."""
+    convo = session.conversation
+    writing = owed(writes, convo.turn_open, convo.turn_id)
+    for write in writes:
+        if isinstance(write, Interrupt) and write not in writing:
+            log.info(
+                "session %s: not interrupting turn %s as asked at %d: it is not the open "
+                "turn, or is interrupted once already",
+                session.id,
+                write.turn_id,
+                write.seq,
+            )
+    try:
+        for write in writing:
+            if isinstance(write, Answer):
+                log.warning(
+                    "session %s: writing %s's answer %r, committed by the earlier daemon "
+                    "and never written to the agent",
+                    session.id,
+                    write.approval_id,
+                    write.decision,
+                )
+                await deliver_answer(
+                    adapter, link, write.asked.native_id, write.seq, write.decision
+                )
+            else:
+                log.warning(
+                    "session %s: interrupting turn %s, as asked at %d: committed by the "
+                    "earlier daemon and never written to the agent",
+                    session.id,
+                    write.turn_id,
+                    write.seq,
+                )
+                # Its confirmation would be read by the reader, which runs once this
+                # takeover is done: the turn's end tells the rest.
+                await deliver_interrupt(adapter, link, write.turn_id, write.seq, confirm=False)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        # It ended while no daemon watched, or as a write went out: it is taken over
+        # all the same, and its exit settles the rest.
+        log.info("session %s: its agent ended before hearing what was owed", session.id)

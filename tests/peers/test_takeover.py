@@ -16,6 +16,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -316,6 +317,42 @@ async def test_a_turn_taken_over_mid_stream_completes_with_exactly_the_text_sent
             # The agent got the second prompt in the same conversation.
             assert "Once more" in agent.user_texts()
             assert "Tell a story" in agent.user_texts()
+
+
+async def test_an_interrupt_written_before_the_new_adapter_reads_ends_the_turn_taken_over(
+    agent: Agent,
+) -> None:
+    """As a daemon writes an interrupt its predecessor committed and never wrote
+    (``agentsd.reattach`` Rule 2): right after ``take_over``, before the reader runs
+    and without waiting for the agent's answer (``confirm=False``). The reply is
+    held after its first piece, so only the interrupt can end the turn, and it ends
+    interrupted; the next prompt is served."""
+    held = threading.Event()
+    agent.script(agent.say("Once upon a time", seconds=STREAM_S, hold=held), agent.say("Again."))
+    try:
+        with trio.fail_after(TEST_TIMEOUT_S):
+            async with spawned(agent) as (provider, row, process):
+                before = await first_adapter(
+                    provider, row, process, "Tell a story", lambda sink: bool(sink.deltas)
+                )
+                state = takeover_state(before, row)
+                assert state.turn_open and state.turn_id is not None
+                adapter, sink = await second_adapter(provider, row, process, state)
+                assert await adapter.interrupt(state.turn_id, confirm=False)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(adapter.run)
+                    await sink.until(turn_ends)
+                    dispatch = await adapter.send(Submission("m-2", "Once more"))
+                    assert dispatch.outcome == "accepted", dispatch
+                    await sink.until(lambda s: len(turn_ends(s)) == 2)
+                    nursery.cancel_scope.cancel()
+                assert process.poll() is None
+    finally:
+        held.set()
+    first_end, second_end = turn_ends(sink)
+    assert (first_end["turnId"], first_end["outcome"]) == (state.turn_id, "interrupted")
+    assert second_end["outcome"] == "completed"
+    assert "Once more" in agent.user_texts()
 
 
 def tool_call(agent: Agent) -> Any:

@@ -510,7 +510,7 @@ async def test_an_adapter_that_cannot_take_over_says_resume_failed() -> None:
         async def send(self, submission: Submission) -> Dispatch:
             return Dispatch(outcome="unknown")
 
-        async def interrupt(self, turn_id: str | None) -> bool:
+        async def interrupt(self, turn_id: str | None, *, confirm: bool = True) -> bool:
             return False
 
         async def answer_approval(self, native_id: str, decision: str) -> None:

@@ -19,10 +19,19 @@ under one shield (bounded by ``ANSWER_DELIVERY_S``): a client that hangs up, or 
 restart that cancels the connections before it hands the agents over, cannot leave
 an answer committed and never written to the agent, which would wait for it for
 ever. The answers of one session are committed and written one at a time
-(``Session.answering``), each write keyed with the answer's seq
-(``agentsd.delivery`` Rule 3), so that a daemon killed between the commit and the
-write leaves the holder's last key behind the journal's last answer, and the daemon
-that takes the agent over writes the answer then (``agentsd.reattach`` Rule 2).
+(``Session.keyed_writes``, shared with interrupts: Rule 3), each write keyed with
+the answer's seq (``agentsd.delivery`` Rule 3), so that a daemon killed between the
+commit and the write leaves the holder's last key behind the journal's last answer,
+and the daemon that takes the agent over writes the answer then
+(``agentsd.reattach`` Rule 2).
+
+Rule 3 (an interrupt is kept like an answer): ``interrupt.requested`` is committed,
+then the interrupt is written keyed with its seq, under the same shield (bounded by
+``INTERRUPT_DELIVERY_S``) and the same per-session lock as answers, so the journal's
+order of all keyed writes is the order the holder took them. A daemon killed between
+the commit and the write leaves the journal saying the user stopped the turn: the
+daemon that takes the agent over writes the interrupt then, if that turn is still
+the open one (``agentsd.reattach`` Rule 2), instead of letting the turn run on.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ import msgspec
 import trio
 
 from agentsd.attachments import Prepared, block_types, prepare
-from agentsd.delivery import deliver, deliver_answer, send_result
+from agentsd.delivery import deliver, deliver_answer, deliver_interrupt, send_result
 from agentsd.operations import Provisional
 from agentsd.providers.base import Dispatch
 from agentsd.session import Session
@@ -72,6 +81,9 @@ MAX_PROMPT_BYTES = 1024 * 1024  # a prompt is typed or pasted; files go through 
 AUTO_TITLE_CHARS = 80  # a title taken from a prompt: what a listing's column shows
 INTERRUPT_WAIT_S = 15.0  # an interrupted turn ends within a second; past this it is stuck
 ANSWER_DELIVERY_S = 10.0  # commit and write of an answer (Rule 2): milliseconds when healthy
+# Commit and write of an interrupt (Rule 3), past the adapters' own wait (10 s) for
+# the agent to confirm it.
+INTERRUPT_DELIVERY_S = 15.0
 
 
 async def handle_send(call: Call, params: api.SendParams) -> api.SendResult:
@@ -234,22 +246,46 @@ async def _interrupt_for(session: Session, text: str) -> None:
 
 async def _interrupt(session: Session, turn_id: str | None) -> tuple[int, bool]:
     """Journal the interrupt request, pausing a non-empty queue with it (a stop
-    returns queued prompts to the user's control), then interrupt the agent. The
-    seq of the ``interrupt.requested``, and whether the agent took the interrupt."""
-    events: list[Event] = [InterruptRequested(turn_id=turn_id)]
-    if session.queue.prompts and session.queue.paused is None:
-        events.append(QueuePaused(reason="interrupted"))
-    stored = await session.journal.append(events)
+    returns queued prompts to the user's control), then interrupt the agent, keyed
+    (Rule 3). The seq of the ``interrupt.requested``, and whether the agent took the
+    interrupt."""
+    stored: list[StoredEvent] | None = None
+    interrupted = False
+    with trio.CancelScope(shield=True) as bound:
+        bound.deadline = trio.current_time() + INTERRUPT_DELIVERY_S
+        async with session.keyed_writes:  # committed in the order written (Rule 3)
+            events: list[Event] = [InterruptRequested(turn_id=turn_id)]
+            if session.queue.prompts and session.queue.paused is None:
+                events.append(QueuePaused(reason="interrupted"))
+            stored = await session.journal.append(events)
+            interrupted = await _deliver_interrupt(session, turn_id, stored[0].seq)
+    if stored is None:  # the deadline passed before the commit returned
+        raise StorageUnavailable(
+            f"interrupting took over {INTERRUPT_DELIVERY_S:g} s: storage too slow, or an "
+            "answer still going to an agent that does not read its input"
+        )
+    if bound.cancelled_caught:
+        log.warning(
+            "session %s: its interrupt took over %g s to reach its agent",
+            session.id,
+            INTERRUPT_DELIVERY_S,
+        )
+    return stored[0].seq, interrupted
+
+
+async def _deliver_interrupt(session: Session, turn_id: str | None, seq: int) -> bool:
+    """Write a committed interrupt (journaled at ``seq``) to the running agent, if
+    one runs (Rule 3); whether it took it."""
     task = session.task
     adapter = None if task is None else task.adapter
-    if adapter is None:
-        return stored[0].seq, False
+    if task is None or adapter is None:
+        return False
     try:
-        return stored[0].seq, await adapter.interrupt(turn_id)
+        return await deliver_interrupt(adapter, task.link, turn_id, seq)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         # The agent ended as the interrupt went out (a held agent's exit is heard
         # from the holder first): its end settles the turn.
-        return stored[0].seq, False
+        return False
 
 
 async def _retry_unknown(call: Call, session: Session, params: api.SendParams) -> api.SendResult:
@@ -344,7 +380,7 @@ async def handle_respond(call: Call, params: api.RespondParams) -> api.RespondRe
     try:
         with trio.CancelScope(shield=True) as bound:
             bound.deadline = trio.current_time() + ANSWER_DELIVERY_S
-            async with session.answering:  # committed in the order written (Rule 2)
+            async with session.keyed_writes:  # committed in the order written (Rule 2)
                 stored = await session.journal.append([resolution])
                 await _deliver_answer(
                     session, approval.native_id, approval_id, stored[0].seq, params.decision
@@ -355,7 +391,7 @@ async def handle_respond(call: Call, params: api.RespondParams) -> api.RespondRe
     if stored is None:  # the deadline passed before the commit returned
         raise StorageUnavailable(
             f"answering {approval_id} took over {ANSWER_DELIVERY_S:g} s: storage too slow, or "
-            "an earlier answer still going to an agent that does not read its input (ask "
+            "an earlier answer or interrupt still going to an agent that does not read its input (ask "
             "again: a recorded answer is then reported as already resolved)"
         )
     if bound.cancelled_caught:

@@ -403,9 +403,10 @@ class AcpAdapter(Adapter):
             return Dispatch(outcome="unknown", reason=f"{name} exited as the prompt was sent")
         return Dispatch(outcome="accepted", turn_id=turn_id)
 
-    async def interrupt(self, turn_id: str | None) -> bool:
+    async def interrupt(self, turn_id: str | None, *, confirm: bool = True) -> bool:
         """``session/cancel``; every open permission request is answered cancelled.
-        The turn ends when the agent answers the prompt (with ``cancelled``)."""
+        The turn ends when the agent answers the prompt (with ``cancelled``); nothing
+        is waited for, so ``confirm`` changes nothing."""
         turn = self._turn
         if turn is None or self._rpc.closed:
             return False

@@ -498,8 +498,12 @@ class Adapter(abc.ABC):
         """Start a turn, or steer the running one."""
 
     @abc.abstractmethod
-    async def interrupt(self, turn_id: str | None) -> bool:
-        """Interrupt the running turn; False when none runs."""
+    async def interrupt(self, turn_id: str | None, *, confirm: bool = True) -> bool:
+        """Interrupt the running turn; False when none runs. The frames are written
+        from the calling task, so a write keyed by the caller carries its key
+        (``agentsd.delivery`` Rule 3). With ``confirm`` False the agent's answer to
+        the interrupt is not waited for: a takeover writes it before the reader runs
+        (``agentsd.reattach`` Rule 2), and the turn's end tells the rest."""
 
     @abc.abstractmethod
     async def answer_approval(self, native_id: str, decision: str) -> None:

@@ -87,6 +87,7 @@ import attrs
 import msgspec
 import trio
 
+from agentsd.holder_link import unkeyed
 from agentsd.providers.base import (
     Adapter,
     Dispatch,
@@ -537,14 +538,20 @@ class ClaudeAdapter(Adapter):
             return Dispatch(outcome="accepted", turn_id=turn_id)
         return Dispatch(outcome="unknown", reason="claude did not confirm delivery")
 
-    async def interrupt(self, turn_id: str | None) -> bool:
-        """Drop our prompts the CLI has not taken up (Rule 6), then interrupt."""
+    async def interrupt(self, turn_id: str | None, *, confirm: bool = True) -> bool:
+        """Drop our prompts the CLI has not taken up (Rule 6), then interrupt. The
+        drops are written unkeyed: a caller's key (``agentsd.delivery`` Rule 3) goes
+        with the interrupt itself, so a daemon dying between the two leaves it
+        unwritten for the next one to write. Not ``confirm``: True once written."""
         if self._turn_id is None or self._closed:
             return False
         self._interrupt_requested = True
         try:
-            await self._drop_waiting(set(self._waiting))
+            with unkeyed():
+                await self._drop_waiting(set(self._waiting))
             control = await self._control({"subtype": "interrupt"})
+            if not confirm:
+                return True
             with trio.move_on_after(CONTROL_TIMEOUT_S):
                 await control.done.wait()
             still = _dict(control.response).get("still_queued")

@@ -596,10 +596,11 @@ class CodexAdapter(Adapter):
         )
         return Dispatch(outcome="accepted", turn_id=turn_id if isinstance(turn_id, str) else None)
 
-    async def interrupt(self, turn_id: str | None) -> bool:
+    async def interrupt(self, turn_id: str | None, *, confirm: bool = True) -> bool:
         """``turn/interrupt`` of the running turn. True when Codex confirmed it or did
-        not answer in time (the request is out; ``turn/completed`` tells the end);
-        False when no turn runs or Codex refused."""
+        not answer in time (the request is out; ``turn/completed`` tells the end), or
+        once it is written when not ``confirm``; False when no turn runs or Codex
+        refused."""
         current = self._turn_id
         if current is None or self._rpc.closed:
             return False
@@ -609,6 +610,8 @@ class CodexAdapter(Adapter):
             )
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return False
+        if not confirm:
+            return True
         answered = await call.wait(INTERRUPT_TIMEOUT_S)
         return not answered or call.error is None
 

@@ -5,6 +5,7 @@ misbehave on purpose (see ``mock_agent``)."""
 from __future__ import annotations
 
 import base64
+import logging
 import sys
 import uuid
 from collections.abc import Mapping
@@ -47,6 +48,8 @@ from agentsd_protocol.errors import (
     AgentProtocolError,
     InvalidParams,
 )
+
+log = logging.getLogger(__name__)
 
 ACK_TIMEOUT_S = 10.0  # the mock acks at once; past this the dispatch is unknown
 _OUTCOMES: dict[str | None, TurnOutcome] = {
@@ -271,7 +274,9 @@ class MockAdapter(Adapter):
                 if event is not None:
                     event.set()
             case "interrupt_result":
-                pass  # the mock's answer to an interrupt with no turn running: nothing to do
+                # The mock's answer to an interrupt with no turn running (or another
+                # turn): nothing to do, but an interrupt written twice shows here.
+                log.info("the mock agent had no turn to interrupt")
             case "error":
                 await sink.emit(AgentError(message=str(frame.get("message", ""))))
             case other:
@@ -336,7 +341,7 @@ class MockAdapter(Adapter):
         frame = {"type": "command", "id": frame_id, "name": name, "args": args}
         return await self._dispatch(frame_id, frame)
 
-    async def interrupt(self, turn_id: str | None) -> bool:
+    async def interrupt(self, turn_id: str | None, *, confirm: bool = True) -> bool:
         if self._turn_id is None:
             return False
         await self._link.send({"type": "interrupt", "turnId": turn_id or self._turn_id})

@@ -17,7 +17,9 @@ cgroup), ``crashAfterS`` (``os._exit(3)``),
 ``chunkDelayS`` (0.01), ``replyText``, ``stateDir`` (conversations for resume),
 ``ackDelayS`` (0: wait this long before taking each prompt, its ack and its turn;
 nothing else is handled meanwhile; opens the window between a send's commit and its
-delivery for crash tests), ``termBarrierDir`` with ``termBarrierCount`` (a SIGTERM is
+delivery for crash tests), ``interruptGate`` (a path: an interrupt of the running
+turn is acted on only once that path exists, and nothing else is handled meanwhile;
+holds the interrupted turn open for crash tests), ``termBarrierDir`` with ``termBarrierCount`` (a SIGTERM is
 not obeyed at once: the agent records its pid in that directory, waits until
 ``termBarrierCount`` agents have, then exits with ``BARRIER_EXIT_CODE``; an agent
 whose supervisor ends agents one at a time never sees the count reached).
@@ -90,6 +92,7 @@ OPTION_NAMES = (
     "chunks",
     "chunkDelayS",
     "ackDelayS",
+    "interruptGate",
     "replyText",
     "stateDir",
 )
@@ -115,6 +118,7 @@ class Options:
         self.chunks = max(1, _get(raw, "chunks", int, 5))
         self.chunk_delay_s = max(0.0, _get(raw, "chunkDelayS", float, 0.01))
         self.ack_delay_s = max(0.0, _get(raw, "ackDelayS", float, 0.0))
+        self.interrupt_gate = _get(raw, "interruptGate", str, None)
         self.reply_text = _get(raw, "replyText", str, "Hello from the mock agent.")
         self.state_dir = _get(raw, "stateDir", str, None)
         self.term_barrier_dir = _get(raw, "termBarrierDir", str, None)
@@ -396,6 +400,9 @@ class Agent:
         if turn is None or (wanted is not None and wanted != turn.turn_id):
             self.out.write({"type": "interrupt_result", "running": False})
             return
+        gate = self.options.interrupt_gate
+        while gate is not None and not os.path.exists(gate):
+            time.sleep(0.01)
         self._finish("interrupted")
 
     def _advance(self) -> None:
