@@ -12,12 +12,14 @@ Gemini CLI's ``session/load`` works only in a later wall-clock minute (UTC) than
 one its session file was named after: a load within the same minute starts a new
 recording under the same file name, which erases the conversation it was asked to load,
 and fails with "No previous sessions found for this project" (upstream issue
-google-gemini/gemini-cli#28775, open for 0.61.0). The resume test therefore waits for
-the minute to turn before it loads; a user hits the bug only by closing and resuming
-a session within a minute of creating it, and then sees the send rejected with
-``resume_failed`` naming Gemini's error. So that the wait costs little, the session it
-loads is made, prompted and closed first thing in the module (``closed_early``), and
-the module's other tests use up the minute.
+google-gemini/gemini-cli#28775, open for 0.61.0). A user hits the bug only by
+closing and resuming a session within a minute of creating it, and then sees the
+send rejected with ``resume_failed`` naming Gemini's error. The minute decides
+nothing but the file's name (``session-<minute>-<first 8 of the id>.jsonl``, found
+again by the id's part), so instead of waiting up to a minute for it to turn, the
+resume test renames the file it loads to an hour earlier, as if written then
+(``as_if_an_hour_old``; without it, the load fails as above). The session is still
+made, prompted and closed first thing in the module (``closed_early``).
 
 Under CI the agent must be installed (``make test`` installs it): a missing one
 fails there, and is skipped only outside CI.
@@ -29,7 +31,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +44,6 @@ from tests.peers import acp_peer
 from tests.peers.acp_peer import acp_daemon, send
 from tests.peers.conftest import (
     CALL_TIMEOUT_S,
-    TEST_TIMEOUT_S,
     Deadline,
     Follower,
     processes_with_env,
@@ -95,9 +96,18 @@ def agent_processes(gemini_home: Path) -> list[int]:
     return processes_with_env("GEMINI_CLI_HOME", str(gemini_home))
 
 
-def utc_minute() -> str:
-    """The minute Gemini CLI names a session file after."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M")
+SESSION_FILE_MINUTE = "%Y-%m-%dT%H-%M"  # how Gemini CLI names a session file's minute
+
+
+def as_if_an_hour_old(gemini_home: Path, handle: str) -> None:
+    """Rename the session file of ``handle`` to the minute an hour before the one it
+    is named after (the module's docstring: the bug's minute is in the name only)."""
+    [path] = gemini_home.rglob(f"chats/session-*-{handle[:8]}.jsonl")
+    minute = path.name.removeprefix("session-")[: len("2026-01-01T00-00")]
+    earlier = datetime.strptime(minute, SESSION_FILE_MINUTE).replace(tzinfo=UTC) - timedelta(
+        hours=1
+    )
+    path.rename(path.with_name(path.name.replace(minute, earlier.strftime(SESSION_FILE_MINUTE))))
 
 
 @attrs.frozen
@@ -106,7 +116,6 @@ class Closed:
 
     sid: str
     handle: str
-    written: str  # the UTC minute its session file is named after, or a later one
     fake: FakeGemini
     home: Path
 
@@ -146,11 +155,10 @@ def first_turn_then_close(daemon: DaemonProcess, fake: FakeGemini, base: Path) -
         with Follower(daemon, sid, deadline) as follower:
             send(client, sid, "The first question")
             follower.wait_for("turn.completed")
-        written = utc_minute()  # the session file is named after this minute, or before
         closed = client.call("agentSession.close", {"sessionId": sid})
         assert closed["wasRunning"] is True
     deadline.poll(lambda: not agent_processes(home), "Gemini CLI to exit")
-    return Closed(sid, session["providerHandle"], written, fake, home)
+    return Closed(sid, session["providerHandle"], fake, home)
 
 
 def test_a_turn_streams_text_and_completes(
@@ -302,16 +310,15 @@ def test_agentsctl_new_with_a_message_runs_a_turn_as_the_readme_says(
         shutil.rmtree(base, ignore_errors=True)
 
 
-# Last in the module: the other tests use up the minute of Gemini CLI's bug.
 def test_close_then_send_loads_the_session_with_its_history(
     client: Client, peer_daemon: DaemonProcess, closed_early: Callable[[], Closed]
 ) -> None:
-    deadline = Deadline(TEST_TIMEOUT_S + 60)  # up to a minute waiting for the next one
+    deadline = Deadline()
     closed = closed_early()
     sid = closed.sid
-    # Gemini CLI's own bug (see the module's docstring): a load in the same minute
-    # erases the session.
-    deadline.poll(lambda: utc_minute() != closed.written, "the next minute", interval_s=0.5)
+    # Gemini CLI's own bug (see the module's docstring): a load in the minute its
+    # session file is named after erases the session.
+    as_if_an_hour_old(closed.home, closed.handle)
     with Follower(peer_daemon, sid, deadline) as follower:
         second = send(client, sid, "The second question")
         follower.wait_for("turn.completed", lambda b: b["turnId"] == second["turnId"])
