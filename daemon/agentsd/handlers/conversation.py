@@ -28,7 +28,10 @@ and the daemon that takes the agent over writes the answer then
 Rule 3 (an interrupt is kept like an answer): ``interrupt.requested`` is committed,
 then the interrupt is written keyed with its seq, under the same shield (bounded by
 ``INTERRUPT_DELIVERY_S``) and the same per-session lock as answers, so the journal's
-order of all keyed writes is the order the holder took them. A daemon killed between
+order of all keyed writes is the order the holder took them. The lock is given back
+once the interrupt is written, before the agent confirms it (Codex and Claude do
+once the turn stopped); once it has the lock, an interrupt whose turn ended
+meanwhile journals and writes nothing. A daemon killed between
 the commit and the write leaves the journal saying the user stopped the turn: the
 daemon that takes the agent over writes the interrupt then, if that turn is still
 the open one (``agentsd.reattach`` Rule 2), instead of letting the turn run on.
