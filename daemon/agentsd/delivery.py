@@ -23,7 +23,7 @@ when it was not (``agentsd.reattach`` Rule 2).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import trio
@@ -104,14 +104,21 @@ async def deliver_answer(
 
 
 async def deliver_interrupt(
-    adapter: Adapter, link: LineLink | None, turn_id: str | None, seq: int, *, confirm: bool = True
+    adapter: Adapter,
+    link: LineLink | None,
+    turn_id: str | None,
+    seq: int,
+    *,
+    confirm: bool = True,
+    on_written: Callable[[], None] | None = None,
 ) -> bool:
     """Interrupt ``turn_id`` through ``adapter``, keyed with the seq of its
     ``interrupt.requested`` (Rule 3; ``link``: the adapter's, for the key alone);
-    ``confirm`` as ``Adapter.interrupt``. Whether the agent took it. Raises
-    ``trio.BrokenResourceError`` or ``trio.ClosedResourceError`` when the agent is
-    gone."""
-    with keyed(str(seq)) as key:
+    ``confirm`` as ``Adapter.interrupt``; ``on_written`` as ``keyed``'s, called
+    before the agent's confirmation is waited for. Whether the agent took it.
+    Raises ``trio.BrokenResourceError`` or ``trio.ClosedResourceError`` when the
+    agent is gone."""
+    with keyed(str(seq), on_written) as key:
         interrupted = await adapter.interrupt(turn_id, confirm=confirm)
         if not key.written and link is not None:
             await link.send_raw(b"")

@@ -111,15 +111,19 @@ class StdinKey:
 
     value: str
     written: bool = False  # a write carried it
+    # Called once, in the writing task, when the first write carried the key: the
+    # order its key was taken in is settled from then on.
+    on_written: Callable[[], None] | None = None
 
 
 _STDIN_KEY: ContextVar[StdinKey | None] = ContextVar("agentsd_stdin_key", default=None)
 
 
 @contextmanager
-def keyed(value: str) -> Iterator[StdinKey]:
-    """Key what this task writes to a held agent's stdin with ``value`` (Rule 5)."""
-    key = StdinKey(value)
+def keyed(value: str, on_written: Callable[[], None] | None = None) -> Iterator[StdinKey]:
+    """Key what this task writes to a held agent's stdin with ``value`` (Rule 5);
+    ``on_written``: `StdinKey.on_written`."""
+    key = StdinKey(value, on_written=on_written)
     token = _STDIN_KEY.set(key)
     try:
         yield key
@@ -421,6 +425,9 @@ class AgentStdin(trio.abc.SendStream):
             raise trio.BrokenResourceError(f"the agent's holder is gone: {exc}") from None
         if key is not None:
             key.written = True
+            written, key.on_written = key.on_written, None
+            if written is not None:
+                written()
 
     async def wait_send_all_might_not_block(self) -> None:
         await trio.lowlevel.checkpoint()

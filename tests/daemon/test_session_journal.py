@@ -221,7 +221,7 @@ async def test_an_answer_or_interrupt_whose_agent_just_ended_is_committed_and_an
             await asked.wait()
             [approval_id] = session.conversation.approvals
 
-            async def broken(*args: Any) -> Any:
+            async def broken(*args: Any, **kwargs: Any) -> Any:
                 raise trio.BrokenResourceError("the agent is gone")
 
             monkeypatch.setattr(MockAdapter, "answer_approval", broken)

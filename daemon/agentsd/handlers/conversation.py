@@ -28,7 +28,10 @@ and the daemon that takes the agent over writes the answer then
 Rule 3 (an interrupt is kept like an answer): ``interrupt.requested`` is committed,
 then the interrupt is written keyed with its seq, under the same shield (bounded by
 ``INTERRUPT_DELIVERY_S``) and the same per-session lock as answers, so the journal's
-order of all keyed writes is the order the holder took them. A daemon killed between
+order of all keyed writes is the order the holder took them. The lock is given back
+once the interrupt is written, before the agent confirms it (Codex and Claude do
+once the turn stopped); once it has the lock, an interrupt whose turn ended
+meanwhile journals and writes nothing. A daemon killed between
 the commit and the write leaves the journal saying the user stopped the turn: the
 daemon that takes the agent over writes the interrupt then, if that turn is still
 the open one (``agentsd.reattach`` Rule 2), instead of letting the turn run on.
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -244,25 +248,44 @@ async def _interrupt_for(session: Session, text: str) -> None:
         )
 
 
-async def _interrupt(session: Session, turn_id: str | None) -> tuple[int, bool]:
+async def _interrupt(session: Session, turn_id: str | None) -> tuple[int | None, bool]:
     """Journal the interrupt request, pausing a non-empty queue with it (a stop
     returns queued prompts to the user's control), then interrupt the agent, keyed
-    (Rule 3). The seq of the ``interrupt.requested``, and whether the agent took the
-    interrupt."""
+    (Rule 3). The seq of the ``interrupt.requested`` (None, and nothing journaled or
+    written, when the turn ``turn_id`` was over once the previous keyed write was
+    done), and whether the agent took the interrupt. The lock is held until the
+    interrupt is written, not while the agent's confirmation is waited for: the
+    order of keys is settled by then, and an answer need not wait for it."""
+    lock = session.keyed_writes
+    held = False
+
+    def written() -> None:
+        nonlocal held
+        if held:
+            held = False
+            lock.release()
+
     stored: list[StoredEvent] | None = None
     interrupted = False
     with trio.CancelScope(shield=True) as bound:
         bound.deadline = trio.current_time() + INTERRUPT_DELIVERY_S
-        async with session.keyed_writes:  # committed in the order written (Rule 3)
+        try:
+            await lock.acquire()  # committed in the order written (Rule 3)
+            held = True
+            convo = session.conversation
+            if turn_id is not None and (not convo.turn_open or convo.turn_id != turn_id):
+                return None, False  # it ended while an earlier keyed write went out
             events: list[Event] = [InterruptRequested(turn_id=turn_id)]
             if session.queue.prompts and session.queue.paused is None:
                 events.append(QueuePaused(reason="interrupted"))
             stored = await session.journal.append(events)
-            interrupted = await _deliver_interrupt(session, turn_id, stored[0].seq)
+            interrupted = await _deliver_interrupt(session, turn_id, stored[0].seq, written)
+        finally:
+            written()
     if stored is None:  # the deadline passed before the commit returned
         raise StorageUnavailable(
             f"interrupting took over {INTERRUPT_DELIVERY_S:g} s: storage too slow, or an "
-            "answer still going to an agent that does not read its input"
+            "earlier answer or interrupt still going to an agent that does not read its input"
         )
     if bound.cancelled_caught:
         log.warning(
@@ -273,15 +296,18 @@ async def _interrupt(session: Session, turn_id: str | None) -> tuple[int, bool]:
     return stored[0].seq, interrupted
 
 
-async def _deliver_interrupt(session: Session, turn_id: str | None, seq: int) -> bool:
+async def _deliver_interrupt(
+    session: Session, turn_id: str | None, seq: int, written: Callable[[], None]
+) -> bool:
     """Write a committed interrupt (journaled at ``seq``) to the running agent, if
-    one runs (Rule 3); whether it took it."""
+    one runs (Rule 3); whether it took it. ``written``: called once the keyed write
+    went out."""
     task = session.task
     adapter = None if task is None else task.adapter
     if task is None or adapter is None:
         return False
     try:
-        return await deliver_interrupt(adapter, task.link, turn_id, seq)
+        return await deliver_interrupt(adapter, task.link, turn_id, seq, on_written=written)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         # The agent ended as the interrupt went out (a held agent's exit is heard
         # from the holder first): its end settles the turn.
