@@ -215,9 +215,10 @@ async def test_a_turn_streaming_through_a_daemon_sigkill_is_reattached_exactly(m
         assert follower.completed == REPLY
 
 
-async def ask_approval(rpc: Rpc, base: Path) -> tuple[str, int, str]:
-    """A session whose agent asks an approval: (session id, agent pid, approval id)."""
-    sid = (await create(rpc, base))["sessionId"]
+async def ask_approval(rpc: Rpc, base: Path, **options: Any) -> tuple[str, int, str]:
+    """A session whose agent (with mock ``options``) asks an approval: (session id,
+    agent pid, approval id)."""
+    sid = (await create(rpc, base, options=options))["sessionId"]
     await rpc.call("agentSession.send", {"sessionId": sid, "text": "approve it"})
 
     async def asked() -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from tests.daemon_process import running_daemon
+from tests.daemon_process import DaemonProcess, running_daemon
 from tests.e2e.test_reattach import TIMEOUT_S, ask_approval, held_state
 from tests.e2e.test_sessions import DATABASE_NAME, Rpc, assert_contiguous, history, open_rpc
 from tests.e2e.test_slow_storage import slow_fsync
@@ -46,10 +46,10 @@ def _once(journal: list[dict[str, Any]]) -> None:
     assert outcomes and set(outcomes) == {"completed"}
 
 
-async def _after_takeover(rpc: Rpc, sid: str, pid: int) -> list[dict[str, Any]]:
-    """Taken over (same pid), its turn completes, and the next turn is served after
-    it (a second answer the agent was sent would be read before that prompt); the
-    journal then."""
+async def after_takeover(rpc: Rpc, sid: str, pid: int) -> list[dict[str, Any]]:
+    """Taken over (same pid), its turn ends, and the next turn is served after it (a
+    second answer or interrupt the agent was sent would be read before that
+    prompt); the journal then."""
     info = (await rpc.call("agentSession.get", {"sessionId": sid}))["session"]
     assert info["child"]["pid"] == pid
 
@@ -57,39 +57,50 @@ async def _after_takeover(rpc: Rpc, sid: str, pid: int) -> list[dict[str, Any]]:
         journal = await history(rpc, sid)
         return [e["kind"] for e in journal].count("turn.completed") >= n
 
-    await eventually(lambda: turns(1))
+    await eventually(lambda: turns(1), timeout_s=TIMEOUT_S)
     await rpc.call("agentSession.send", {"sessionId": sid, "text": "echo after"})
     await eventually(lambda: turns(2))
     return await history(rpc, sid)
+
+
+async def kill_between_commit_and_write(
+    daemon: DaemonProcess, client: Rpc, method: str, params: dict[str, Any], committed: bytes
+) -> None:
+    """Send ``method`` on ``client`` and SIGKILL ``daemon`` once ``committed`` is in
+    its database's WAL while the commit's fsync is held: what the request committed
+    is durable, and what comes after its commit never happened."""
+    wal = daemon.state_dir / f"{DATABASE_NAME}-wal"
+    assert committed not in wal.read_bytes()
+    with slow_fsync(daemon.process.pid, FSYNC_DELAY_S) as tracer:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.request, method, params)
+
+            async def in_the_wal() -> bool:
+                return committed in wal.read_bytes()
+
+            await eventually(in_the_wal)
+            # Killed while its fsync is held, it never returns from it; its tracer is
+            # killed too, which reports its death at once.
+            daemon.process.send_signal(signal.SIGKILL)
+            tracer.kill()
+            nursery.cancel_scope.cancel()
+    assert daemon.wait() == -signal.SIGKILL
 
 
 async def test_an_answer_committed_but_not_written_at_a_crash_is_written_by_the_next_daemon() -> (
     None
 ):
     with trio.fail_after(TIMEOUT_S), held_state() as (base, state, args):
-        wal = state / f"{DATABASE_NAME}-wal"
         with running_daemon(state_dir=state, extra_args=args) as first:
             async with open_rpc(first.socket) as rpc, open_rpc(first.socket) as answerer:
                 sid, pid, approval_id = await ask_approval(rpc, base)
-                assert ANSWER_BYTES not in wal.read_bytes()
-                with slow_fsync(first.process.pid, FSYNC_DELAY_S) as tracer:
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(
-                            answerer.request,
-                            "agentSession.respond",
-                            {"sessionId": sid, "approvalId": approval_id, "decision": "accept"},
-                        )
-
-                        async def in_the_wal() -> bool:
-                            return ANSWER_BYTES in wal.read_bytes()
-
-                        await eventually(in_the_wal)
-                        # Killed while its fsync is held, it never returns from it;
-                        # its tracer is killed too, which reports its death at once.
-                        first.process.send_signal(signal.SIGKILL)
-                        tracer.kill()
-                        nursery.cancel_scope.cancel()
-                assert first.wait() == -signal.SIGKILL
+                await kill_between_commit_and_write(
+                    first,
+                    answerer,
+                    "agentSession.respond",
+                    {"sessionId": sid, "approvalId": approval_id, "decision": "accept"},
+                    ANSWER_BYTES,
+                )
 
         with running_daemon(state_dir=state, extra_args=args) as second:
             async with open_rpc(second.socket) as rpc:
@@ -99,7 +110,7 @@ async def test_an_answer_committed_but_not_written_at_a_crash_is_written_by_the_
                     {"sessionId": sid, "approvalId": approval_id, "decision": "decline"},
                 )
                 assert again["error"]["data"]["kind"] == "already_resolved"
-                journal = await _after_takeover(rpc, sid, pid)
+                journal = await after_takeover(rpc, sid, pid)
                 await rpc.call("agentSession.close", {"sessionId": sid})
             # It was the second daemon that wrote it, not the first before its death.
             assert "committed by the earlier daemon and never written" in second.log()
@@ -120,7 +131,7 @@ async def test_an_answer_that_reached_the_agent_is_not_written_again_after_a_cra
 
         with running_daemon(state_dir=state, extra_args=args) as second:
             async with open_rpc(second.socket) as rpc:
-                journal = await _after_takeover(rpc, sid, pid)
+                journal = await after_takeover(rpc, sid, pid)
                 await rpc.call("agentSession.close", {"sessionId": sid})
             assert "never written" not in second.log()
         _once(journal)

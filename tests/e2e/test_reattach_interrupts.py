@@ -23,18 +23,14 @@ from typing import Any
 import trio
 
 from tests.daemon_process import running_daemon
-from tests.e2e.test_reattach import TIMEOUT_S, held_state
-from tests.e2e.test_reattach_answers import FSYNC_DELAY_S
+from tests.e2e.test_reattach import TIMEOUT_S, ask_approval, held_state
+from tests.e2e.test_reattach_answers import after_takeover, kill_between_commit_and_write
 from tests.e2e.test_sessions import (
-    DATABASE_NAME,
     Rpc,
     assert_contiguous,
-    create,
     history,
     open_rpc,
 )
-from tests.e2e.test_slow_storage import slow_fsync
-from tests.polling import eventually
 
 INTERRUPT_BYTES = b"interrupt.requested"
 RESENT = "committed by the earlier daemon and never written"  # the takeover's log line
@@ -43,34 +39,9 @@ NO_TURN = "the mock agent had no turn to interrupt"  # an interrupt the mock hea
 
 async def _waiting_turn(rpc: Rpc, base: Path, **options: Any) -> tuple[str, int, str]:
     """A session whose turn waits on an approval: (session id, agent pid, turn id)."""
-    sid = (await create(rpc, base, options=options))["sessionId"]
-    await rpc.call("agentSession.send", {"sessionId": sid, "text": "approve it"})
-
-    async def asked() -> bool:
-        info = (await rpc.call("agentSession.get", {"sessionId": sid}))["session"]
-        return bool(info["status"] == "attention")
-
-    await eventually(asked)
-    info = (await rpc.call("agentSession.get", {"sessionId": sid}))["session"]
+    sid, pid, _ = await ask_approval(rpc, base, **options)
     [started] = [e for e in await history(rpc, sid) if e["kind"] == "turn.started"]
-    return sid, int(info["child"]["pid"]), str(started["body"]["turnId"])
-
-
-async def _after_takeover(rpc: Rpc, sid: str, pid: int) -> list[dict[str, Any]]:
-    """Taken over (same pid), the interrupted turn ends, and the next turn is served
-    after it (an interrupt written twice would be read before that prompt); the
-    journal then."""
-    info = (await rpc.call("agentSession.get", {"sessionId": sid}))["session"]
-    assert info["child"]["pid"] == pid
-
-    async def turns(n: int) -> bool:
-        journal = await history(rpc, sid)
-        return [e["kind"] for e in journal].count("turn.completed") >= n
-
-    await eventually(lambda: turns(1), timeout_s=TIMEOUT_S)
-    await rpc.call("agentSession.send", {"sessionId": sid, "text": "echo after"})
-    await eventually(lambda: turns(2))
-    return await history(rpc, sid)
+    return sid, pid, str(started["body"]["turnId"])
 
 
 def _interrupted_once(journal: list[dict[str, Any]], turn_id: str) -> None:
@@ -99,33 +70,20 @@ async def test_an_interrupt_committed_but_not_written_at_a_crash_is_written_by_t
     None
 ):
     with trio.fail_after(TIMEOUT_S), held_state() as (base, state, args):
-        wal = state / f"{DATABASE_NAME}-wal"
         with running_daemon(state_dir=state, extra_args=args) as first:
             async with open_rpc(first.socket) as rpc, open_rpc(first.socket) as stopper:
                 sid, pid, turn_id = await _waiting_turn(rpc, base)
-                assert INTERRUPT_BYTES not in wal.read_bytes()
-                with slow_fsync(first.process.pid, FSYNC_DELAY_S) as tracer:
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(
-                            stopper.request,
-                            "agentSession.interrupt",
-                            {"sessionId": sid, "turnId": turn_id},
-                        )
-
-                        async def in_the_wal() -> bool:
-                            return INTERRUPT_BYTES in wal.read_bytes()
-
-                        await eventually(in_the_wal)
-                        # Killed while its fsync is held, it never returns from it;
-                        # its tracer is killed too, which reports its death at once.
-                        first.process.send_signal(signal.SIGKILL)
-                        tracer.kill()
-                        nursery.cancel_scope.cancel()
-                assert first.wait() == -signal.SIGKILL
+                await kill_between_commit_and_write(
+                    first,
+                    stopper,
+                    "agentSession.interrupt",
+                    {"sessionId": sid, "turnId": turn_id},
+                    INTERRUPT_BYTES,
+                )
 
         with running_daemon(state_dir=state, extra_args=args) as second:
             async with open_rpc(second.socket) as rpc:
-                journal = await _after_takeover(rpc, sid, pid)
+                journal = await after_takeover(rpc, sid, pid)
                 await rpc.call("agentSession.close", {"sessionId": sid})
             log = second.log()
             # It was the second daemon that wrote it, not the first before its death.
@@ -155,7 +113,7 @@ async def test_an_interrupt_that_reached_the_agent_is_not_written_again_after_a_
                 # The turn is open as the takeover saw it: the agent holds it at the gate.
                 assert "turn.completed" not in [e["kind"] for e in await history(rpc, sid)]
                 gate.touch()
-                journal = await _after_takeover(rpc, sid, pid)
+                journal = await after_takeover(rpc, sid, pid)
                 await rpc.call("agentSession.close", {"sessionId": sid})
             log = second.log()
             assert "interrupting turn" not in log and RESENT not in log

@@ -290,14 +290,7 @@ async def test_a_turn_taken_over_mid_stream_completes_with_exactly_the_text_sent
             assert item_id in state.open_items
 
             adapter, sink = await second_adapter(provider, row, process, state)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(adapter.run)
-                await sink.until(turn_ends)
-                # The conversation goes on through the new adapter: a second turn.
-                dispatch = await adapter.send(Submission("m-2", "Once more"))
-                assert dispatch.outcome == "accepted", dispatch
-                await sink.until(lambda s: len(turn_ends(s)) == 2)
-                nursery.cancel_scope.cancel()
+            await end_then_once_more(adapter, sink)
 
             assert process.pid == pid and process.poll() is None  # never restarted
             first_end = turn_ends(sink)[0]
@@ -317,6 +310,18 @@ async def test_a_turn_taken_over_mid_stream_completes_with_exactly_the_text_sent
             # The agent got the second prompt in the same conversation.
             assert "Once more" in agent.user_texts()
             assert "Tell a story" in agent.user_texts()
+
+
+async def end_then_once_more(adapter: Adapter, sink: WatchedSink) -> None:
+    """Run the adapter that took over until the turn taken over ends; then the
+    conversation goes on through it: a second turn, "Once more"."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(adapter.run)
+        await sink.until(turn_ends)
+        dispatch = await adapter.send(Submission("m-2", "Once more"))
+        assert dispatch.outcome == "accepted", dispatch
+        await sink.until(lambda s: len(turn_ends(s)) == 2)
+        nursery.cancel_scope.cancel()
 
 
 async def test_an_interrupt_written_before_the_new_adapter_reads_ends_the_turn_taken_over(
@@ -339,13 +344,7 @@ async def test_an_interrupt_written_before_the_new_adapter_reads_ends_the_turn_t
                 assert state.turn_open and state.turn_id is not None
                 adapter, sink = await second_adapter(provider, row, process, state)
                 assert await adapter.interrupt(state.turn_id, confirm=False)
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(adapter.run)
-                    await sink.until(turn_ends)
-                    dispatch = await adapter.send(Submission("m-2", "Once more"))
-                    assert dispatch.outcome == "accepted", dispatch
-                    await sink.until(lambda s: len(turn_ends(s)) == 2)
-                    nursery.cancel_scope.cancel()
+                await end_then_once_more(adapter, sink)
                 assert process.poll() is None
     finally:
         held.set()
