@@ -37,7 +37,13 @@
    events per write the store's batches held ten times the baselines' rows.
    The "one-page ceiling" (100 bodies per commit into one keyless rowid table: all
    of a commit's rows land on one or two pages) bounds what any per-row work
-   costs; it is not the store's workload.
+   costs; it is not the store's workload. "Trio alone" (at one event per write,
+   interleaved with the others) is the store's work with the store and SQLite
+   taken out: ``APPENDERS`` tasks parked once per write and woken together from a
+   thread, as a committed batch wakes its writers. It is the ceiling of any store
+   on trio whose writers each await their own commit, and with bare SQLite's work
+   after it (a batch's writers can write again only once it committed), the
+   ceiling of such a store that cost nothing of its own.
 
 Where the time goes with one event per write (callgrind, 100 writers, the
 instructions of both threads per write, measured in this bench's workload): about
@@ -50,7 +56,11 @@ and the writer's thread one at a time, so this is serial work, 20-25 us of CPU p
 event here against 10-15 us for a row of bare SQLite (most of which is the WAL's
 write and sync, in the kernel): the ratio at one event per write stays near 0.5,
 and 50,000 events/s (20 us per event, everything included) is out of reach on
-this machine while each event is a trio task's own await. With ten events per
+this machine while each event is a trio task's own await. The "trio alone" line
+shows it in the same run: 5.8-8.0 us per event for trio by itself in three quiet
+runs, and with bare SQLite's work after it a ceiling of 42,600-53,900 events/s,
+which leaves a store at most 1 us per event of its own to reach 50,000 (it
+spends about 9: the request, the handoff, the batch, the rows). With ten events per
 write the per-write cost is shared and the store reaches 0.8-0.9x. Measured and
 not kept: cutting batches short so two overlap (commits of 50 alternating with
 the other 50 writers' turn in trio: no better on two shared cores, and twice the
@@ -238,6 +248,55 @@ async def _thread_round_trip_s() -> float:
     finally:
         inbox.put(None)
         await trio.to_thread.run_sync(thread.join)
+
+
+class _TrioAlone:
+    """What trio itself charges a store whose writers each await their own commit,
+    with no SQL and no store: ``APPENDERS`` tasks each park once per write, and
+    once all of them wait, a thread (the writer's stand-in) hands the batch back
+    through ``run_sync_soon`` and every task is rescheduled, as a committed batch
+    wakes its writers. The ceiling of any such store on this machine, reached only
+    if SQLite and the disk cost nothing."""
+
+    def __init__(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self._inbox: queue.SimpleQueue[list[trio.lowlevel.Task] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while (batch := self._inbox.get()) is not None:
+            self._token.run_sync_soon(self._wake, batch)
+
+    @staticmethod
+    def _wake(batch: list[trio.lowlevel.Task]) -> None:
+        for task in batch:
+            trio.lowlevel.reschedule(task)
+
+    async def chunk(self, writes: int) -> float:
+        """Writes per second with every task making ``writes`` writes."""
+        waiting: list[trio.lowlevel.Task] = []
+        done = 0
+
+        async def appender() -> None:
+            nonlocal done
+            for _ in range(writes):
+                waiting.append(trio.lowlevel.current_task())
+                if len(waiting) == APPENDERS:
+                    self._inbox.put(waiting[:])
+                    waiting.clear()
+                await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+                done += 1
+
+        started = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for _ in range(APPENDERS):
+                nursery.start_soon(appender)
+        return done / (time.perf_counter() - started)
+
+    async def close(self) -> None:
+        self._inbox.put(None)
+        await trio.to_thread.run_sync(self._thread.join)
 
 
 def _one_page_ceiling(directory: Path) -> float:
@@ -455,14 +514,17 @@ async def _run(directory: Path) -> None:
         )
         bare = await trio.to_thread.run_sync(_BareSqlite, directory, APPENDERS)
         same_sql = await trio.to_thread.run_sync(_SameSqlWithoutStore, path, inline_sessions)
+        trio_alone = _TrioAlone()
         try:
             for per_write in (1, 10):
                 # Equal work: each baseline commits what one batch of the store
                 # holds when every appender's write is in it, ``APPENDERS`` appends
                 # of ``per_write`` events; chunks interleaved as for single commits.
-                group: dict[str, list[float]] = {"store": [], "bare": [], "same": []}
+                group: dict[str, list[float]] = {"store": [], "bare": [], "same": [], "trio": []}
                 appended = batches = 0
                 for _ in range(GROUP_ROUNDS):
+                    if per_write == 1:
+                        group["trio"].append(await trio_alone.chunk(GROUP_COMMITS))
                     group["bare"].append(
                         await trio.to_thread.run_sync(bare.chunk, GROUP_COMMITS, per_write)
                     )
@@ -475,7 +537,9 @@ async def _run(directory: Path) -> None:
                     group["store"].append(rate)
                     appended += events
                     batches += commits
-                group_median = {name: statistics.median(values) for name, values in group.items()}
+                group_median = {
+                    name: statistics.median(values) for name, values in group.items() if values
+                }
 
                 print(
                     f"group-committed appends, {per_write} event(s) per write ({GROUP_ROUNDS}"
@@ -488,7 +552,18 @@ async def _run(directory: Path) -> None:
                     f" {_median_ratio(group['store'], group['bare']):.2f}x (goals >= 50,000/s, >= 0.5x)",
                     flush=True,
                 )
+                if per_write == 1:
+                    trio_rate, bare_rate = group_median["trio"], group_median["bare"]
+                    print(
+                        f"trio alone at one event per write ({APPENDERS} tasks parked and woken"
+                        f" together from a thread, no SQL, no store; median): {trio_rate:,.0f}"
+                        f" events/s, {1e6 / trio_rate:.1f} us per event; with bare SQLite's work"
+                        f" after it, as each batch's writers wait for their commit:"
+                        f" {1 / (1 / trio_rate + 1 / bare_rate):,.0f} events/s",
+                        flush=True,
+                    )
         finally:
+            await trio_alone.close()
             await trio.to_thread.run_sync(bare.close)
             await trio.to_thread.run_sync(same_sql.close)
 
