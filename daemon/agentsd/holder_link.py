@@ -110,10 +110,23 @@ class StdinKey:
     """Rule 5: the key of what the current task writes to a held agent's stdin."""
 
     value: str
-    written: bool = False  # a write carried it
-    # Called once, in the writing task, when the first write carried the key: the
-    # order its key was taken in is settled from then on.
+    written: bool = False  # a write went out: to a holder, it carried the key
+    # Called once, in the writing task, when the first write went out: the order
+    # its key was taken in (or, on a direct pipe, its bytes) is settled from then on.
     on_written: Callable[[], None] | None = None
+
+
+def note_written() -> None:
+    """A write of the current task went out, to a holder or a direct pipe: its key
+    (if it writes inside `keyed`) is `StdinKey.written`, and its ``on_written`` is
+    called, once."""
+    key = _STDIN_KEY.get()
+    if key is None:
+        return
+    key.written = True
+    written, key.on_written = key.on_written, None
+    if written is not None:
+        written()
 
 
 _STDIN_KEY: ContextVar[StdinKey | None] = ContextVar("agentsd_stdin_key", default=None)
@@ -423,11 +436,7 @@ class AgentStdin(trio.abc.SendStream):
             await agent.link.send(header, bytes(data))
         except HolderLost as exc:
             raise trio.BrokenResourceError(f"the agent's holder is gone: {exc}") from None
-        if key is not None:
-            key.written = True
-            written, key.on_written = key.on_written, None
-            if written is not None:
-                written()
+        note_written()
 
     async def wait_send_all_might_not_block(self) -> None:
         await trio.lowlevel.checkpoint()

@@ -55,8 +55,10 @@ class Harness:
 
 
 @pytest.fixture
-async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
-    config = Config()
+async def harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Harness]:
+    """The daemon's parts serving one mock session; its agents are held by a
+    holder unless the test parametrizes this fixture (indirectly) with False."""
+    config = Config(holder=getattr(request, "param", True))
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     async with (

@@ -49,6 +49,7 @@ import attrs
 import msgspec
 import trio
 
+from agentsd.holder_link import note_written
 from agentsd.providers.programs import Program
 from agentsd.store.journal import bounded_payload
 from agentsd.store.sessions import SessionRow
@@ -361,9 +362,12 @@ class LineLink:
         await self.send_raw(_encoder.encode(message) + b"\n")
 
     async def send_raw(self, data: bytes) -> None:
-        """Write ``data`` as it is, whole, between two frames of ``send``."""
+        """Write ``data`` as it is, whole, between two frames of ``send``. Inside
+        `keyed`, once it went out (``note_written``): a direct pipe carries no key,
+        but the order of what was written to it is settled as well."""
         async with self._send_lock:
             await self._send_stream.send_all(data)
+        note_written()
 
     async def receive_line(self) -> bytes | None:
         cursor = self.cursor
