@@ -189,7 +189,7 @@ class HeldAgent:
     _out_upto: int = OUT_WINDOW  # the holder relays stdout up to here (Rule 3's window)
     # Rule 3: stderr is copied by a task of its own (`_copy_err`), never the reader;
     # it runs only while there is something to write (most agents write little or
-    # nothing to stderr, and an idle task per agent costs the daemon ~3 KiB of RSS).
+    # nothing to stderr, and an idle task per agent costs the daemon about 2 KiB).
     _err_fd: int | None = None  # ours of the caller's stderr (`_open_err`)
     _err_nonblocking: bool = False  # a pipe of our own opening; else written in a thread
     _err_offset: int = 0  # received up to here
