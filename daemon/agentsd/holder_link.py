@@ -71,7 +71,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
 from contextvars import ContextVar
 from pathlib import Path
@@ -187,14 +187,16 @@ class HeldAgent:
     durable_acks: bool = False
     _out_acked: int = 0
     _out_upto: int = OUT_WINDOW  # the holder relays stdout up to here (Rule 3's window)
-    # Rule 3: stderr is copied by a task of its own (`_copy_err`), never the reader.
+    # Rule 3: stderr is copied by a task of its own (`_copy_err`), never the reader;
+    # it runs only while there is something to write (most agents write little or
+    # nothing to stderr, and an idle task per agent costs the daemon about 2 KiB).
     _err_fd: int | None = None  # ours of the caller's stderr (`_open_err`)
     _err_nonblocking: bool = False  # a pipe of our own opening; else written in a thread
     _err_offset: int = 0  # received up to here
     _err_acked: int = 0  # written (and acknowledged) up to here
     _err_buf: bytearray = attrs.field(factory=bytearray)  # received, not yet written
     _err_eof: bool = False
-    _err_wake: trio.Event = attrs.field(factory=trio.Event)
+    _err_copying: bool = False  # `_copy_err` runs
     _err_writing: bool = False  # a thread is writing ``_err_fd``: it closes it after
     _err_closing: bool = False
     err_done: trio.Event = attrs.field(factory=trio.Event)  # its stderr ended or was lost
@@ -302,11 +304,12 @@ class HeldAgent:
             self._ack_err(self._err_offset)
         else:
             self._err_buf += data
-            self._err_wake.set()
+            if not self._err_copying:
+                self._err_copying = True
+                self.link.start_soon(self._copy_err)
 
     def _on_err_eof(self) -> None:
         self._err_eof = True
-        self._err_wake.set()
         if self._err_fd is None or not self._err_buf:
             self.err_done.set()
 
@@ -333,15 +336,19 @@ class HeldAgent:
         each byte once written. What waits here is bounded by what the holder
         retains (it relays no byte past its bound unacknowledged); a log reader
         that stalls stalls this copy only, then the agent's stderr writes, never
-        the link."""
+        the link. Runs from the first byte to write until all is written (or the
+        copy is closed or lost)."""
+        try:
+            await self._write_err()
+        finally:
+            self._err_copying = False
+
+    async def _write_err(self) -> None:
         while self._err_fd is not None:
             if not self._err_buf:
                 if self._err_eof:
                     self.err_done.set()
-                    return
-                self._err_wake = trio.Event()
-                await self._err_wake.wait()
-                continue
+                return
             fd, chunk = self._err_fd, bytes(self._err_buf[:ERR_CHUNK])
             try:
                 if self._err_nonblocking:
@@ -386,7 +393,6 @@ class HeldAgent:
             trio.lowlevel.notify_closing(self._err_fd)
         os.close(self._err_fd)
         self._err_fd = None
-        self._err_wake.set()
 
 
 class AgentStdout(trio.abc.ReceiveStream):
@@ -598,7 +604,7 @@ class HolderLink:
         agent.pid = reply["pid"]
         agent.start_time = reply.get("start_time")
         if stderr_fd is not None:
-            self._copy_err_of(agent, stderr_fd)
+            agent._open_err(stderr_fd)
         # Everything it writes, from its first byte.
         await self.request(
             {"op": "resume", "id": agent_id, "stream": "out", "offset": 0, "upto": OUT_WINDOW}
@@ -656,13 +662,13 @@ class HolderLink:
             self.found[agent_id] = found
             raise
         if stderr_fd is not None:
-            self._copy_err_of(agent, stderr_fd)
+            agent._open_err(stderr_fd)
         return agent
 
-    def _copy_err_of(self, agent: HeldAgent, stderr_fd: int) -> None:
-        agent._open_err(stderr_fd)
+    def start_soon(self, fn: Callable[[], Awaitable[None]]) -> None:
+        """Run ``fn`` as a task of the link (an agent's stderr copy)."""
         assert self._nursery is not None, "a link's tasks run in open_holder_link"
-        self._nursery.start_soon(agent._copy_err)
+        self._nursery.start_soon(fn)
 
     def forget_unclaimed(self) -> None:
         """Give up what the holder held at attach and was not adopted (Rule 4):
