@@ -48,6 +48,11 @@ class App:
         self.connections: set[Connection] = set()
         self.recovery = RecoveryReport()
         self.serving_scope = trio.CancelScope()
+        # False once a restart was asked for: a client connecting from then on waits
+        # in the listener's backlog for the next image (agentsd.socket_keeper Rule 5)
+        # instead of being accepted by this one and dropped at its exec.
+        self.accepting = True
+        self._accept_scope: trio.CancelScope | None = None
         # Set by serve_daemon: under a service manager (systemd) a restart in place
         # says RELOADING=1 and READY=1 (agentsd.reexec).
         self.under_service_manager = False
@@ -83,8 +88,24 @@ class App:
 
     def request_restart(self) -> None:
         """Shut down, then start again (``agentsd.main``), as ``restart_mode`` says."""
+        self.stop_accepting()
         self.restart_requested = True
         self.request_shutdown()
+
+    def accept_scope(self) -> trio.CancelScope:
+        """The scope of one wait for a connection: cancelled by `stop_accepting`."""
+        scope = self._accept_scope = trio.CancelScope()
+        if not self.accepting:
+            scope.cancel()
+        return scope
+
+    def stop_accepting(self) -> None:
+        """Accept no more connections. Called by a restart before its reply goes
+        out: the client that got it may connect at once, and must reach the next
+        image."""
+        self.accepting = False
+        if self._accept_scope is not None:
+            self._accept_scope.cancel()
 
     @property
     def restart_mode(self) -> str:

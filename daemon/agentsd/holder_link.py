@@ -34,8 +34,8 @@ everything a later daemon must read again. The holder relays stdout at most
 and ``ack``, moved on as the reader takes it), as a pipe's capacity would: what an
 agent writes faster than the reader takes it waits in the holder and its pipe, and
 comes in bigger messages, not as one message per line written. Stderr is copied to
-the caller's stderr pipe (``agentsd.stderr_log``) by a task per agent, never by the
-link's one reader (a log reader that stalls must not stall every agent's output and
+the caller's stderr pipe (``agentsd.stderr_log``) by a task of that agent's, which
+runs while there is stderr to write, never by the link's one reader (a log reader that stalls must not stall every agent's output and
 every reply), and acknowledged as it is written: what waits is bounded by the
 holder's bound, and a stalled log stalls that agent's stderr writes only.
 
@@ -46,14 +46,17 @@ adopted is forgotten once it exited (recovery at start-up ends the previous
 daemon's; the holder then reaps them), so the holder does not keep their status for
 ever and leaves once it holds nothing.
 
-Rule 5 (keyed writes): what is written to an agent's stdin inside `keyed` carries
-that key (``agentsd.holder`` Rule 3), and the holder reports the last key it took
+Rule 5 (keyed writes): the first write to an agent's stdin inside `keyed` carries
+that key (``agentsd.holder`` Rule 3), and later ones of the block go unkeyed (a
+write keyed meanwhile by another task stays the last key), and the holder reports the last key it took
 for each agent it held at attach (`HeldAgent.stdin_key`; `HeldAgent.keys_known`
 False when the holder cannot say, an earlier release's or one a daemon that does
 not key wrote to). An answer's delivery, and an interrupt's, is keyed with its seq
 in the journal (``agentsd.delivery`` Rule 3), so a daemon taking over knows which
-answers and interrupts reached the agent (``agentsd.reattach`` Rule 2). A key is taken with the frame that carries
-it, atomically (Rule 3 of the holder); `StdinKey.written` says whether one was.
+answers and interrupts reached the agent (``agentsd.reattach`` Rule 2). A key is
+taken with the frame that carries it, atomically (Rule 3 of the holder);
+`StdinKey.written` says whether a write of the block went out (to a holder, the
+one that carried the key).
 """
 
 from __future__ import annotations
@@ -199,6 +202,7 @@ class HeldAgent:
     _err_copying: bool = False  # `_copy_err` runs
     _err_writing: bool = False  # a thread is writing ``_err_fd``: it closes it after
     _err_closing: bool = False
+    _err_kept: bool = False  # closed for a later daemon (`close_err`): nothing acknowledged
     err_done: trio.Event = attrs.field(factory=trio.Event)  # its stderr ended or was lost
     # Called (trio's thread) once the holder reported its exit: the session task's
     # exit watch, as ``agentsd.agent_watch`` watches our own children's pidfds.
@@ -300,8 +304,9 @@ class HeldAgent:
         if offset != self._err_offset:
             return
         self._err_offset += len(data)
-        if self._err_fd is None:  # no log (or lost): acknowledged as read
-            self._ack_err(self._err_offset)
+        if self._err_fd is None:
+            if not self._err_kept:  # no log (or lost): acknowledged as read
+                self._ack_err(self._err_offset)
         else:
             self._err_buf += data
             if not self._err_copying:
@@ -375,6 +380,7 @@ class HeldAgent:
 
     def _err_lost(self) -> None:
         self.close_err()
+        self._err_kept = False
         self._err_buf.clear()
         self._ack_err(self._err_offset)
         if self._err_eof:
@@ -382,9 +388,11 @@ class HeldAgent:
 
     def close_err(self) -> None:
         """Stop copying its stderr (what is unwritten stays unacknowledged: the
-        holder keeps it for a later daemon). A write in a thread closes it after."""
+        holder keeps it for a later daemon, as it keeps what arrives from now on).
+        A write in a thread closes it after."""
         if self._err_fd is None:
             return
+        self._err_kept = True
         if self._err_writing:
             self._err_closing = True
             return
@@ -433,6 +441,11 @@ class AgentStdin(trio.abc.SendStream):
         if agent.returncode is not None or agent.link.lost.is_set():
             raise trio.BrokenResourceError("the agent is gone")
         key = _STDIN_KEY.get()
+        if key is not None and key.written:
+            # Rule 5: its first frame carried it. A later one of the same block (an
+            # interrupt's after its confirmation) goes unkeyed: a write keyed since
+            # by another task must stay the holder's last key.
+            key = None
         header = {"op": "write", "id": agent.id}
         if key is not None:
             header["key"] = key.value

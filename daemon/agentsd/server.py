@@ -486,14 +486,18 @@ async def _serve_connections(
     which outlives the listener (``agentsd.socket_keeper`` Rule 3)."""
     my_uid = os.geteuid()
     while True:
-        try:
-            sock, _addr = await listener.accept()
-        except OSError as exc:
-            if exc.errno in TRANSIENT_ACCEPT_ERRNOS:
-                log.warning("accept failed (%s); retrying", os.strerror(exc.errno or 0))
-                await trio.sleep(ACCEPT_RETRY_S)
-                continue
-            raise
+        sock: trio.socket.SocketType | None = None
+        with app.accept_scope():
+            try:
+                sock, _addr = await listener.accept()
+            except OSError as exc:
+                if exc.errno in TRANSIENT_ACCEPT_ERRNOS:
+                    log.warning("accept failed (%s); retrying", os.strerror(exc.errno or 0))
+                    await trio.sleep(ACCEPT_RETRY_S)
+                    continue
+                raise
+        if sock is None:  # a restart is under way: what connects now is the next image's
+            await trio.sleep_forever()
         pid, uid = peer_credentials(sock)
         if uid != my_uid:
             log.warning("refused a connection from uid %d", uid)

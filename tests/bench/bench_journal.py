@@ -59,8 +59,9 @@ and 50,000 events/s (20 us per event, everything included) is out of reach on
 this machine while each event is a trio task's own await. The "trio alone" line
 shows it in the same run: 5.8-8.0 us per event for trio by itself in three quiet
 runs, and with bare SQLite's work after it a ceiling of 42,600-53,900 events/s,
-which leaves a store at most 1 us per event of its own to reach 50,000 (it
-spends about 9: the request, the handoff, the batch, the rows). With ten events per
+which leaves a store at most 1.5 us per event of its own to reach 50,000 in
+the best run and nothing in the worst (it spends about 10: the request, the
+handoff, the batch, the rows). With ten events per
 write the per-write cost is shared and the store reaches 0.8-0.9x. Measured and
 not kept: cutting batches short so two overlap (commits of 50 alternating with
 the other 50 writers' turn in trio: no better on two shared cores, and twice the

@@ -132,6 +132,7 @@ async def handle_restart(call: Call, params: daemon_api.RestartParams) -> daemon
                 output=failure,
             )
     if params.drain is None:
+        app.stop_accepting()  # before the reply: whoever it reaches may connect at once
         call.after_reply.append(app.request_restart)
         return daemon_api.RestartResult(
             drained=False, how=app.restart_mode, keeps_agents=app.restart_keeps_agents
@@ -141,6 +142,7 @@ async def handle_restart(call: Call, params: daemon_api.RestartParams) -> daemon
         report = await drain_turns(
             supervisor.gate, list(supervisor.sessions.values()), params.timeout_s
         )
+    app.stop_accepting()
     call.after_reply.append(app.request_restart)
     return daemon_api.RestartResult(
         drained=True,
