@@ -11,8 +11,9 @@ fences the next daemon out. Daemons of one state directory never overlap (the
 daemon lock sees to that), so reading, incrementing and storing it needs no lock of
 its own between processes. Under systemd the holder is started in a scope of its
 own, outside the service's cgroup (``agentsd.holder_scope``), so that neither a stop
-nor a crash of the service takes it and its agents along. A link is never re-established: once the holder is lost (its socket
-ended: it died), every agent on it is lost, and the next spawn starts a new holder.
+nor a crash of the service takes it and its agents along. A link is never
+re-established: once the holder is lost (its socket ended: it died), every agent on
+it is lost, and the next spawn starts a new holder.
 
 Rule 2 (what a lost holder means): the agents it held lost their pipes. Their
 output ends (`HeldAgent.stdout` reads end of file) and their exit can no longer be
@@ -35,9 +36,10 @@ and ``ack``, moved on as the reader takes it), as a pipe's capacity would: what 
 agent writes faster than the reader takes it waits in the holder and its pipe, and
 comes in bigger messages, not as one message per line written. Stderr is copied to
 the caller's stderr pipe (``agentsd.stderr_log``) by a task of that agent's, which
-runs while there is stderr to write, never by the link's one reader (a log reader that stalls must not stall every agent's output and
-every reply), and acknowledged as it is written: what waits is bounded by the
-holder's bound, and a stalled log stalls that agent's stderr writes only.
+runs while there is stderr to write, never by the link's one reader (a log reader
+that stalls must not stall every agent's output and every reply), and acknowledged
+as it is written: what waits is bounded by the holder's bound, and a stalled log
+stalls that agent's stderr writes only.
 
 Rule 4 (agents nobody claims): what the holder held at attach (``found``) may be
 adopted (`HolderLink.adopt`: its output resumed from a given offset) until
@@ -48,8 +50,8 @@ ever and leaves once it holds nothing.
 
 Rule 5 (keyed writes): the first write to an agent's stdin inside `keyed` carries
 that key (``agentsd.holder`` Rule 3), and later ones of the block go unkeyed (a
-write keyed meanwhile by another task stays the last key), and the holder reports the last key it took
-for each agent it held at attach (`HeldAgent.stdin_key`; `HeldAgent.keys_known`
+write keyed meanwhile by another task stays the last key). The holder reports the
+last key it took for each agent it held at attach (`HeldAgent.stdin_key`; `HeldAgent.keys_known`
 False when the holder cannot say, an earlier release's or one a daemon that does
 not key wrote to). An answer's delivery, and an interrupt's, is keyed with its seq
 in the journal (``agentsd.delivery`` Rule 3), so a daemon taking over knows which

@@ -227,39 +227,17 @@ class _InlineSingleCommits:
         self._conn.close()
 
 
-async def _thread_round_trip_s() -> float:
-    """Seconds per round trip to a thread and back, as the writer's handoff makes
-    one for a lone write: put on a ``queue.SimpleQueue``, ``run_sync_soon`` from
-    the thread, the waiting task rescheduled. No SQL."""
-    token = trio.lowlevel.current_trio_token()
-    inbox: queue.SimpleQueue[trio.lowlevel.Task | None] = queue.SimpleQueue()
-
-    def serve() -> None:
-        while (task := inbox.get()) is not None:
-            token.run_sync_soon(trio.lowlevel.reschedule, task)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        started = time.perf_counter()
-        for _ in range(SINGLE_COMMITS):
-            inbox.put(trio.lowlevel.current_task())
-            await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
-        return (time.perf_counter() - started) / SINGLE_COMMITS
-    finally:
-        inbox.put(None)
-        await trio.to_thread.run_sync(thread.join)
-
-
 class _TrioAlone:
     """What trio itself charges a store whose writers each await their own commit,
-    with no SQL and no store: ``APPENDERS`` tasks each park once per write, and
-    once all of them wait, a thread (the writer's stand-in) hands the batch back
-    through ``run_sync_soon`` and every task is rescheduled, as a committed batch
-    wakes its writers. The ceiling of any such store on this machine, reached only
-    if SQLite and the disk cost nothing."""
+    with no SQL and no store: ``tasks`` tasks each park once per write, and once all
+    of them wait, a thread (the writer's stand-in) hands the batch back through
+    ``run_sync_soon`` (put on a ``queue.SimpleQueue`` as the writer's handoff does)
+    and every task is rescheduled, as a committed batch wakes its writers. The
+    ceiling of any such store on this machine, reached only if SQLite and the disk
+    cost nothing; with one task, the writer thread's round trip for a lone write."""
 
-    def __init__(self) -> None:
+    def __init__(self, tasks: int = APPENDERS) -> None:
+        self._tasks = tasks
         self._token = trio.lowlevel.current_trio_token()
         self._inbox: queue.SimpleQueue[list[trio.lowlevel.Task] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -283,7 +261,7 @@ class _TrioAlone:
             nonlocal done
             for _ in range(writes):
                 waiting.append(trio.lowlevel.current_task())
-                if len(waiting) == APPENDERS:
+                if len(waiting) == self._tasks:
                     self._inbox.put(waiting[:])
                     waiting.clear()
                 await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
@@ -291,7 +269,7 @@ class _TrioAlone:
 
         started = time.perf_counter()
         async with trio.open_nursery() as nursery:
-            for _ in range(APPENDERS):
+            for _ in range(self._tasks):
                 nursery.start_soon(appender)
         return done / (time.perf_counter() - started)
 
@@ -500,7 +478,12 @@ async def _run(directory: Path) -> None:
             f" write + fsync {median['old']:,.0f}/s ({median_ratio('old'):.2f}x the floor)",
             flush=True,
         )
-        floor_s, trip_s = 1 / median["floor"], await _thread_round_trip_s()
+        lone = _TrioAlone(tasks=1)
+        try:
+            trip_s = 1 / await lone.chunk(SINGLE_COMMITS)
+        finally:
+            await lone.close()
+        floor_s = 1 / median["floor"]
         print(
             f"writer thread round trip alone (no SQL): {trip_s * 1e6:.0f} us against"
             f" {floor_s * 1e6:.0f} us for the floor: a lone write's ceiling"
